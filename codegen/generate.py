@@ -1,0 +1,259 @@
+"""Emit csrc/generated/*.cu from codegen/kernels.py with cutlass_cppgen (nvidia-cutlass 4.2).
+
+    python -m codegen.generate            # (re)write csrc/generated
+    python -m codegen.generate --check    # exit 1 if csrc/generated is stale
+
+The generated sources are committed, so building the extension needs only the
+CUTLASS headers, not cutlass_cppgen; CI runs --check to keep them honest.
+
+cutlass_cppgen emits the kernel's type definitions; we write the host side
+(csrc/kernels/*_launch.cuh) and patch the emitted text in four documented ways,
+each asserted to match exactly so that a new cutlass_cppgen cannot silently
+change what we build:
+  1. statistics in fp64 of Z as stored: the node forming Z rounds to the
+     output dtype (so the statistics describe exactly the values the finalize
+     normalizes, as in PyTorch, where BN sees the rounded tensor), and the two
+     row reductions and the square get ElementCompute = double,
+  2. D = take_last(Zsq, 0, Z) instead of multiply_add(Zsq, 0, Z), so D is Z
+     exactly and an fp32 overflow of Z*Z can never turn D into 0*inf = NaN,
+  3. sm90: the collective gets Kernel.epi_tile where set, and
+     EpilogueDescriptor gets the CTA tile; cutlass_cppgen passes the
+     cluster tile (measured harmless to patch, and it matches the collective),
+  4. sm90 train: the reductions become non-final (`plus`, FinalReduction =
+     false): each CTA writes its tile's fp64 column partials and our own kernel
+     sums them in a fixed order. CUTLASS's atomic path cannot zero an fp64
+     output (fill_workspace static-asserts on 8-byte types), and this path is
+     deterministic and leaves room for a cross-rank all-reduce (SyncBN).
+"""
+import argparse
+import difflib
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+from codegen import epilogues
+from codegen.kernels import KERNELS, Kernel
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "csrc" / "generated"
+_DTYPES = {"bf16": "bf16", "f16": "f16", "tf32": "f32", "f32x3": "f32"}
+
+
+def _cutlass():
+    # Importing cutlass_cppgen writes compiled_cache.db into the cwd.
+    os.chdir(tempfile.mkdtemp(prefix="cutlass_fused_gen_"))
+    import cutlass_cppgen
+    cutlass_cppgen._nvcc_version = cutlass_cppgen.nvcc_version()
+    return cutlass_cppgen
+
+
+def _emit(cg, k: Kernel) -> tuple[str, list[str]]:
+    from cutlass_library import DataType, KernelScheduleType, EpilogueScheduleType, LayoutType
+    cc = 90 if k.family == "sm90" else 80
+    # A cached registry per cc: building one costs ~20 s for cc 80.
+    cg._option_registry = _REGISTRIES.setdefault(cc, cg.OptionRegistry(cc))
+    el = getattr(DataType, _DTYPES[k.dtype])
+    f32 = DataType.f32
+    plan = cg.op.Gemm(element=el, layout_A=LayoutType.RowMajor, layout_B=LayoutType.ColumnMajor,
+                      layout_C=LayoutType.RowMajor, element_accumulator=f32,
+                      element_C=el, element_D=el, cc=cc, kernel_cc=cc)
+    if k.dtype == "f32x3":
+        plan.math_operation = cg.MathOperation.multiply_add_fast_f32
+    M, N = 256, 512
+    T = cg.Tensor
+    ex = {"accum": T(element=f32, shape=(M, N), layout_tag=LayoutType.RowMajor),
+          "b": T(element=f32, shape=(1, N), layout_tag=LayoutType.RowMajor),
+          "a": T(element=f32, shape=(1, N), layout_tag=LayoutType.RowMajor),
+          "c": T(element=f32, shape=(1, N), layout_tag=LayoutType.RowMajor),
+          "D": T(element=el, shape=(M, N), layout_tag=LayoutType.RowMajor)}
+    if k.mode.startswith("train"):
+        fn = epilogues.train
+        for s in ("col_sum", "col_sumsq"):
+            ex[s] = T(element=DataType.f64, shape=(1, N), layout_tag=LayoutType.RowMajor)
+    else:
+        fn = epilogues.evaluate
+    if k.family == "sm90":
+        plan.tile_description = {
+            "threadblock_shape": [t * c for t, c in zip(k.tile, k.cluster)],
+            "cluster_shape": list(k.cluster),
+            "kernel_schedule": getattr(KernelScheduleType, k.schedule),
+            "epilogue_schedule": getattr(EpilogueScheduleType, k.schedule),
+        }
+    else:
+        plan.tile_description = {"threadblock_shape": list(k.tile), "warp_count": list(k.warps),
+                                 "stages": k.stages}
+    plan.epilogue_visitor = cg.epilogue.trace(fn, ex, cc=cc)
+    op = plan.construct()
+    return op.rt_module.emit(), list(op.rt_module.emitter.includes)
+
+
+_REGISTRIES: dict = {}
+
+
+def _sub(pattern, repl, text, count, what):
+    new, n = re.subn(pattern, repl, text)
+    if n != count:
+        raise SystemExit(f"generate: patch '{what}' matched {n} times, expected {count}; "
+                         "cutlass_cppgen output changed, review codegen/generate.py")
+    return new
+
+
+def _patch(k: Kernel, src: str) -> tuple[str, str]:
+    """Apply the documented patches; return (source, kernel type name)."""
+    if k.mode.startswith("train"):
+        red = "Sm90RowReduction" if k.family == "sm90" else "VisitorRowReduction"
+        src = _sub(rf"(using ColSum(?:sq)? = cutlass::epilogue::\w+::{red}<[^;]*?double,\s*)float,",
+                   r"\1double,", src, 2, "fp64 reduction compute")
+        # The square: the two compute nodes defined between ColSum's EVT and ColSumsq.
+        head, mid, tail = re.split(r"(using EVTColSum = [^;]*;)", src)
+        body, rest = tail.split("using ColSumsq", 1)
+        body = _sub(r"(Compute<\s*cutlass::(?:plus|multiplies)), float, float,",
+                    r"\1, double, double,", body, 2, "fp64 square")
+        src = head + mid + body + "using ColSumsq" + rest
+        src = _sub(r"cutlass::multiply_add,", "cutlass_fused::take_last,", src, 1, "D = Z")
+        z_evt = re.search(r"using EVTColSum = \S+<\s*ColSum,\s*(\w+)>;", src).group(1)
+        z_node = re.search(rf"using {z_evt} = \S+<\s*(\w+),", src).group(1)
+        src = _sub(rf"(using {z_node} = \S+<\s*cutlass::plus), float, float,", rf"\1, {_CTYPE[k.dtype]}, float,",
+                   src, 1, "Z rounded to the output dtype")
+        if k.family == "sm90":
+            src = _sub(r"cutlass::atomic_add,", "cutlass::plus,", src, 2, "non-atomic partials")
+            src = _sub(r"(using ColSum(?:sq)? = cutlass::epilogue::fusion::Sm90RowReduction<[^;]*?"
+                       r"cute::Stride<cute::Int<0>, cute::Int<1>, cute::Int<0>>)\s*>;",
+                       r"\1,\n    2 /* Alignment */, true /* EnableNullptr */, false /* FinalReduction */\n>;",
+                       src, 2, "non-final reduction")
+    if k.epi_tile:
+        shape = ", ".join(f"cute::_{t}" for t in k.epi_tile)
+        src = _sub(r"(cute::Shape<cute::_\d+,cute::_\d+,cute::_\d+>,\s*)cutlass::epilogue::collective::EpilogueTileAuto",
+                   rf"\1cute::Shape<{shape}>", src, 1, "epilogue tile")
+    if k.family == "sm90":
+        big = ", ".join(f"_{t * c}" for t, c in zip(k.tile, k.cluster))
+        cta = ", ".join(f"_{t}" for t in k.tile)
+        src = _sub(rf"EpilogueDescriptor<\s*cute::Shape<{big}>", f"EpilogueDescriptor<\n  cute::Shape<{cta}>",
+                   src, 1, "CTA epilogue tile")
+    name = re.search(r"struct (\w+_type) :", src).group(1)
+    return src, name
+
+
+# Leaf arguments of the EVT nodes our epilogues use. `{}` value-initialises a
+# node: the 0.0 literals become zero scalars, and Accum/Compute take nothing.
+_LEAVES = {
+    "A": "{p.a}", "B": "{p.b}", "C": "{p.c}",        # row broadcasts; nullptr reads 0
+    "ColSum": "{p.col_sum}", "ColSumsq": "{p.col_sumsq}",
+    "D": "{static_cast<ElementOut*>(p.out), {p.ldo, cute::_1{}, cute::_0{}}}",  # sm80 stores D in the EVT
+}
+_CTYPE = {"bf16": "cutlass::bfloat16_t", "f16": "cutlass::half_t", "tf32": "float", "f32x3": "float"}
+
+
+def fusion_args(src: str, dtype: str) -> str:
+    """The EVT's Arguments as a brace initialiser, read off the emitted tree.
+
+    Sm*EVT<Node, Children...> takes {children..., node}; a topological DAG takes
+    its ops' arguments in the order the emitted type lists them.
+    """
+    trees = {m[1]: [t.strip() for t in m[2].split(",")]
+             for m in re.finditer(r"using (\w+) = cutlass::epilogue::\w+::Sm\d+EVT<([^;]*)>;", src)}
+    dags = {m[1]: [t.strip() for t in m[2].split(",")]
+            for m in re.finditer(r"using (\w+) = cutlass::epilogue::\w+::Sm\d+TopologicalVisitor<"
+                                 r"\s*float,\s*cute::tuple<(?:\s*cute::seq<[\d,\s]*>,)*\s*>,([^;]*)>;", src)}
+    used = {c for v in list(trees.values()) + list(dags.values()) for c in v}
+    roots = [n for n in list(trees) + list(dags) if n not in used]
+    if len(roots) != 1:
+        raise SystemExit(f"generate: expected one EVT root, found {roots}")
+
+    def args(n):
+        if n in trees:
+            node, *children = trees[n]
+            return "{ " + ", ".join([args(c) for c in children] + [args(node)]) + " }"
+        if n in dags:
+            return "{ " + ", ".join(args(c) for c in dags[n]) + " }"
+        if n in _LEAVES:
+            return _LEAVES[n].replace("ElementOut", _CTYPE[dtype])
+        if n == "Accum" or re.fullmatch(r"(Compute|Imm)\w*", n):
+            return "{}"
+        raise SystemExit(f"generate: no arguments known for EVT node {n}")
+    return args(roots[0])
+
+
+def render(k: Kernel, emitted: str, includes: list[str]) -> str:
+    src, type_name = _patch(k, emitted)
+    inc = "\n".join(f"#include \"{i}\"" for i in includes)
+    return f"""\
+// Generated by `python -m codegen.generate` from codegen/kernels.py. Do not edit.
+// {k}
+{inc}
+#include "kernels/{k.family}_launch.cuh"
+
+namespace cutlass_fused::gen::{k.name} {{
+{src.strip()}
+
+using Kernel = {type_name};
+
+inline {k.family}::Fusion<Kernel> fusion_args(GemmEvtArgs const& p) {{
+  return {fusion_args(src, k.dtype)};
+}}
+
+inline char const* name() {{ return "{k.name}"; }}
+}}  // namespace cutlass_fused::gen::{k.name}
+
+namespace cutlass_fused {{
+template <>
+KernelEntry const& kernel_entry<KernelId::{k.name}>() {{
+  namespace g = gen::{k.name};
+  return {k.family}::Launch<g::Kernel, &g::fusion_args, &g::name>::entry();
+}}
+}}  // namespace cutlass_fused
+"""
+
+
+def registry() -> str:
+    rows = " \\\n".join(f"  X({k.name}, {k.family}, {k.dtype}, {k.mode}, {k.stats}, "
+                         f"{k.tile[0]}, {k.tile[1]}, {k.tile[2]})" for k in KERNELS)
+    return ("// Generated by `python -m codegen.generate` from codegen/kernels.py. Do not edit.\n"
+            "// X(name, family, dtype, mode, stats, tile_m, tile_n, tile_k)\n"
+            "#define CUTLASS_FUSED_KERNELS(X) \\\n" + rows + "\n")
+
+
+def expected(only: str = "") -> dict[str, str]:
+    cg = _cutlass()
+    files = {"kernels.inc": registry()}
+    for k in KERNELS:
+        if only not in k.name:
+            continue
+        emitted, includes = _emit(cg, k)
+        files[f"{k.name}.cu"] = render(k, emitted, includes)
+        print(f"generate: {k.name}", file=sys.stderr)
+    return files
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--check", action="store_true", help="fail if csrc/generated is stale")
+    ap.add_argument("--only", default="", help="regenerate only kernels whose name contains this")
+    args = ap.parse_args()
+    if args.check and args.only:
+        ap.error("--check compares every kernel; drop --only")
+    files = expected(args.only)
+    have = {p.name: p.read_text() for p in OUT.glob("*") if p.is_file()}
+    if args.check:
+        stale = sorted(set(files) ^ set(have) | {n for n in files if have.get(n) != files[n]})
+        for n in stale:
+            sys.stdout.writelines(difflib.unified_diff(have.get(n, "").splitlines(True),
+                                                       files.get(n, "").splitlines(True), n, n, n=1))
+        if stale:
+            print(f"generate --check: stale: {', '.join(stale)}; run `python -m codegen.generate`")
+            return 1
+        print(f"generate --check: {len(files)} files up to date")
+        return 0
+    OUT.mkdir(parents=True, exist_ok=True)
+    for n in set(have) - set(files) if not args.only else ():
+        (OUT / n).unlink()
+    for n, text in files.items():
+        (OUT / n).write_text(text)
+    print(f"generate: wrote {len(files)} files to {OUT.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

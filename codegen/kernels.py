@@ -1,0 +1,75 @@
+"""The kernel table: every CUTLASS kernel we emit is one row here.
+
+A row is data, not code, so adding a tile/cluster/schedule variant for the
+performance work is one line plus `python -m codegen.generate`.
+
+Fields
+  family   "sm90" (TMA warp-specialized, sm90a) or "sm80" (mma.sync, runs on sm80+)
+  dtype    "bf16", "f16", "tf32" (fp32 in/out, TF32 math), "f32x3" (fp32, 3xTF32 math)
+  mode     "train"  Z = (acc + b)*a + c, store Z, plus fp64 column sums of Z and Z^2:
+                    sm90: per-CTA partials (ceil(M/tile_m) x round_up(N, tile_n)) that
+                          our reduce kernel sums in a fixed order (deterministic);
+                    sm80: fp64 atomicAdd into N-vectors (not bitwise deterministic)
+           "eval"   y = (acc + b)*a + c, nothing else (also the sm80 deterministic
+                    train path, followed by our column-statistics kernel)
+  tile     CTA tile (M, N, K)
+  cluster  sm90 cluster shape; the cutlass_cppgen "threadblock_shape" is tile*cluster
+  schedule sm90 kernel schedule name in cutlass_library.KernelScheduleType
+  warps    sm80 warp count (M, N, K)
+  stages   mainloop stages; None lets CUTLASS carve out what the epilogue leaves
+  epi_tile sm90 epilogue tile (M, N); None is EpilogueTileAuto. fp64 statistics
+           need one large enough that the CTA's fp64 row-reduction buffer fits
+           in the D staging buffer it reuses (a static_assert in CUTLASS).
+"""
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Kernel:
+    family: str
+    dtype: str
+    mode: str
+    tile: tuple
+    cluster: tuple = (1, 1, 1)
+    schedule: str = "TmaWarpSpecializedCooperative"
+    warps: tuple = (2, 2, 1)
+    stages: int | None = None
+    epi_tile: tuple | None = None
+
+    @property
+    def stats(self) -> str:
+        """How a train kernel leaves its column statistics: partial, atomic or none."""
+        if self.mode != "train":
+            return "none"
+        return "partial" if self.family == "sm90" else "atomic"
+
+    @property
+    def name(self) -> str:
+        t = "x".join(map(str, self.tile))
+        c = "x".join(map(str, self.cluster))
+        tail = f"c{c}" if self.family == "sm90" else f"s{self.stages}"
+        return f"{self.family}_{self.dtype}_{self.mode}_{t}_{tail}"
+
+
+# sm90: CTA 128x256, cluster 1x2, cooperative was the best EVT tile in the
+# 2026-11-21 probe (notes/cutlass-evt-facts.md). TF32 halves the K tile so a
+# stage costs the same shared memory as the 16-bit one.
+_SM90 = [
+    Kernel("sm90", dt, mode, (128, 256, 32 if dt == "tf32" else 64), (1, 2, 1),
+           epi_tile=(128, 64) if mode == "train" else None)
+    for dt in ("bf16", "f16", "tf32")
+    for mode in ("train", "eval")
+]
+
+# sm80: the tile cutlass_cppgen picks by default for bf16 (256x128x64, 4 warps
+# of 64x64, 3 stages), known to run correctly on Hopper too. fp32 kernels use
+# K=32 for the same shared-memory budget.
+_SM80 = [
+    Kernel("sm80", dt, mode,
+           (256, 128, 32 if dt in ("tf32", "f32x3") else 64),
+           warps=(4, 2, 1), stages=3)
+    for dt in ("bf16", "f16", "tf32", "f32x3")
+    for mode in ("train", "eval")
+]
+
+KERNELS = _SM90 + _SM80

@@ -1,0 +1,70 @@
+// The fused GEMM's torch-free interface: raw pointers, sizes and a stream.
+//
+//   out = ((x @ w^T) + b) * a + c          per-column b, a, c (fp32; b, c nullable)
+//   train kernels also add each column's sum and sum of squares of `out`
+//   (before rounding to the output dtype) into col_sum / col_sumsq, in fp64.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "generated/kernels.inc"
+
+namespace cutlass_fused {
+
+struct GemmEvtArgs {
+  int m = 0, n = 0, k = 0;
+  void const* x = nullptr;  int64_t ldx = 0;  // M x K, row-major
+  void const* w = nullptr;  int64_t ldw = 0;  // N x K, row-major (nn.Linear weight)
+  float const* b = nullptr;                   // N, or nullptr for zero
+  float const* a = nullptr;                   // N
+  float const* c = nullptr;                   // N, or nullptr for zero
+  void* out = nullptr;      int64_t ldo = 0;  // M x N, row-major
+  double* col_sum = nullptr;                  // train kernels only; see KernelInfo::stats
+  double* col_sumsq = nullptr;
+  void* workspace = nullptr;                  // workspace_size() bytes, 16-byte aligned
+  int device = 0;                             // the device the pointers live on
+  int sm_count = 0;
+};
+
+// One compiled kernel. run() throws std::runtime_error with CUTLASS's or
+// CUDA's words on any failure; it never synchronizes the stream.
+struct KernelEntry {
+  size_t (*workspace_size)(GemmEvtArgs const&);
+  void (*run)(GemmEvtArgs const&, cudaStream_t);
+};
+
+struct KernelInfo {
+  char const* name;
+  char const* family;  // "sm90" | "sm80"
+  char const* dtype;   // "bf16" | "f16" | "tf32" | "f32x3"
+  char const* mode;    // "train" | "eval"
+  char const* stats;   // train: "partial" (col_sum/col_sumsq are ceil(m/tile_m) x round_up(n, tile_n)
+                       // partials) or "atomic" (n-vectors); eval: "none"
+  int tile_m, tile_n, tile_k;
+  KernelEntry const& (*entry)();
+};
+
+enum class KernelId {
+#define CUTLASS_FUSED_ID(name, ...) name,
+  CUTLASS_FUSED_KERNELS(CUTLASS_FUSED_ID)
+#undef CUTLASS_FUSED_ID
+};
+
+template <KernelId id>
+KernelEntry const& kernel_entry();
+
+// The kernels this build contains (a family is left out when its archs were not built).
+KernelInfo const* kernels_begin();
+KernelInfo const* kernels_end();
+
+// First built kernel for (family, dtype, mode), or nullptr. The per-shape
+// selection table of the performance work goes here.
+KernelInfo const* find_kernel(char const* family, char const* dtype, char const* mode, int m, int n, int k);
+
+// x, w and out rows (and their base pointers) must be 16-byte aligned.
+constexpr int kAlignBytes = 16;
+
+}  // namespace cutlass_fused

@@ -1,0 +1,58 @@
+// Host launcher for the sm90a TMA warp-specialized kernels (CUTLASS 3.x API).
+#pragma once
+
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "kernels/check.h"
+#include "kernels/evt_extra.h"
+#include "kernels/gemm_evt.h"
+
+namespace cutlass_fused::sm90 {
+
+template <class Kernel>
+using Fusion = typename Kernel::CollectiveEpilogue::FusionCallbacks::Arguments;
+
+template <class Kernel, Fusion<Kernel> (*fusion_args)(GemmEvtArgs const&), char const* (*name)()>
+struct Launch {
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+  using ElementA = typename Kernel::ElementA;
+  using ElementB = typename Kernel::ElementB;
+  using ElementD = typename Kernel::CollectiveEpilogue::ElementD;
+
+  static typename Gemm::Arguments arguments(GemmEvtArgs const& p) {
+    typename Kernel::StrideA stride_x{};
+    typename Kernel::StrideB stride_w{};
+    typename Kernel::StrideD stride_out{};
+    cute::get<0>(stride_x) = p.ldx;
+    cute::get<0>(stride_w) = p.ldw;
+    cute::get<0>(stride_out) = p.ldo;
+    typename Gemm::Arguments args{};
+    args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
+    args.problem_shape = {p.m, p.n, p.k, 1};
+    args.mainloop = {static_cast<ElementA const*>(p.x), stride_x, static_cast<ElementB const*>(p.w), stride_w};
+    // No C operand (ElementC = void); D is the EVT's output.
+    args.epilogue = {fusion_args(p), nullptr, stride_out, static_cast<ElementD*>(p.out), stride_out};
+    args.hw_info.device_id = p.device;
+    args.hw_info.sm_count = p.sm_count;
+    return args;
+  }
+
+  static size_t workspace_size(GemmEvtArgs const& p) { return Gemm::get_workspace_size(arguments(p)); }
+
+  // The atomic reductions' output is zero-filled by initialize() on `stream`;
+  // the ordered (train_det) path keeps its partials in the workspace.
+  static void run(GemmEvtArgs const& p, cudaStream_t stream) {
+    auto args = arguments(p);
+    Gemm gemm;
+    check(Gemm::can_implement(args), name(), "can_implement");
+    check(gemm.initialize(args, p.workspace, stream), name(), "initialize");
+    check(gemm.run(stream), name(), "run");
+    check_cuda(cudaGetLastError(), name());
+  }
+
+  static KernelEntry const& entry() {
+    static KernelEntry const e{&workspace_size, &run};
+    return e;
+  }
+};
+
+}  // namespace cutlass_fused::sm90

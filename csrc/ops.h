@@ -1,0 +1,20 @@
+// Shared by the binding files: argument checks and the padded-row contract.
+#pragma once
+
+#include <ATen/ATen.h>
+
+namespace cutlass_fused {
+
+// Rows of z are padded to 16 bytes so the TMA/vector paths can use them:
+// z is (M, N) with stride (round_up(N, 16 / itemsize), 1). The fake in
+// cutlass_fused/ops.py states the same contract.
+inline int64_t padded_ld(int64_t n, at::ScalarType dt) {
+  int64_t a = std::max<int64_t>(1, 16 / static_cast<int64_t>(c10::elementSize(dt)));
+  return (n + a - 1) / a * a;
+}
+
+void check_linear_args(at::Tensor const& x, at::Tensor const& weight, c10::optional<at::Tensor> const& bias,
+                       at::Tensor const& scale);
+void check_vector(c10::optional<at::Tensor> const& t, char const* name, int64_t n);
+
+}  // namespace cutlass_fused

@@ -1,0 +1,304 @@
+// CUDA implementations: torch tensors in, raw pointers out to csrc/kernels.
+// Everything runs on the inputs' device and torch's current stream, with
+// workspaces from the caching allocator, and never synchronizes.
+#include <cstdlib>
+#include <string>
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "kernels/batch_norm.h"
+#include "kernels/gemm_evt.h"
+#include "ops.h"
+
+namespace cutlass_fused {
+namespace {
+
+DType dtype_of(at::ScalarType t, char const* name) {
+  switch (t) {
+    case at::kBFloat16: return DType::bf16;
+    case at::kHalf: return DType::f16;
+    case at::kFloat: return DType::f32;
+    default:
+      TORCH_CHECK(false, "cutlass_fused: expected ", name,
+                  " to be bfloat16, float16 or float32 on CUDA, but got ", t);
+  }
+}
+
+// fp32 inputs use TF32 tensor cores exactly when torch.mm would.
+char const* kernel_dtype(at::ScalarType t) {
+  switch (dtype_of(t, "input")) {
+    case DType::bf16: return "bf16";
+    case DType::f16: return "f16";
+    default: return at::globalContext().allowTF32CuBLAS() ? "tf32" : "f32x3";
+  }
+}
+
+char const* pick_family(c10::string_view requested, char const* dtype, at::Device device) {
+  auto* prop = at::cuda::getDeviceProperties(device.index());
+  int cc = prop->major * 10 + prop->minor;
+  TORCH_CHECK(cc >= 80, "cutlass_fused: needs an Ampere (compute capability 8.0) or newer GPU, but ", device,
+              " (", prop->name, ") has compute capability ", prop->major, ".", prop->minor);
+  std::string req(requested);
+  TORCH_CHECK(req == "auto" || req == "sm90" || req == "sm80", "cutlass_fused: expected family to be 'auto', ",
+              "'sm90' or 'sm80', but got '", req, "'");
+  // sm90a code runs on compute capability 9.0 only; 3xTF32 exists in the sm80 family only.
+  bool sm90_ok = cc == 90 && std::string(dtype) != "f32x3";
+  if (req == "sm90") {
+    TORCH_CHECK(cc == 90, "cutlass_fused: family 'sm90' needs compute capability 9.0, but ", device, " has ",
+                prop->major, ".", prop->minor);
+    return sm90_ok ? "sm90" : "sm80";
+  }
+  if (req == "sm80") return "sm80";
+  return sm90_ok ? "sm90" : "sm80";
+}
+
+KernelInfo const& lookup(char const* family, char const* dtype, char const* mode, int m, int n, int k) {
+  auto const* info = find_kernel(family, dtype, mode, m, n, k);
+  TORCH_CHECK(info != nullptr, "cutlass_fused: this build has no ", family, " ", dtype, " ", mode,
+              " kernel; rebuild with that architecture in CUTLASS_FUSED_CUDA_ARCHS");
+  return *info;
+}
+
+int sm_count(int device) { return at::cuda::getDeviceProperties(device)->multiProcessorCount; }
+
+// Tests set CUTLASS_FUSED_POISON=1 so that every output starts as NaN and an
+// element a kernel forgot to write cannot pass as a plausible value.
+void poison(at::Tensor& t) {
+  static bool const on = [] {
+    char const* v = std::getenv("CUTLASS_FUSED_POISON");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  if (on) t.fill_(std::numeric_limits<double>::quiet_NaN());
+}
+
+// A 16-byte aligned, unit-stride operand whose row length is a multiple of 16
+// bytes: zero-padding K changes no dot product.
+at::Tensor aligned_rows(at::Tensor const& t) {
+  int64_t k = t.size(1), kp = padded_ld(k, t.scalar_type());
+  auto c = t.contiguous();
+  if (kp != k) return at::constant_pad_nd(c, {0, kp - k});
+  if (reinterpret_cast<uintptr_t>(c.data_ptr()) % kAlignBytes != 0) return c.clone();
+  return c;
+}
+
+at::Tensor fp32_vector(at::Tensor const& t) {
+  auto v = t.to(at::kFloat).contiguous();
+  return reinterpret_cast<uintptr_t>(v.data_ptr()) % kAlignBytes ? v.clone() : v;
+}
+
+float const* ptr_or_null(c10::optional<at::Tensor> const& t) {
+  return t.has_value() ? t->data_ptr<float>() : nullptr;
+}
+
+void check_device(at::Tensor const& t, at::Device d, char const* name) {
+  TORCH_CHECK(t.device() == d, "cutlass_fused: expected ", name, " to be on ", d, " like input, but got ", t.device());
+}
+
+GemmEvtArgs gemm_args(at::Tensor const& x, at::Tensor const& w, at::Tensor& out, int64_t n) {
+  GemmEvtArgs p;
+  p.m = static_cast<int>(x.size(0));
+  p.n = static_cast<int>(n);
+  p.k = static_cast<int>(x.size(1));
+  p.x = x.data_ptr();
+  p.ldx = x.stride(0);
+  p.w = w.data_ptr();
+  p.ldw = w.stride(0);
+  p.out = out.data_ptr();
+  p.ldo = out.stride(0);
+  p.device = x.get_device();
+  p.sm_count = sm_count(p.device);
+  return p;
+}
+
+void run(KernelInfo const& info, GemmEvtArgs& p, at::Tensor const& like) {
+  auto const& e = info.entry();
+  at::Tensor ws;
+  size_t bytes = e.workspace_size(p);
+  if (bytes > 0) {
+    ws = at::empty({static_cast<int64_t>(bytes)}, like.options().dtype(at::kByte));
+    p.workspace = ws.data_ptr();
+  }
+  e.run(p, at::cuda::getCurrentCUDAStream(p.device).stream());
+}
+
+void check_gemm_inputs(at::Tensor const& x, at::Tensor const& weight, c10::optional<at::Tensor> const& bias,
+                       at::Tensor const& scale) {
+  check_linear_args(x, weight, bias, scale);
+  dtype_of(x.scalar_type(), "input");
+  TORCH_CHECK(x.size(0) > 0 && x.size(1) > 0 && weight.size(0) > 0,
+              "cutlass_fused: expected non-empty input and weight, but got ", x.sizes(), " and ", weight.sizes());
+  check_device(weight, x.device(), "weight");
+  check_device(scale, x.device(), "scale");
+  if (bias.has_value()) check_device(*bias, x.device(), "bias");
+}
+
+std::tuple<at::Tensor, at::Tensor> linear_scale_stats_cuda(at::Tensor const& x, at::Tensor const& weight,
+                                                           c10::optional<at::Tensor> const& bias,
+                                                           at::Tensor const& scale, c10::string_view family,
+                                                           bool deterministic) {
+  check_gemm_inputs(x, weight, bias, scale);
+  c10::cuda::CUDAGuard guard(x.device());
+  int64_t m = x.size(0), n = weight.size(0), k = x.size(1);
+  char const* dt = kernel_dtype(x.scalar_type());
+  char const* fam = pick_family(family, dt, x.device());
+  // sm80's fp64 atomics are not bitwise reproducible; under
+  // torch.use_deterministic_algorithms it stores z with the eval kernel and
+  // our ordered column_stats kernel sums it instead.
+  bool separate_stats = deterministic && std::string(fam) == "sm80";
+  auto const& info = lookup(fam, dt, separate_stats ? "eval" : "train", m, n, k);
+
+  auto xa = aligned_rows(x), wa = aligned_rows(weight);
+  auto b = bias.has_value() ? c10::optional<at::Tensor>(fp32_vector(*bias)) : c10::nullopt;
+  auto a = fp32_vector(scale);
+  auto z = at::empty_strided({m, n}, {padded_ld(n, x.scalar_type()), 1}, x.options());
+  poison(z);
+  auto stats = at::empty({2, n}, x.options().dtype(at::kDouble));
+  poison(stats);
+
+  GemmEvtArgs p = gemm_args(xa, wa, z, n);
+  p.k = static_cast<int>(xa.size(1));
+  p.b = ptr_or_null(b);
+  p.a = a.data_ptr<float>();
+  auto stream = at::cuda::getCurrentCUDAStream(p.device).stream();
+  if (separate_stats) {
+    run(info, p, x);
+    auto ws = at::empty({static_cast<int64_t>(column_stats_workspace(m, n))}, x.options().dtype(at::kByte));
+    column_stats(dtype_of(x.scalar_type(), "input"), z.data_ptr(), m, n, z.stride(0), stats.data_ptr<double>(),
+                 ws.data_ptr(), stream);
+  } else if (std::string(info.stats) == "partial") {
+    int64_t rows = (m + info.tile_m - 1) / info.tile_m;
+    int64_t ld = (n + info.tile_n - 1) / info.tile_n * info.tile_n;
+    auto partial = at::empty({2, rows, ld}, x.options().dtype(at::kDouble));
+    p.col_sum = partial[0].data_ptr<double>();
+    p.col_sumsq = partial[1].data_ptr<double>();
+    run(info, p, x);
+    reduce_partials(p.col_sum, p.col_sumsq, static_cast<int>(rows), ld, static_cast<int>(n),
+                    stats.data_ptr<double>(), stream);
+  } else {
+    p.col_sum = stats[0].data_ptr<double>();
+    p.col_sumsq = stats[1].data_ptr<double>();
+    run(info, p, x);
+  }
+  return {z, stats};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_finalize_cuda(
+    at::Tensor const& z, at::Tensor const& stats, int64_t count, c10::optional<at::Tensor> const& weight,
+    c10::optional<at::Tensor> const& bias, c10::optional<at::Tensor> running_mean,
+    c10::optional<at::Tensor> running_var, c10::optional<at::Tensor> const& num_batches_tracked, double momentum,
+    double eps) {
+  TORCH_CHECK(z.dim() == 2 && z.stride(1) == 1, "cutlass_fused: expected z to be 2-D with unit column stride");
+  int64_t m = z.size(0), n = z.size(1);
+  TORCH_CHECK(stats.dim() == 2 && stats.size(0) == 2 && stats.size(1) == n && stats.scalar_type() == at::kDouble &&
+                  stats.is_contiguous(),
+              "cutlass_fused: expected stats to be a contiguous float64 tensor of shape [2, ", n, "], but got ",
+              stats.scalar_type(), " ", stats.sizes());
+  TORCH_CHECK(count > 1, "Expected more than 1 value per channel when training, got input size [", count, ", ", n,
+              "]");
+  TORCH_CHECK(running_mean.has_value() == running_var.has_value(),
+              "cutlass_fused: running_mean and running_var must both be given or both be None");
+  check_vector(weight, "bn_weight", n);
+  check_vector(bias, "bn_bias", n);
+  check_vector(running_mean, "running_mean", n);
+  check_vector(running_var, "running_var", n);
+  // Parameters share one dtype (fp32, or the input's for a model cast whole).
+  c10::optional<at::ScalarType> param_t;
+  for (auto const* t : {&weight, &bias, &running_mean, &running_var}) {
+    if (!t->has_value()) continue;
+    TORCH_CHECK((*t)->is_contiguous(), "cutlass_fused: expected batch-norm parameters to be contiguous");
+    check_device(**t, z.device(), "batch-norm parameters");
+    TORCH_CHECK(!param_t || *param_t == (*t)->scalar_type(),
+                "cutlass_fused: expected bn_weight, bn_bias, running_mean and running_var to share one dtype");
+    param_t = (*t)->scalar_type();
+  }
+  if (num_batches_tracked.has_value()) {
+    check_device(*num_batches_tracked, z.device(), "num_batches_tracked");
+    TORCH_CHECK(num_batches_tracked->scalar_type() == at::kLong && num_batches_tracked->numel() == 1,
+                "cutlass_fused: expected num_batches_tracked to be a one-element int64 tensor");
+  }
+  c10::cuda::CUDAGuard guard(z.device());
+  auto y = at::empty({m, n}, z.options());
+  poison(y);
+  auto mean = at::empty({n}, z.options().dtype(at::kFloat));
+  auto invstd = at::empty({n}, z.options().dtype(at::kFloat));
+
+  FinalizeArgs a{};
+  a.dt = dtype_of(z.scalar_type(), "z");
+  a.param_dt = param_t ? dtype_of(*param_t, "batch-norm parameters") : DType::f32;
+  a.z = z.data_ptr();
+  a.ldz = z.stride(0);
+  a.y = y.data_ptr();
+  a.m = static_cast<int>(m);
+  a.n = static_cast<int>(n);
+  a.stats = stats.data_ptr<double>();
+  a.count = static_cast<double>(count);
+  a.weight = weight ? weight->data_ptr() : nullptr;
+  a.bias = bias ? bias->data_ptr() : nullptr;
+  a.running_mean = running_mean ? running_mean->data_ptr() : nullptr;
+  a.running_var = running_var ? running_var->data_ptr() : nullptr;
+  a.num_batches_tracked = num_batches_tracked ? num_batches_tracked->data_ptr<int64_t>() : nullptr;
+  a.momentum = momentum;
+  a.eps = eps;
+  a.save_mean = mean.data_ptr<float>();
+  a.save_invstd = invstd.data_ptr<float>();
+  finalize_normalize(a, at::cuda::getCurrentCUDAStream().stream());
+  return {y, mean, invstd};
+}
+
+at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor const& weight,
+                                             c10::optional<at::Tensor> const& bias, at::Tensor const& scale,
+                                             c10::optional<at::Tensor> const& bn_weight,
+                                             c10::optional<at::Tensor> const& bn_bias,
+                                             at::Tensor const& running_mean, at::Tensor const& running_var,
+                                             double eps, c10::string_view family) {
+  check_gemm_inputs(x, weight, bias, scale);
+  int64_t m = x.size(0), n = weight.size(0), k = x.size(1);
+  check_vector(bn_weight, "bn_weight", n);
+  check_vector(bn_bias, "bn_bias", n);
+  check_vector(running_mean, "running_mean", n);
+  check_vector(running_var, "running_var", n);
+  auto param_t = running_mean.scalar_type();
+  for (auto const* t : {&bn_weight, &bn_bias}) {
+    if (t->has_value())
+      TORCH_CHECK((*t)->scalar_type() == param_t && (*t)->is_contiguous(),
+                  "cutlass_fused: expected bn_weight and bn_bias to be contiguous and of running_mean's dtype");
+  }
+  TORCH_CHECK(running_var.scalar_type() == param_t && running_mean.is_contiguous() && running_var.is_contiguous(),
+              "cutlass_fused: expected running_mean and running_var to be contiguous and of one dtype");
+  c10::cuda::CUDAGuard guard(x.device());
+  char const* dt = kernel_dtype(x.scalar_type());
+  auto const& info = lookup(pick_family(family, dt, x.device()), dt, "eval", m, n, k);
+
+  auto stream = at::cuda::getCurrentCUDAStream().stream();
+  auto sa = fp32_vector(scale);
+  auto ac = at::empty({2, n}, x.options().dtype(at::kFloat));
+  fold_eval(dtype_of(param_t, "running_mean"), static_cast<int>(n), sa.data_ptr<float>(),
+            bn_weight ? bn_weight->data_ptr() : nullptr, bn_bias ? bn_bias->data_ptr() : nullptr,
+            running_mean.data_ptr(), running_var.data_ptr(), eps, ac[0].data_ptr<float>(), ac[1].data_ptr<float>(),
+            stream);
+  // The second row of ac starts n floats in: keep it 16-byte aligned for the EVT.
+  auto c = fp32_vector(ac[1]);
+  auto xa = aligned_rows(x), wa = aligned_rows(weight);
+  auto b = bias.has_value() ? c10::optional<at::Tensor>(fp32_vector(*bias)) : c10::nullopt;
+  auto y = at::empty_strided({m, n}, {padded_ld(n, x.scalar_type()), 1}, x.options());
+  poison(y);
+  GemmEvtArgs p = gemm_args(xa, wa, y, n);
+  p.b = ptr_or_null(b);
+  p.a = ac[0].data_ptr<float>();
+  p.c = c.data_ptr<float>();
+  run(info, p, x);
+  return y.stride(0) == n ? y : y.contiguous();
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(cutlass_fused, CUDA, m) {
+  m.impl("linear_scale_stats", &linear_scale_stats_cuda);
+  m.impl("batch_norm_finalize", &batch_norm_finalize_cuda);
+  m.impl("linear_scale_batch_norm_eval", &linear_scale_batch_norm_eval_cuda);
+}
+
+}  // namespace cutlass_fused

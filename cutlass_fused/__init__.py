@@ -1,0 +1,13 @@
+"""cutlass_fused: y = BatchNorm1d((x @ W^T + b) * scale) as one CUTLASS GEMM with a fused epilogue."""
+from ._family import use_kernel_family
+from .functional import linear_scale_batch_norm
+from .module import LinearScaleBatchNorm1d
+from .ops import ops
+
+
+def built_kernels() -> list[str]:
+    """Names of the CUTLASS kernels in this build (empty for a CPU-only build)."""
+    return list(ops.kernel_names())
+
+
+__all__ = ["linear_scale_batch_norm", "LinearScaleBatchNorm1d", "use_kernel_family", "built_kernels"]

@@ -1,0 +1,41 @@
+"""Loads the compiled ops and registers their fake (meta) kernels.
+
+The schemas live in csrc/ops.cpp; this file only describes output metadata.
+"""
+import torch
+
+from . import _C  # noqa: F401  (registers torch.ops.cutlass_fused.*)
+
+ops = torch.ops.cutlass_fused
+
+
+def padded_ld(n: int, dtype: torch.dtype) -> int:
+    """Row stride of z: rows padded to 16 bytes (the contract in csrc/ops.h)."""
+    align = max(1, 16 // dtype.itemsize)
+    return (n + align - 1) // align * align
+
+
+def _stat_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+@torch.library.register_fake("cutlass_fused::linear_scale_stats")
+def _(x, weight, bias, scale, family, deterministic):
+    torch._check(x.dim() == 2 and weight.dim() == 2, lambda: "cutlass_fused: expected 2-D input and weight")
+    torch._check(x.shape[1] == weight.shape[1], lambda: "cutlass_fused: mat1 and mat2 shapes cannot be multiplied")
+    m, n = x.shape[0], weight.shape[0]
+    z = x.new_empty_strided((m, n), (padded_ld(n, x.dtype), 1))
+    return z, x.new_empty((2, n), dtype=torch.float64)
+
+
+@torch.library.register_fake("cutlass_fused::batch_norm_finalize")
+def _(z, stats, count, weight, bias, running_mean, running_var, num_batches_tracked, momentum, eps):
+    n = z.shape[1]
+    stat = _stat_dtype(z.dtype)
+    return z.new_empty(z.shape), z.new_empty((n,), dtype=stat), z.new_empty((n,), dtype=stat)
+
+
+@torch.library.register_fake("cutlass_fused::linear_scale_batch_norm_eval")
+def _(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, eps, family):
+    torch._check(x.shape[1] == weight.shape[1], lambda: "cutlass_fused: mat1 and mat2 shapes cannot be multiplied")
+    return x.new_empty((x.shape[0], weight.shape[0]))

@@ -1,0 +1,85 @@
+"""Shared test helpers: devices, kernel families, dtypes and the error rule."""
+import contextlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import cutlass_fused
+
+CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+HOPPER = CUDA and torch.cuda.get_device_capability() == (9, 0)
+
+# (device, family): every kernel family this machine can run, plus the CPU path.
+FAMILIES = [("cpu", "auto")]
+if CUDA:
+    FAMILIES.append(("cuda", "sm80"))
+    if HOPPER:
+        FAMILIES.append(("cuda", "sm90"))
+FAMILY_IDS = [f"{d}-{f}" for d, f in FAMILIES]
+
+# Precision modes: (dtype, allow_tf32). fp32 is run both ways on CUDA.
+MODES = {
+    "bf16": (torch.bfloat16, False),
+    "f16": (torch.float16, False),
+    "f32": (torch.float32, False),
+    "tf32": (torch.float32, True),
+}
+
+# Error floors on top of 2x PyTorch's own error (flash-attention's rule). They
+# only matter where PyTorch happens to be exact; each is about one output
+# rounding step of an O(1) normalized value in that precision.
+FLOOR = {"bf16": 2e-2, "f16": 3e-3, "f32": 1e-5, "tf32": 2e-3}
+
+
+@contextlib.contextmanager
+def precision(device, family, mode):
+    _, tf32 = MODES[mode]
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    try:
+        with cutlass_fused.use_kernel_family(family):
+            yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def params(n_in, n_out, device, dtype, bias=True, affine=True, seed=0, param_dtype=torch.float32):
+    """Fresh random parameters of the seed model (parameters fp32 unless asked)."""
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g)
+    p = {
+        "weight": (r(n_out, n_in) / n_in ** 0.5).to(device, dtype),
+        "bias": r(n_out).to(device, param_dtype) if bias else None,
+        "scale": r(n_out).to(device, param_dtype),
+        "bn_weight": (1 + 0.1 * r(n_out)).to(device, param_dtype) if affine else None,
+        "bn_bias": (0.1 * r(n_out)).to(device, param_dtype) if affine else None,
+        "running_mean": (0.1 * r(n_out)).to(device, param_dtype),
+        "running_var": (1 + 0.1 * r(n_out).abs()).to(device, param_dtype),
+    }
+    return p
+
+
+def reference(x, p, training, momentum=0.1, eps=1e-5, dtype=None):
+    """The unfused model with F ops, in `dtype` (default: x's). Returns y and updated running stats."""
+    dtype = dtype or x.dtype
+    cast = lambda t: None if t is None else t.to(dtype)
+    rm = cast(p["running_mean"]).clone() if p["running_mean"] is not None else None
+    rv = cast(p["running_var"]).clone() if p["running_var"] is not None else None
+    z = F.linear(x.to(dtype), cast(p["weight"]), cast(p["bias"])) * cast(p["scale"])
+    y = F.batch_norm(z, rm, rv, cast(p["bn_weight"]), cast(p["bn_bias"]), training, momentum, eps)
+    return y, rm, rv
+
+
+def max_err(a, b):
+    return (a.double() - b.double()).abs().max().item()
+
+
+def assert_close_rule(ours, torch_same, ref64, mode, what):
+    """Our error against float64 is at most 2x PyTorch's same-precision error plus a floor."""
+    assert torch.isfinite(ours).all(), f"{what}: non-finite values (unwritten output?)"
+    e_ours, e_torch = max_err(ours, ref64), max_err(torch_same, ref64)
+    bound = 2 * e_torch + FLOOR[mode]
+    assert e_ours <= bound, f"{what}: error {e_ours:.3g} > 2 x torch's {e_torch:.3g} + {FLOOR[mode]:.0e}"
+    return e_ours, e_torch

@@ -1,0 +1,64 @@
+"""LinearScaleBatchNorm1d against the seed model (KernelBench level 2, problems 33/39)."""
+import pytest
+import torch
+from torch import nn
+
+import cutlass_fused
+from common import FAMILIES, FAMILY_IDS, max_err
+
+
+class Seed(nn.Module):
+    def __init__(self, n_in, n_out, **bn):
+        super().__init__()
+        self.gemm = nn.Linear(n_in, n_out)
+        self.scale = nn.Parameter(torch.randn(n_out))
+        self.bn = nn.BatchNorm1d(n_out, **bn)
+
+    def forward(self, x):
+        return self.bn(self.gemm(x) * self.scale)
+
+
+def test_state_dict_keys_and_round_trip():
+    seed, ours = Seed(24, 16), cutlass_fused.LinearScaleBatchNorm1d(24, 16)
+    assert list(ours.state_dict()) == list(seed.state_dict())
+    assert set(ours.state_dict()) == {"gemm.weight", "gemm.bias", "scale", "bn.weight", "bn.bias",
+                                      "bn.running_mean", "bn.running_var", "bn.num_batches_tracked"}
+    seed.bn.running_mean.normal_()
+    ours.load_state_dict(seed.state_dict())
+    back = Seed(24, 16)
+    back.load_state_dict(ours.state_dict())
+    for k, v in seed.state_dict().items():
+        assert torch.equal(back.state_dict()[k], v)
+
+
+def test_from_modules_shares_parameters():
+    seed = Seed(8, 4)
+    ours = cutlass_fused.LinearScaleBatchNorm1d.from_modules(seed.gemm, seed.scale, seed.bn)
+    assert ours.gemm.weight is seed.gemm.weight and ours.scale is seed.scale
+    assert ours.bn.running_mean is seed.bn.running_mean
+    ours(torch.randn(5, 8))
+    assert seed.bn.num_batches_tracked.item() == 1
+    with pytest.raises(ValueError, match="size 4"):
+        cutlass_fused.LinearScaleBatchNorm1d.from_modules(seed.gemm, nn.Parameter(torch.randn(3)), seed.bn)
+
+
+@pytest.mark.parametrize("device,family", FAMILIES, ids=FAMILY_IDS)
+@pytest.mark.parametrize("bn", [{}, {"affine": False}, {"track_running_stats": False}, {"momentum": None}],
+                         ids=["default", "affine_false", "no_running_stats", "momentum_none"])
+def test_module_matches_seed(device, family, bn):
+    torch.manual_seed(0)
+    seed = Seed(40, 24, **bn).to(device).double()
+    ours = cutlass_fused.LinearScaleBatchNorm1d(40, 24, **bn).to(device)
+    ours.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in seed.state_dict().items()})
+    old_tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        with cutlass_fused.use_kernel_family(family):
+            for train in (True, True, True, False):
+                seed.train(train), ours.train(train)
+                x = torch.randn(33, 40, device=device)
+                assert max_err(ours(x), seed(x.double())) < 1e-4
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old_tf32
+    for k, v in seed.state_dict().items():
+        assert max_err(ours.state_dict()[k], v) < 1e-5, k
