@@ -2,6 +2,7 @@
 // Everything runs on the inputs' device and torch's current stream, with
 // workspaces from the caching allocator, and never synchronizes.
 #include <cstdlib>
+#include <limits>
 #include <string>
 
 #include <ATen/ATen.h>
@@ -41,7 +42,7 @@ char const* pick_family(c10::string_view requested, char const* dtype, at::Devic
   int cc = prop->major * 10 + prop->minor;
   TORCH_CHECK(cc >= 80, "cutlass_fused: needs an Ampere (compute capability 8.0) or newer GPU, but ", device,
               " (", prop->name, ") has compute capability ", prop->major, ".", prop->minor);
-  std::string req(requested);
+  std::string req(requested.data(), requested.size());
   TORCH_CHECK(req == "auto" || req == "sm90" || req == "sm80", "cutlass_fused: expected family to be 'auto', ",
               "'sm90' or 'sm80', but got '", req, "'");
   // sm90a code runs on compute capability 9.0 only; 3xTF32 exists in the sm80 family only.
