@@ -10,10 +10,11 @@ cutlass_cppgen emits the kernel's type definitions; we write the host side
 (csrc/kernels/*_launch.cuh) and patch the emitted text in four documented ways,
 each asserted to match exactly so that a new cutlass_cppgen cannot silently
 change what we build:
-  1. statistics in fp64 of Z as stored: the node forming Z rounds to the
-     output dtype (so the statistics describe exactly the values the finalize
-     normalizes, as in PyTorch, where BN sees the rounded tensor), and the two
-     row reductions and the square get ElementCompute = double,
+  1. statistics in fp64 of Z as stored: the node forming Z rounds its sum to
+     the output dtype (cutlass_fused::plus_rounded_to_*), so the statistics
+     describe exactly the values the finalize normalizes, as in PyTorch where
+     BN sees the rounded tensor; the two row reductions and the square get
+     ElementCompute = double,
   2. D = take_last(Zsq, 0, Z) instead of multiply_add(Zsq, 0, Z), so D is Z
      exactly and an fp32 overflow of Z*Z can never turn D into 0*inf = NaN,
   3. sm90: the collective gets Kernel.epi_tile where set, and
@@ -115,8 +116,9 @@ def _patch(k: Kernel, src: str) -> tuple[str, str]:
         src = _sub(r"cutlass::multiply_add,", "cutlass_fused::take_last,", src, 1, "D = Z")
         z_evt = re.search(r"using EVTColSum = \S+<\s*ColSum,\s*(\w+)>;", src).group(1)
         z_node = re.search(rf"using {z_evt} = \S+<\s*(\w+),", src).group(1)
-        src = _sub(rf"(using {z_node} = \S+<\s*cutlass::plus), float, float,", rf"\1, {_CTYPE[k.dtype]}, float,",
-                   src, 1, "Z rounded to the output dtype")
+        if k.dtype in ("bf16", "f16"):
+            src = _sub(rf"(using {z_node} = \S+<\s*)cutlass::plus,", rf"\1cutlass_fused::plus_rounded_to_{k.dtype},",
+                       src, 1, "Z rounded to the output dtype")
         if k.family == "sm90":
             src = _sub(r"cutlass::atomic_add,", "cutlass::plus,", src, 2, "non-atomic partials")
             src = _sub(r"(using ColSum(?:sq)? = cutlass::epilogue::fusion::Sm90RowReduction<[^;]*?"

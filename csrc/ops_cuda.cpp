@@ -207,7 +207,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_finalize_cuda(
   check_vector(running_var, "running_var", n);
   // Parameters share one dtype (fp32, or the input's for a model cast whole).
   c10::optional<at::ScalarType> param_t;
-  for (auto const* t : {&weight, &bias, &running_mean, &running_var}) {
+  c10::optional<at::Tensor> const* params[] = {&weight, &bias, &running_mean, &running_var};
+  for (auto const* t : params) {
     if (!t->has_value()) continue;
     TORCH_CHECK((*t)->is_contiguous(), "cutlass_fused: expected batch-norm parameters to be contiguous");
     check_device(**t, z.device(), "batch-norm parameters");
@@ -262,7 +263,8 @@ at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor con
   check_vector(running_mean, "running_mean", n);
   check_vector(running_var, "running_var", n);
   auto param_t = running_mean.scalar_type();
-  for (auto const* t : {&bn_weight, &bn_bias}) {
+  c10::optional<at::Tensor> const* affine[] = {&bn_weight, &bn_bias};
+  for (auto const* t : affine) {
     if (t->has_value())
       TORCH_CHECK((*t)->scalar_type() == param_t && (*t)->is_contiguous(),
                   "cutlass_fused: expected bn_weight and bn_bias to be contiguous and of running_mean's dtype");

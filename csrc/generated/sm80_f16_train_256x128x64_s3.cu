@@ -61,7 +61,7 @@ using EVTCompute1 = cutlass::epilogue::threadblock::Sm80EVT<
     A>;
 
 using Compute2 = cutlass::epilogue::threadblock::VisitorCompute<
-    cutlass::plus, cutlass::half_t, float,
+    cutlass_fused::plus_rounded_to_f16, float, float,
     cutlass::FloatRoundStyle::round_to_nearest
 >;
 

@@ -60,7 +60,7 @@ using EVTCompute1 = cutlass::epilogue::fusion::Sm90EVT<
     A>;
 
 using Compute2 = cutlass::epilogue::fusion::Sm90Compute<
-    cutlass::plus, cutlass::half_t, float,
+    cutlass_fused::plus_rounded_to_f16, float, float,
     cutlass::FloatRoundStyle::round_to_nearest
 >;
 

@@ -1,7 +1,10 @@
 // EVT compute functors that CUTLASS does not ship.
 #pragma once
 
+#include "cutlass/array.h"
 #include "cutlass/cutlass.h"
+#include "cutlass/functional.h"
+#include "cutlass/numeric_conversion.h"
 
 namespace cutlass_fused {
 
@@ -12,5 +15,31 @@ template <class T>
 struct take_last {
   CUTLASS_HOST_DEVICE T operator()(T const&, T const&, T const& last) const { return last; }
 };
+
+}  // namespace cutlass_fused
+
+namespace cutlass_fused {
+
+// a + b, rounded once to R and widened back: the node forming Z uses it so the
+// statistics are those of Z as stored in R, exactly what the finalize reads.
+// (Giving the node R as its output type instead breaks Sm90RowReduction, which
+// cannot convert a 16-bit Array element proxy to double.)
+template <class R, class T>
+struct plus_rounded_to {
+  CUTLASS_HOST_DEVICE T operator()(T const& a, T const& b) const { return T(R(a + b)); }
+};
+
+template <class R, class E, int N>
+struct plus_rounded_to<R, cutlass::Array<E, N>> {
+  using T = cutlass::Array<E, N>;
+  CUTLASS_HOST_DEVICE T operator()(T const& a, T const& b) const {
+    cutlass::NumericArrayConverter<R, E, N> down;
+    cutlass::NumericArrayConverter<E, R, N> up;
+    return up(down(cutlass::plus<T>{}(a, b)));
+  }
+};
+
+template <class T> using plus_rounded_to_bf16 = plus_rounded_to<cutlass::bfloat16_t, T>;
+template <class T> using plus_rounded_to_f16 = plus_rounded_to<cutlass::half_t, T>;
 
 }  // namespace cutlass_fused
