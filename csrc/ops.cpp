@@ -64,7 +64,7 @@ at::Tensor affine_linear(at::Tensor const& x, at::Tensor const& weight, c10::opt
 }
 
 at::Tensor into_padded(at::Tensor const& z, at::ScalarType dt) {
-  auto out = at::empty_strided({z.size(0), z.size(1)}, {padded_ld(z.size(1), dt), 1}, z.options().dtype(dt));
+  auto out = empty_padded(z.size(0), z.size(1), z.options().dtype(dt));
   out.copy_(z);
   return out;
 }

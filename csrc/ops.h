@@ -13,6 +13,12 @@ inline int64_t padded_ld(int64_t n, at::ScalarType dt) {
   return (n + a - 1) / a * a;
 }
 
+// An (M, N) view of fresh (M, padded_ld(N)) storage, so kernels may write
+// whole padded rows.
+inline at::Tensor empty_padded(int64_t m, int64_t n, at::TensorOptions opts) {
+  return at::empty({m, padded_ld(n, opts.dtype().toScalarType())}, opts).narrow(1, 0, n);
+}
+
 void check_linear_args(at::Tensor const& x, at::Tensor const& weight, c10::optional<at::Tensor> const& bias,
                        at::Tensor const& scale);
 void check_vector(c10::optional<at::Tensor> const& t, char const* name, int64_t n);

@@ -85,9 +85,27 @@ at::Tensor aligned_rows(at::Tensor const& t) {
   return c;
 }
 
-at::Tensor fp32_vector(at::Tensor const& t) {
+// fp32, 16-byte aligned, zero-padded to `len` (the kernel's N) for the EVT's row broadcasts.
+at::Tensor fp32_vector(at::Tensor const& t, int64_t len) {
   auto v = t.to(at::kFloat).contiguous();
+  if (len != v.size(0)) return at::constant_pad_nd(v, {0, len - v.size(0)});
   return reinterpret_cast<uintptr_t>(v.data_ptr()) % kAlignBytes ? v.clone() : v;
+}
+
+// CUTLASS 2.x (sm80) stores whole 16-byte vectors, so its N must be a multiple
+// of one: it computes padded_ld(N) columns (zero weight rows) into the padded
+// rows of the output. sm90's TMA store clips the tail itself.
+int64_t kernel_n(KernelInfo const& info, int64_t n, at::ScalarType dt) {
+  return std::string(info.family) == "sm80" ? padded_ld(n, dt) : n;
+}
+
+at::Tensor weight_rows(at::Tensor const& w, int64_t rows) {
+  auto wa = aligned_rows(w);
+  return rows == wa.size(0) ? wa : at::constant_pad_nd(wa, {0, 0, 0, rows - wa.size(0)});
+}
+
+c10::optional<at::Tensor> fp32_vector(c10::optional<at::Tensor> const& t, int64_t len) {
+  return t.has_value() ? c10::optional<at::Tensor>(fp32_vector(*t, len)) : c10::nullopt;
 }
 
 float const* ptr_or_null(c10::optional<at::Tensor> const& t) {
@@ -151,16 +169,16 @@ std::tuple<at::Tensor, at::Tensor> linear_scale_stats_cuda(at::Tensor const& x, 
   bool separate_stats = deterministic && std::string(fam) == "sm80";
   auto const& info = lookup(fam, dt, separate_stats ? "eval" : "train", m, n, k);
 
-  auto xa = aligned_rows(x), wa = aligned_rows(weight);
-  auto b = bias.has_value() ? c10::optional<at::Tensor>(fp32_vector(*bias)) : c10::nullopt;
-  auto a = fp32_vector(scale);
-  auto z = at::empty_strided({m, n}, {padded_ld(n, x.scalar_type()), 1}, x.options());
+  int64_t kn = kernel_n(info, n, x.scalar_type());
+  auto xa = aligned_rows(x), wa = weight_rows(weight, kn);
+  auto b = fp32_vector(bias, kn);
+  auto a = fp32_vector(scale, kn);
+  auto z = empty_padded(m, n, x.options());
   poison(z);
-  auto stats = at::empty({2, n}, x.options().dtype(at::kDouble));
+  auto stats = at::empty({2, kn}, x.options().dtype(at::kDouble));
   poison(stats);
 
-  GemmEvtArgs p = gemm_args(xa, wa, z, n);
-  p.k = static_cast<int>(xa.size(1));
+  GemmEvtArgs p = gemm_args(xa, wa, z, kn);
   p.b = ptr_or_null(b);
   p.a = a.data_ptr<float>();
   auto stream = at::cuda::getCurrentCUDAStream(p.device).stream();
@@ -169,6 +187,7 @@ std::tuple<at::Tensor, at::Tensor> linear_scale_stats_cuda(at::Tensor const& x, 
     auto ws = at::empty({static_cast<int64_t>(column_stats_workspace(m, n))}, x.options().dtype(at::kByte));
     column_stats(dtype_of(x.scalar_type(), "input"), z.data_ptr(), m, n, z.stride(0), stats.data_ptr<double>(),
                  ws.data_ptr(), stream);
+    stats = stats.narrow(1, 0, n);  // column_stats wrote the first n columns
   } else if (std::string(info.stats) == "partial") {
     int64_t rows = (m + info.tile_m - 1) / info.tile_m;
     int64_t ld = (n + info.tile_n - 1) / info.tile_n * info.tile_n;
@@ -183,7 +202,7 @@ std::tuple<at::Tensor, at::Tensor> linear_scale_stats_cuda(at::Tensor const& x, 
     p.col_sumsq = stats[1].data_ptr<double>();
     run(info, p, x);
   }
-  return {z, stats};
+  return {z, kn == n ? stats : stats.narrow(1, 0, n).contiguous()};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_finalize_cuda(
@@ -275,25 +294,26 @@ at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor con
   char const* dt = kernel_dtype(x.scalar_type());
   auto const& info = lookup(pick_family(family, dt, x.device()), dt, "eval", m, n, k);
 
+  int64_t kn = kernel_n(info, n, x.scalar_type());
   auto stream = at::cuda::getCurrentCUDAStream().stream();
-  auto sa = fp32_vector(scale);
-  auto ac = at::empty({2, n}, x.options().dtype(at::kFloat));
+  auto sa = fp32_vector(scale, n);
+  auto ac = at::zeros({2, kn}, x.options().dtype(at::kFloat));
   fold_eval(dtype_of(param_t, "running_mean"), static_cast<int>(n), sa.data_ptr<float>(),
             bn_weight ? bn_weight->data_ptr() : nullptr, bn_bias ? bn_bias->data_ptr() : nullptr,
             running_mean.data_ptr(), running_var.data_ptr(), eps, ac[0].data_ptr<float>(), ac[1].data_ptr<float>(),
             stream);
-  // The second row of ac starts n floats in: keep it 16-byte aligned for the EVT.
-  auto c = fp32_vector(ac[1]);
-  auto xa = aligned_rows(x), wa = aligned_rows(weight);
-  auto b = bias.has_value() ? c10::optional<at::Tensor>(fp32_vector(*bias)) : c10::nullopt;
-  auto y = at::empty_strided({m, n}, {padded_ld(n, x.scalar_type()), 1}, x.options());
+  // The second row of ac starts kn floats in: keep it 16-byte aligned for the EVT.
+  auto c = fp32_vector(ac[1], kn);
+  auto xa = aligned_rows(x), wa = weight_rows(weight, kn);
+  auto b = fp32_vector(bias, kn);
+  auto y = empty_padded(m, n, x.options());
   poison(y);
-  GemmEvtArgs p = gemm_args(xa, wa, y, n);
+  GemmEvtArgs p = gemm_args(xa, wa, y, kn);
   p.b = ptr_or_null(b);
   p.a = ac[0].data_ptr<float>();
   p.c = c.data_ptr<float>();
   run(info, p, x);
-  return y.stride(0) == n ? y : y.contiguous();
+  return y.is_contiguous() ? y : y.contiguous();
 }
 
 }  // namespace
