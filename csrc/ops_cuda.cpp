@@ -93,12 +93,10 @@ at::Tensor fp32_vector(at::Tensor const& t, int64_t len) {
   return reinterpret_cast<uintptr_t>(v.data_ptr()) % kAlignBytes ? v.clone() : v;
 }
 
-// CUTLASS 2.x (sm80) stores whole 16-byte vectors, so its N must be a multiple
-// of one: it computes padded_ld(N) columns (zero weight rows) into the padded
-// rows of the output. sm90's TMA store clips the tail itself.
-int64_t kernel_n(KernelInfo const& info, int64_t n, at::ScalarType dt) {
-  return std::string(info.family) == "sm80" ? padded_ld(n, dt) : n;
-}
+// Both families need N to be a multiple of 16 bytes (sm80 stores whole vectors,
+// sm90's can_implement rejects the D tensor otherwise): kernels compute
+// padded_ld(N) columns (zero weight rows) into the padded rows of the output.
+int64_t kernel_n(KernelInfo const&, int64_t n, at::ScalarType dt) { return padded_ld(n, dt); }
 
 at::Tensor weight_rows(at::Tensor const& w, int64_t rows) {
   auto wa = aligned_rows(w);
@@ -191,12 +189,12 @@ std::tuple<at::Tensor, at::Tensor> linear_scale_stats_cuda(at::Tensor const& x, 
     stats = stats.narrow(1, 0, n);  // column_stats wrote the first n columns
   } else if (std::string(info.stats) == "partial") {
     int64_t rows = (m + info.tile_m - 1) / info.tile_m;
-    int64_t ld = (n + info.tile_n - 1) / info.tile_n * info.tile_n;
+    int64_t ld = (kn + info.tile_n - 1) / info.tile_n * info.tile_n;
     auto partial = at::empty({2, rows, ld}, x.options().dtype(at::kDouble));
     p.col_sum = partial[0].data_ptr<double>();
     p.col_sumsq = partial[1].data_ptr<double>();
     run(info, p, x);
-    reduce_partials(p.col_sum, p.col_sumsq, static_cast<int>(rows), ld, static_cast<int>(n),
+    reduce_partials(p.col_sum, p.col_sumsq, static_cast<int>(rows), ld, static_cast<int>(kn),
                     stats.data_ptr<double>(), stream);
   } else {
     p.col_sum = stats[0].data_ptr<double>();

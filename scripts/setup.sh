@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# One-time setup on a fresh machine: torch (only if missing), nvidia-cutlass,
+# build deps, then an editable build of cutlass_fused against that torch.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+py=${PYTHON:-python3}
+# torch: never replaced. The CPU dev/CI machines carry torch 2.13.0 on disk.
+$py -c "import torch" 2>/dev/null || $py -m pip install -q torch==2.13.0
+# nvidia-cutlass: its headers build the kernels, its cutlass_cppgen runs codegen.
+if ! $py -c "import cutlass_library" 2>/dev/null; then
+  if ls .wheels/nvidia_cutlass-*.whl >/dev/null 2>&1; then   # offline GPU machine: carried wheels
+    $py -m pip install -q --no-index --no-deps .wheels/*.whl
+  else
+    $py -m pip install -q nvidia-cutlass==4.2.0.0
+  fi
+fi
+$py -c "import scikit_build_core" 2>/dev/null || $py -m pip install -q scikit-build-core
+$py -c "import pytest, ninja" 2>/dev/null || $py -m pip install -q pytest ninja
+$py -m pip install -q --no-build-isolation --no-deps -e .
