@@ -93,11 +93,6 @@ at::Tensor fp32_vector(at::Tensor const& t, int64_t len) {
   return reinterpret_cast<uintptr_t>(v.data_ptr()) % kAlignBytes ? v.clone() : v;
 }
 
-// Both families need N to be a multiple of 16 bytes (sm80 stores whole vectors,
-// sm90's can_implement rejects the D tensor otherwise): kernels compute
-// padded_ld(N) columns (zero weight rows) into the padded rows of the output.
-int64_t kernel_n(KernelInfo const&, int64_t n, at::ScalarType dt) { return padded_ld(n, dt); }
-
 at::Tensor weight_rows(at::Tensor const& w, int64_t rows) {
   auto wa = aligned_rows(w);
   return rows == wa.size(0) ? wa : at::constant_pad_nd(wa, {0, 0, 0, rows - wa.size(0)});
@@ -168,26 +163,30 @@ std::tuple<at::Tensor, at::Tensor> linear_scale_stats_cuda(at::Tensor const& x, 
   bool separate_stats = deterministic && std::string(fam) == "sm80";
   auto const& info = lookup(fam, dt, separate_stats ? "eval" : "train", m, n, k);
 
-  int64_t kn = kernel_n(info, n, x.scalar_type());
+  // Both families need N to be a multiple of 16 bytes (sm80 stores whole
+  // vectors, sm90's can_implement rejects D otherwise): the kernel computes kn
+  // columns, from zero weight rows, into the padded rows of z.
+  int64_t kn = padded_ld(n, x.scalar_type());
   auto xa = aligned_rows(x), wa = weight_rows(weight, kn);
   auto b = fp32_vector(bias, kn);
   auto a = fp32_vector(scale, kn);
   auto z = empty_padded(m, n, x.options());
   poison(z);
-  auto stats = at::empty({2, kn}, x.options().dtype(at::kDouble));
-  poison(stats);
 
   GemmEvtArgs p = gemm_args(xa, wa, z, kn);
   p.b = ptr_or_null(b);
   p.a = a.data_ptr<float>();
   auto stream = at::cuda::getCurrentCUDAStream(p.device).stream();
+  auto stats = at::empty({2, separate_stats ? n : kn}, x.options().dtype(at::kDouble));
+  poison(stats);
   if (separate_stats) {
     run(info, p, x);
     auto ws = at::empty({static_cast<int64_t>(column_stats_workspace(m, n))}, x.options().dtype(at::kByte));
     column_stats(dtype_of(x.scalar_type(), "input"), z.data_ptr(), m, n, z.stride(0), stats.data_ptr<double>(),
                  ws.data_ptr(), stream);
-    stats = stats.narrow(1, 0, n);  // column_stats wrote the first n columns
-  } else if (std::string(info.stats) == "partial") {
+    return {z, stats};
+  }
+  if (std::string(info.stats) == "partial") {
     int64_t rows = (m + info.tile_m - 1) / info.tile_m;
     int64_t ld = (kn + info.tile_n - 1) / info.tile_n * info.tile_n;
     auto partial = at::empty({2, rows, ld}, x.options().dtype(at::kDouble));
@@ -293,7 +292,7 @@ at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor con
   char const* dt = kernel_dtype(x.scalar_type());
   auto const& info = lookup(pick_family(family, dt, x.device()), dt, "eval", m, n, k);
 
-  int64_t kn = kernel_n(info, n, x.scalar_type());
+  int64_t kn = padded_ld(n, x.scalar_type());  // as in linear_scale_stats_cuda
   auto stream = at::cuda::getCurrentCUDAStream().stream();
   auto sa = fp32_vector(scale, n);
   auto ac = at::zeros({2, kn}, x.options().dtype(at::kFloat));

@@ -16,10 +16,6 @@ struct take_last {
   CUTLASS_HOST_DEVICE T operator()(T const&, T const&, T const& last) const { return last; }
 };
 
-}  // namespace cutlass_fused
-
-namespace cutlass_fused {
-
 // a + b, rounded once to R and widened back: the node forming Z uses it so the
 // statistics are those of Z as stored in R, exactly what the finalize reads.
 // (Giving the node R as its output type instead breaks Sm90RowReduction, which
