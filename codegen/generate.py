@@ -13,7 +13,9 @@ change what we build:
   1. statistics in fp64 of Z as stored: the node forming Z rounds its sum to
      the output dtype (cutlass_fused::plus_rounded_to_*), so the statistics
      describe exactly the values the finalize normalizes, as in PyTorch where
-     BN sees the rounded tensor; the two row reductions and the square get
+     BN sees the rounded tensor; the two row reductions, the square, and the
+     topological DAG (which stores every intermediate as Array<ElementCompute>,
+     so a float there would round Z^2 to fp32 before the fp64 sum) get
      ElementCompute = double,
   2. D = take_last(Zsq, 0, Z) instead of multiply_add(Zsq, 0, Z), so D is Z
      exactly and an fp32 overflow of Z*Z can never turn D into 0*inf = NaN,
@@ -114,6 +116,7 @@ def _patch(k: Kernel, src: str) -> tuple[str, str]:
                     r"\1, double, double,", body, 2, "fp64 square")
         src = head + mid + body + "using ColSumsq" + rest
         src = _sub(r"cutlass::multiply_add,", "cutlass_fused::take_last,", src, 1, "D = Z")
+        src = _sub(r"(TopologicalVisitor<\s*)float,", r"\1double,", src, 1, "fp64 DAG intermediates")
         z_evt = re.search(r"using EVTColSum = \S+<\s*ColSum,\s*(\w+)>;", src).group(1)
         z_node = re.search(rf"using {z_evt} = \S+<\s*(\w+),", src).group(1)
         if k.dtype in ("bf16", "f16"):
@@ -158,7 +161,7 @@ def fusion_args(src: str, dtype: str) -> str:
              for m in re.finditer(r"using (\w+) = cutlass::epilogue::\w+::Sm\d+EVT<([^;]*)>;", src)}
     dags = {m[1]: [t.strip() for t in m[2].split(",")]
             for m in re.finditer(r"using (\w+) = cutlass::epilogue::\w+::Sm\d+TopologicalVisitor<"
-                                 r"\s*float,\s*cute::tuple<(?:\s*cute::seq<[\d,\s]*>,)*\s*>,([^;]*)>;", src)}
+                                 r"\s*(?:float|double),\s*cute::tuple<(?:\s*cute::seq<[\d,\s]*>,)*\s*>,([^;]*)>;", src)}
     used = {c for v in list(trees.values()) + list(dags.values()) for c in v}
     roots = [n for n in list(trees) + list(dags) if n not in used]
     if len(roots) != 1:

@@ -28,19 +28,19 @@ namespace cutlass_fused {
 
 void check_vector(c10::optional<at::Tensor> const& t, char const* name, int64_t n) {
   if (!t.has_value()) return;
-  CUTLASS_FUSED_CHECK(t->dim() == 1 && t->size(0) == n, "cutlass_fused: expected ", name, " to have shape [", n,
+  TORCH_CHECK(t->dim() == 1 && t->size(0) == n, "cutlass_fused: expected ", name, " to have shape [", n,
               "], but got ", t->sizes());
 }
 
 void check_linear_args(at::Tensor const& x, at::Tensor const& weight, c10::optional<at::Tensor> const& bias,
                        at::Tensor const& scale) {
-  CUTLASS_FUSED_CHECK(x.dim() == 2, "cutlass_fused: expected input to be 2-D (batch, in_features), but got ", x.dim(),
+  TORCH_CHECK(x.dim() == 2, "cutlass_fused: expected input to be 2-D (batch, in_features), but got ", x.dim(),
               "-D input of size ", x.sizes());
-  CUTLASS_FUSED_CHECK(weight.dim() == 2, "cutlass_fused: expected weight to be 2-D (out_features, in_features), but got ",
+  TORCH_CHECK(weight.dim() == 2, "cutlass_fused: expected weight to be 2-D (out_features, in_features), but got ",
               weight.sizes());
-  CUTLASS_FUSED_CHECK(x.size(1) == weight.size(1), "cutlass_fused: mat1 and mat2 shapes cannot be multiplied (", x.size(0),
+  TORCH_CHECK(x.size(1) == weight.size(1), "cutlass_fused: mat1 and mat2 shapes cannot be multiplied (", x.size(0),
               "x", x.size(1), " and ", weight.size(1), "x", weight.size(0), ")");
-  CUTLASS_FUSED_CHECK(x.scalar_type() == weight.scalar_type(),
+  TORCH_CHECK(x.scalar_type() == weight.scalar_type(),
               "cutlass_fused: expected input and weight to have the same dtype, but got ", x.scalar_type(), " and ",
               weight.scalar_type());
   check_vector(bias, "bias", weight.size(0));

@@ -1,18 +1,7 @@
 // Shared by the binding files: argument checks and the padded-row contract.
 #pragma once
 
-#include <stdexcept>
-
 #include <ATen/ATen.h>
-
-// Argument checks throw std::runtime_error (surfacing as RuntimeError). On the
-// H200 test machine (torch 2.11), any c10::Error thrown by TORCH_CHECK from
-// this library crashed the process while std::runtime_error did not; the
-// cause is not yet known (see benchmarks/NOTES.md), so we avoid TORCH_CHECK.
-#define CUTLASS_FUSED_CHECK(cond, ...)                                   \
-  do {                                                                  \
-    if (!(cond)) throw std::runtime_error(c10::str(__VA_ARGS__));       \
-  } while (0)
 
 namespace cutlass_fused {
 

@@ -23,7 +23,7 @@ DType dtype_of(at::ScalarType t, char const* name) {
     case at::kHalf: return DType::f16;
     case at::kFloat: return DType::f32;
     default:
-      CUTLASS_FUSED_CHECK(false, "cutlass_fused: expected ", name,
+      TORCH_CHECK(false, "cutlass_fused: expected ", name,
                   " to be bfloat16, float16 or float32 on CUDA, but got ", t);
       return DType::f32;
   }
@@ -41,15 +41,15 @@ char const* kernel_dtype(at::ScalarType t) {
 char const* pick_family(c10::string_view requested, char const* dtype, at::Device device) {
   auto* prop = at::cuda::getDeviceProperties(device.index());
   int cc = prop->major * 10 + prop->minor;
-  CUTLASS_FUSED_CHECK(cc >= 80, "cutlass_fused: needs an Ampere (compute capability 8.0) or newer GPU, but ", device,
+  TORCH_CHECK(cc >= 80, "cutlass_fused: needs an Ampere (compute capability 8.0) or newer GPU, but ", device,
               " (", prop->name, ") has compute capability ", prop->major, ".", prop->minor);
   std::string req(requested.data(), requested.size());
-  CUTLASS_FUSED_CHECK(req == "auto" || req == "sm90" || req == "sm80", "cutlass_fused: expected family to be 'auto', ",
+  TORCH_CHECK(req == "auto" || req == "sm90" || req == "sm80", "cutlass_fused: expected family to be 'auto', ",
               "'sm90' or 'sm80', but got '", req, "'");
   // sm90a code runs on compute capability 9.0 only; 3xTF32 exists in the sm80 family only.
   bool sm90_ok = cc == 90 && std::string(dtype) != "f32x3";
   if (req == "sm90") {
-    CUTLASS_FUSED_CHECK(cc == 90, "cutlass_fused: family 'sm90' needs compute capability 9.0, but ", device, " has ",
+    TORCH_CHECK(cc == 90, "cutlass_fused: family 'sm90' needs compute capability 9.0, but ", device, " has ",
                 prop->major, ".", prop->minor);
     return sm90_ok ? "sm90" : "sm80";
   }
@@ -59,7 +59,7 @@ char const* pick_family(c10::string_view requested, char const* dtype, at::Devic
 
 KernelInfo const& lookup(char const* family, char const* dtype, char const* mode, int m, int n, int k) {
   auto const* info = find_kernel(family, dtype, mode, m, n, k);
-  CUTLASS_FUSED_CHECK(info != nullptr, "cutlass_fused: this build has no ", family, " ", dtype, " ", mode,
+  TORCH_CHECK(info != nullptr, "cutlass_fused: this build has no ", family, " ", dtype, " ", mode,
               " kernel; rebuild with that architecture in CUTLASS_FUSED_CUDA_ARCHS");
   return *info;
 }
@@ -107,7 +107,7 @@ float const* ptr_or_null(c10::optional<at::Tensor> const& t) {
 }
 
 void check_device(at::Tensor const& t, at::Device d, char const* name) {
-  CUTLASS_FUSED_CHECK(t.device() == d, "cutlass_fused: expected ", name, " to be on ", d, " like input, but got ", t.device());
+  TORCH_CHECK(t.device() == d, "cutlass_fused: expected ", name, " to be on ", d, " like input, but got ", t.device());
 }
 
 GemmEvtArgs gemm_args(at::Tensor const& x, at::Tensor const& w, at::Tensor& out, int64_t n) {
@@ -141,7 +141,7 @@ void check_gemm_inputs(at::Tensor const& x, at::Tensor const& weight, c10::optio
                        at::Tensor const& scale) {
   check_linear_args(x, weight, bias, scale);
   dtype_of(x.scalar_type(), "input");
-  CUTLASS_FUSED_CHECK(x.size(0) > 0 && x.size(1) > 0 && weight.size(0) > 0,
+  TORCH_CHECK(x.size(0) > 0 && x.size(1) > 0 && weight.size(0) > 0,
               "cutlass_fused: expected non-empty input and weight, but got ", x.sizes(), " and ", weight.sizes());
   check_device(weight, x.device(), "weight");
   check_device(scale, x.device(), "scale");
@@ -208,15 +208,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_finalize_cuda(
     c10::optional<at::Tensor> const& bias, c10::optional<at::Tensor> running_mean,
     c10::optional<at::Tensor> running_var, c10::optional<at::Tensor> const& num_batches_tracked, double momentum,
     double eps) {
-  CUTLASS_FUSED_CHECK(z.dim() == 2 && z.stride(1) == 1, "cutlass_fused: expected z to be 2-D with unit column stride");
+  TORCH_CHECK(z.dim() == 2 && z.stride(1) == 1, "cutlass_fused: expected z to be 2-D with unit column stride");
   int64_t m = z.size(0), n = z.size(1);
-  CUTLASS_FUSED_CHECK(stats.dim() == 2 && stats.size(0) == 2 && stats.size(1) == n && stats.scalar_type() == at::kDouble &&
+  TORCH_CHECK(stats.dim() == 2 && stats.size(0) == 2 && stats.size(1) == n && stats.scalar_type() == at::kDouble &&
                   stats.is_contiguous(),
               "cutlass_fused: expected stats to be a contiguous float64 tensor of shape [2, ", n, "], but got ",
               stats.scalar_type(), " ", stats.sizes());
-  CUTLASS_FUSED_CHECK(count > 1, "Expected more than 1 value per channel when training, got input size [", count, ", ", n,
+  TORCH_CHECK(count > 1, "Expected more than 1 value per channel when training, got input size [", count, ", ", n,
               "]");
-  CUTLASS_FUSED_CHECK(running_mean.has_value() == running_var.has_value(),
+  TORCH_CHECK(running_mean.has_value() == running_var.has_value(),
               "cutlass_fused: running_mean and running_var must both be given or both be None");
   check_vector(weight, "bn_weight", n);
   check_vector(bias, "bn_bias", n);
@@ -227,15 +227,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_finalize_cuda(
   c10::optional<at::Tensor> const* params[] = {&weight, &bias, &running_mean, &running_var};
   for (auto const* t : params) {
     if (!t->has_value()) continue;
-    CUTLASS_FUSED_CHECK((*t)->is_contiguous(), "cutlass_fused: expected batch-norm parameters to be contiguous");
+    TORCH_CHECK((*t)->is_contiguous(), "cutlass_fused: expected batch-norm parameters to be contiguous");
     check_device(**t, z.device(), "batch-norm parameters");
-    CUTLASS_FUSED_CHECK(!param_t || *param_t == (*t)->scalar_type(),
+    TORCH_CHECK(!param_t || *param_t == (*t)->scalar_type(),
                 "cutlass_fused: expected bn_weight, bn_bias, running_mean and running_var to share one dtype");
     param_t = (*t)->scalar_type();
   }
   if (num_batches_tracked.has_value()) {
     check_device(*num_batches_tracked, z.device(), "num_batches_tracked");
-    CUTLASS_FUSED_CHECK(num_batches_tracked->scalar_type() == at::kLong && num_batches_tracked->numel() == 1,
+    TORCH_CHECK(num_batches_tracked->scalar_type() == at::kLong && num_batches_tracked->numel() == 1,
                 "cutlass_fused: expected num_batches_tracked to be a one-element int64 tensor");
   }
   c10::cuda::CUDAGuard guard(z.device());
@@ -283,10 +283,10 @@ at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor con
   c10::optional<at::Tensor> const* affine[] = {&bn_weight, &bn_bias};
   for (auto const* t : affine) {
     if (t->has_value())
-      CUTLASS_FUSED_CHECK((*t)->scalar_type() == param_t && (*t)->is_contiguous(),
+      TORCH_CHECK((*t)->scalar_type() == param_t && (*t)->is_contiguous(),
                   "cutlass_fused: expected bn_weight and bn_bias to be contiguous and of running_mean's dtype");
   }
-  CUTLASS_FUSED_CHECK(running_var.scalar_type() == param_t && running_mean.is_contiguous() && running_var.is_contiguous(),
+  TORCH_CHECK(running_var.scalar_type() == param_t && running_mean.is_contiguous() && running_var.is_contiguous(),
               "cutlass_fused: expected running_mean and running_var to be contiguous and of one dtype");
   c10::cuda::CUDAGuard guard(x.device());
   char const* dt = kernel_dtype(x.scalar_type());

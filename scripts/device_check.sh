@@ -11,6 +11,7 @@ if ls .wheels/*.whl >/dev/null 2>&1; then
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}  # we set archs per source; this only quiets detection
+source scripts/pick_cxx.sh
 start=$(date +%s)
 python3 -m pip install --no-build-isolation --no-deps -v -e . > "$OUT/build.log" 2>&1
 rc=$?

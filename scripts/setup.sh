@@ -16,4 +16,5 @@ if ! $py -c "import cutlass_library" 2>/dev/null; then
 fi
 $py -c "import scikit_build_core" 2>/dev/null || $py -m pip install -q scikit-build-core
 $py -c "import pytest, ninja" 2>/dev/null || $py -m pip install -q pytest ninja
+source scripts/pick_cxx.sh
 $py -m pip install -q --no-build-isolation --no-deps -e .

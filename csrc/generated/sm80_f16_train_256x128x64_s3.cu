@@ -112,7 +112,7 @@ using Compute7 = cutlass::epilogue::threadblock::VisitorCompute<
 >;
 
 using DagCompute7 = cutlass::epilogue::threadblock::Sm80TopologicalVisitor<
-    float,
+    double,
     cute::tuple<
         cute::seq<>,
         cute::seq<>,

@@ -113,7 +113,7 @@ using Compute7 = cutlass::epilogue::fusion::Sm90Compute<
 >;
 
 using DagCompute7 = cutlass::epilogue::fusion::Sm90TopologicalVisitor<
-    float,
+    double,
     cute::tuple<
         cute::seq<>,
         cute::seq<>,
