@@ -1,21 +1,21 @@
-# Sourced by setup.sh and device_check.sh: export CXX/CUDAHOSTCXX as a compiler
-# whose libstdc++ is the one torch's process loads. An extension built by a
-# newer GCC instantiates libstdc++ internals (ostream, locale) from headers the
-# runtime does not match; on the GPU machine (/opt/gcc vs the system GCC 13)
-# that crashed every error message formatted by c10::str.
-_stdcpp_of() { basename "$(readlink -f "$("$1" -print-file-name=libstdc++.so.6 2>/dev/null)")" 2>/dev/null; }
-_runtime=$(${PYTHON:-python3} -c "import torch
-print(next((l.split()[-1] for l in open('/proc/self/maps') if 'libstdc++' in l), ''))" 2>/dev/null)
-_runtime=$(basename "$(readlink -f "$_runtime" 2>/dev/null)" 2>/dev/null)
-if [ -n "$_runtime" ]; then
-  _cur=${CXX:-$(command -v c++ || command -v g++)}
-  if [ -n "$_cur" ] && [ "$(_stdcpp_of "$_cur")" != "$_runtime" ]; then
-    for _c in /usr/bin/g++ /usr/bin/c++; do
-      if [ -x "$_c" ] && [ "$(_stdcpp_of "$_c")" = "$_runtime" ]; then
-        echo "cutlass_fused: $_cur links $(_stdcpp_of "$_cur"), torch runs $_runtime: building with $_c"
-        export CXX=$_c CUDAHOSTCXX=$_c
-        break
-      fi
-    done
-  fi
+# Sourced by setup.sh and device_check.sh: make sure CXX links libstdc++ as a
+# shared library, like torch. A compiler that links it statically (the GPU
+# machine's /opt/gcc/bin/g++ wrapper does, through its -B search path) gives
+# the extension its own uninitialised copy of the iostream/locale code, and
+# every error message c10::str formats then crashes the process.
+_shared_stdcpp() {
+  local d; d=$(mktemp -d)
+  printf 'int f(int x) { if (x) throw x; return 0; }\n' > "$d/t.cpp"
+  "$1" -shared -fPIC "$d/t.cpp" -o "$d/t.so" 2>/dev/null && ldd "$d/t.so" 2>/dev/null | grep -q 'libstdc++'
+  local rc=$?; rm -rf "$d"; return $rc
+}
+_cur=${CXX:-$(command -v c++ || command -v g++)}
+if [ -n "$_cur" ] && ! _shared_stdcpp "$_cur"; then
+  for _c in /usr/bin/g++ /usr/bin/c++; do
+    if [ -x "$_c" ] && _shared_stdcpp "$_c"; then
+      echo "cutlass_fused: $_cur links libstdc++ statically; building with $_c"
+      export CXX=$_c CUDAHOSTCXX=$_c
+      break
+    fi
+  done
 fi
