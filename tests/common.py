@@ -61,13 +61,30 @@ def params(n_in, n_out, device, dtype, bias=True, affine=True, seed=0, param_dty
     return p
 
 
-def reference(x, p, training, momentum=0.1, eps=1e-5, dtype=None):
-    """The unfused model with F ops, in `dtype` (default: x's). Returns y and updated running stats."""
+def tf32(t):
+    """t with the low 13 mantissa bits dropped: what TF32 tensor cores read from fp32 operands."""
+    return (t.float().contiguous().view(torch.int32) & ~0x1FFF).view(torch.float32)
+
+
+def reference_z(x, p, dtype=None, mode=None):
+    """(x W^T + b) * scale as the unfused model computes it, in `dtype` (default: x's).
+
+    For mode "tf32" the operands are rounded to TF32 first and the product runs
+    in fp32: PyTorch's TF32 precision without depending on whether cuBLAS
+    happens to pick a TF32 kernel for the shape (at batch 3 it does not).
+    """
     dtype = dtype or x.dtype
     cast = lambda t: None if t is None else t.to(dtype)
-    rm = cast(p["running_mean"]).clone() if p["running_mean"] is not None else None
-    rv = cast(p["running_var"]).clone() if p["running_var"] is not None else None
-    z = F.linear(x.to(dtype), cast(p["weight"]), cast(p["bias"])) * cast(p["scale"])
+    x, w = x.to(dtype), cast(p["weight"])
+    if mode == "tf32":
+        x, w = tf32(x), tf32(w)
+    return F.linear(x, w, cast(p["bias"])) * cast(p["scale"])
+
+
+def batch_norm(z, p, running, training, momentum=0.1, eps=1e-5):
+    """F.batch_norm on z with p's affine parameters in z's dtype; returns y and the updated running stats."""
+    cast = lambda t: None if t is None else t.to(z.device, z.dtype)
+    rm, rv = (cast(t).clone() for t in running)
     y = F.batch_norm(z, rm, rv, cast(p["bn_weight"]), cast(p["bn_bias"]), training, momentum, eps)
     return y, rm, rv
 

@@ -4,7 +4,8 @@ import torch
 
 import cutlass_fused
 from cutlass_fused.ops import ops
-from common import FAMILIES, FAMILY_IDS, MODES, assert_close_rule, max_err, params, precision, reference
+from common import (FAMILIES, FAMILY_IDS, MODES, assert_close_rule, batch_norm, max_err, params, precision,
+                    reference_z)
 
 # (batch, in_features, out_features): aligned, unaligned K and N, tiny, 1 feature.
 SHAPES = [(256, 512, 384), (3, 769, 1000), (1000, 1000, 769), (2, 5125, 40), (5, 1, 1), (1000, 64, 8)]
@@ -21,30 +22,48 @@ def cases():
                 yield pytest.param(device, family, mode, shape, id=f"{fid}-{mode}-{'x'.join(map(str, shape))}")
 
 
+# Below this batch, y end to end is dominated by the one column whose few
+# values nearly coincide: any rounding of z (ours or PyTorch's) is amplified
+# there ~1/spread, and which implementation wins is luck. There we check the
+# two stages instead, each against float64: z, and the batch norm of our z.
+END_TO_END_BATCH = 64
+
+
 def run_steps(device, family, mode, shape, training, momentum, steps, affine=True, bias=True):
     dtype, _ = MODES[mode]
     m, k, n = shape
     p = params(k, n, device, dtype, bias=bias, affine=affine, seed=m + k + n)
+    p64 = {k_: (v.double().cpu() if v is not None else None) for k_, v in p.items()}
     ours = {k_: (v.clone() if v is not None else None) for k_, v in p.items()}
     nbt = torch.zeros((), dtype=torch.long, device=device)
-    ref_rm, ref_rv = p["running_mean"].double().cpu(), p["running_var"].double().cpu()
-    torch_rm, torch_rv = p["running_mean"].clone(), p["running_var"].clone()
+    start = (p["running_mean"], p["running_var"])
+    run = {"e2e64": start, "e2e": start, "stage64": start, "stage": start}  # reference running stats
     for step in range(steps):
         x = torch.randn(m, k, device=device).to(dtype)
         with precision(device, family, mode):
             y = cutlass_fused.linear_scale_batch_norm(
                 x, ours["weight"], ours["bias"], ours["scale"], ours["bn_weight"], ours["bn_bias"],
                 ours["running_mean"], ours["running_var"], training, momentum, 1e-5, nbt)
-            mom = momentum if momentum is not None else 1.0 / (step + 1)
-            p64 = {k_: (v.double().cpu() if v is not None else None) for k_, v in p.items()}
-            p64["running_mean"], p64["running_var"] = ref_rm, ref_rv
-            y64, ref_rm, ref_rv = reference(x.double().cpu(), p64, training, mom)
-            pt = dict(p, running_mean=torch_rm, running_var=torch_rv)
-            y_t, torch_rm, torch_rv = reference(x, pt, training, mom, dtype=dtype)
+            z = ops.linear_scale_stats(x, ours["weight"], ours["bias"], ours["scale"], family, False)[0]
         assert y.shape == (m, n) and y.dtype == dtype and y.is_contiguous()
-        assert_close_rule(y.cpu(), y_t.cpu(), y64, mode, f"y step {step}")
-        assert_close_rule(ours["running_mean"].cpu(), torch_rm.cpu(), ref_rm, mode, f"running_mean step {step}")
-        assert_close_rule(ours["running_var"].cpu(), torch_rv.cpu(), ref_rv, mode, f"running_var step {step}")
+        mom = momentum if momentum is not None else 1.0 / (step + 1)
+        bn = lambda zz, key: batch_norm(zz, p64 if zz.dtype == torch.float64 else p, run[key], training, mom)
+        z64 = reference_z(x.double().cpu(), p64)
+        y64, *run["e2e64"] = bn(z64, "e2e64")
+        y_t, *run["e2e"] = bn(reference_z(x, p, dtype, mode), "e2e")
+        if not training or m >= END_TO_END_BATCH:
+            assert_close_rule(y.cpu(), y_t.cpu(), y64, mode, f"y step {step}")
+        if training:
+            assert_close_rule(z.cpu(), reference_z(x, p, dtype, mode).cpu(), z64, mode, f"z step {step}")
+            ys64, *run["stage64"] = bn(z.double().cpu(), "stage64")
+            ys_t, *run["stage"] = bn(z, "stage")
+            assert_close_rule(y.cpu(), ys_t.cpu(), ys64, mode, f"batch norm of z, step {step}")
+            for i, name in enumerate(("running_mean", "running_var")):
+                assert_close_rule(ours[name].cpu(), run["stage"][i].cpu(), run["stage64"][i], mode,
+                                  f"{name} step {step}")
+        else:
+            for name in ("running_mean", "running_var"):
+                assert torch.equal(ours[name], p[name]), f"eval changed {name}"
     assert nbt.item() == (steps if training else 0)
 
 
@@ -124,7 +143,7 @@ def test_cpu_matches_reference_float64():
     """The CPU path in float64 is the reference computation itself, to rounding."""
     p = params(20, 12, "cpu", torch.float64, param_dtype=torch.float64)
     x = torch.randn(9, 20, dtype=torch.float64)
-    y_ref, rm_ref, rv_ref = reference(x, p, True)
+    y_ref, rm_ref, rv_ref = batch_norm(reference_z(x, p), p, (p["running_mean"], p["running_var"]), True)
     y = cutlass_fused.linear_scale_batch_norm(x, p["weight"], p["bias"], p["scale"], p["bn_weight"], p["bn_bias"],
                                               p["running_mean"], p["running_var"], True)
     assert max_err(y, y_ref) < 1e-12
