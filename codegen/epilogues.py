@@ -4,8 +4,10 @@ The frontend parses these functions' source (names such as `sum` and
 `multiply_add` are EVT ops, not Python builtins), so keep them plain.
 
 Both modes compute the same per-column affine of the fp32 accumulator,
-Z = (acc + b) * a + c, with b, a, c row vectors; b and c may be null (zero):
-  train:  Z = (x @ W^T + b) * scale                 a = scale, c = null
+Z = (acc + b) * a + c, with b, a, c row vectors; null b and c read 0, null a 1:
+  train:  H = x @ W^T + b                           a = null, c = null
+          (the finalize applies scale: statistics of H give those of
+          Z = H * scale without dividing by scale, and the backward needs H)
   eval:   y = BN_eval(Z) = (acc + b) * A + C        A = scale*gamma*invstd,
                                                     C = beta - running_mean*gamma*invstd
 Adding b before scaling keeps PyTorch's order of operations, and no division

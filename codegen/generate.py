@@ -144,7 +144,7 @@ def _patch(k: Kernel, src: str) -> tuple[str, str]:
 # Leaf arguments of the EVT nodes our epilogues use. `{}` value-initialises a
 # node: the 0.0 literals become zero scalars, and Accum/Compute take nothing.
 _LEAVES = {
-    "A": "{p.a}", "B": "{p.b}", "C": "{p.c}",        # row broadcasts; nullptr reads 0
+    "A": "{p.a, 1.f}", "B": "{p.b}", "C": "{p.c}",   # row broadcasts; nullptr reads 1 (A) or 0
     "ColSum": "{p.col_sum}", "ColSumsq": "{p.col_sumsq}",
     "D": "{static_cast<ElementOut*>(p.out), {p.ldo, cute::_1{}, cute::_0{}}}",  # sm80 stores D in the EVT
 }

@@ -5,8 +5,8 @@
 
 namespace cutlass_fused {
 
-// Rows of z are padded to 16 bytes so the TMA/vector paths can use them:
-// z is (M, N) with stride (round_up(N, 16 / itemsize), 1). The fake in
+// Rows of h are padded to 16 bytes so the TMA/vector paths can use them:
+// h is (M, N) with stride (round_up(N, 16 / itemsize), 1). The fake in
 // cutlass_fused/ops.py states the same contract.
 inline int64_t padded_ld(int64_t n, at::ScalarType dt) {
   int64_t a = std::max<int64_t>(1, 16 / static_cast<int64_t>(c10::elementSize(dt)));
@@ -20,7 +20,7 @@ inline at::Tensor empty_padded(int64_t m, int64_t n, at::TensorOptions opts) {
 }
 
 void check_linear_args(at::Tensor const& x, at::Tensor const& weight, c10::optional<at::Tensor> const& bias,
-                       at::Tensor const& scale);
+                       c10::optional<at::Tensor> const& scale);
 void check_vector(c10::optional<at::Tensor> const& t, char const* name, int64_t n);
 
 }  // namespace cutlass_fused

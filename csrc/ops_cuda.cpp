@@ -138,21 +138,20 @@ void run(KernelInfo const& info, GemmEvtArgs& p, at::Tensor const& like) {
 }
 
 void check_gemm_inputs(at::Tensor const& x, at::Tensor const& weight, c10::optional<at::Tensor> const& bias,
-                       at::Tensor const& scale) {
+                       c10::optional<at::Tensor> const& scale) {
   check_linear_args(x, weight, bias, scale);
   dtype_of(x.scalar_type(), "input");
   TORCH_CHECK(x.size(0) > 0 && x.size(1) > 0 && weight.size(0) > 0,
               "cutlass_fused: expected non-empty input and weight, but got ", x.sizes(), " and ", weight.sizes());
   check_device(weight, x.device(), "weight");
-  check_device(scale, x.device(), "scale");
+  if (scale.has_value()) check_device(*scale, x.device(), "scale");
   if (bias.has_value()) check_device(*bias, x.device(), "bias");
 }
 
-std::tuple<at::Tensor, at::Tensor> linear_scale_stats_cuda(at::Tensor const& x, at::Tensor const& weight,
-                                                           c10::optional<at::Tensor> const& bias,
-                                                           at::Tensor const& scale, c10::string_view family,
-                                                           bool deterministic) {
-  check_gemm_inputs(x, weight, bias, scale);
+std::tuple<at::Tensor, at::Tensor> linear_stats_cuda(at::Tensor const& x, at::Tensor const& weight,
+                                                     c10::optional<at::Tensor> const& bias, c10::string_view family,
+                                                     bool deterministic) {
+  check_gemm_inputs(x, weight, bias, c10::nullopt);
   c10::cuda::CUDAGuard guard(x.device());
   int64_t m = x.size(0), n = weight.size(0), k = x.size(1);
   char const* dt = kernel_dtype(x.scalar_type());
@@ -169,13 +168,11 @@ std::tuple<at::Tensor, at::Tensor> linear_scale_stats_cuda(at::Tensor const& x, 
   int64_t kn = padded_ld(n, x.scalar_type());
   auto xa = aligned_rows(x), wa = weight_rows(weight, kn);
   auto b = fp32_vector(bias, kn);
-  auto a = fp32_vector(scale, kn);
   auto z = empty_padded(m, n, x.options());
   poison(z);
 
   GemmEvtArgs p = gemm_args(xa, wa, z, kn);
   p.b = ptr_or_null(b);
-  p.a = a.data_ptr<float>();
   auto stream = at::cuda::getCurrentCUDAStream(p.device).stream();
   auto stats = at::empty({2, separate_stats ? n : kn}, x.options().dtype(at::kDouble));
   poison(stats);
@@ -203,68 +200,137 @@ std::tuple<at::Tensor, at::Tensor> linear_scale_stats_cuda(at::Tensor const& x, 
   return {z, kn == n ? stats : stats.narrow(1, 0, n).contiguous()};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_finalize_cuda(
-    at::Tensor const& z, at::Tensor const& stats, int64_t count, c10::optional<at::Tensor> const& weight,
-    c10::optional<at::Tensor> const& bias, c10::optional<at::Tensor> running_mean,
-    c10::optional<at::Tensor> running_var, c10::optional<at::Tensor> const& num_batches_tracked, double momentum,
-    double eps) {
-  TORCH_CHECK(z.dim() == 2 && z.stride(1) == 1, "cutlass_fused: expected z to be 2-D with unit column stride");
-  int64_t m = z.size(0), n = z.size(1);
+// The dtype shared by the batch-norm parameters that are given: fp32, or the
+// input's for a model cast whole (as nn.BatchNorm1d allows).
+DType param_dtype(std::initializer_list<c10::optional<at::Tensor> const*> params, at::Device device) {
+  c10::optional<at::ScalarType> t;
+  for (auto const* p : params) {
+    if (!p->has_value()) continue;
+    TORCH_CHECK((*p)->is_contiguous(), "cutlass_fused: expected batch-norm parameters to be contiguous");
+    check_device(**p, device, "batch-norm parameters");
+    TORCH_CHECK(!t || *t == (*p)->scalar_type(),
+                "cutlass_fused: expected bn_weight, bn_bias, running_mean and running_var to share one dtype");
+    t = (*p)->scalar_type();
+  }
+  return t ? dtype_of(*t, "batch-norm parameters") : DType::f32;
+}
+
+void check_stats(at::Tensor const& stats, int64_t n) {
   TORCH_CHECK(stats.dim() == 2 && stats.size(0) == 2 && stats.size(1) == n && stats.scalar_type() == at::kDouble &&
                   stats.is_contiguous(),
               "cutlass_fused: expected stats to be a contiguous float64 tensor of shape [2, ", n, "], but got ",
               stats.scalar_type(), " ", stats.sizes());
-  TORCH_CHECK(count > 1, "Expected more than 1 value per channel when training, got input size [", count, ", ", n,
-              "]");
-  TORCH_CHECK(running_mean.has_value() == running_var.has_value(),
-              "cutlass_fused: running_mean and running_var must both be given or both be None");
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_finalize_cuda(
+    at::Tensor const& h, at::Tensor const& stats, at::Tensor const& scale, int64_t count,
+    c10::optional<at::Tensor> const& weight, c10::optional<at::Tensor> const& bias, double eps) {
+  TORCH_CHECK(h.dim() == 2 && h.stride(1) == 1, "cutlass_fused: expected h to be 2-D with unit column stride");
+  int64_t m = h.size(0), n = h.size(1);
+  check_stats(stats, n);
+  check_vector(scale, "scale", n);
+  check_device(scale, h.device(), "scale");
   check_vector(weight, "bn_weight", n);
   check_vector(bias, "bn_bias", n);
-  check_vector(running_mean, "running_mean", n);
-  check_vector(running_var, "running_var", n);
-  // Parameters share one dtype (fp32, or the input's for a model cast whole).
-  c10::optional<at::ScalarType> param_t;
-  c10::optional<at::Tensor> const* params[] = {&weight, &bias, &running_mean, &running_var};
-  for (auto const* t : params) {
-    if (!t->has_value()) continue;
-    TORCH_CHECK((*t)->is_contiguous(), "cutlass_fused: expected batch-norm parameters to be contiguous");
-    check_device(**t, z.device(), "batch-norm parameters");
-    TORCH_CHECK(!param_t || *param_t == (*t)->scalar_type(),
-                "cutlass_fused: expected bn_weight, bn_bias, running_mean and running_var to share one dtype");
-    param_t = (*t)->scalar_type();
-  }
-  if (num_batches_tracked.has_value()) {
-    check_device(*num_batches_tracked, z.device(), "num_batches_tracked");
-    TORCH_CHECK(num_batches_tracked->scalar_type() == at::kLong && num_batches_tracked->numel() == 1,
-                "cutlass_fused: expected num_batches_tracked to be a one-element int64 tensor");
-  }
-  c10::cuda::CUDAGuard guard(z.device());
-  auto y = at::empty({m, n}, z.options());
+  c10::cuda::CUDAGuard guard(h.device());
+  auto s = fp32_vector(scale, n);
+  auto y = at::empty({m, n}, h.options());
   poison(y);
-  auto mean = at::empty({n}, z.options().dtype(at::kFloat));
-  auto invstd = at::empty({n}, z.options().dtype(at::kFloat));
+  auto mean = at::empty({n}, h.options().dtype(at::kFloat));
+  auto invstd = at::empty({n}, h.options().dtype(at::kFloat));
 
   FinalizeArgs a{};
-  a.dt = dtype_of(z.scalar_type(), "z");
-  a.param_dt = param_t ? dtype_of(*param_t, "batch-norm parameters") : DType::f32;
-  a.z = z.data_ptr();
-  a.ldz = z.stride(0);
+  a.dt = dtype_of(h.scalar_type(), "h");
+  a.param_dt = param_dtype({&weight, &bias}, h.device());
+  a.h = h.data_ptr();
+  a.ldh = h.stride(0);
   a.y = y.data_ptr();
   a.m = static_cast<int>(m);
   a.n = static_cast<int>(n);
   a.stats = stats.data_ptr<double>();
+  a.scale = s.data_ptr<float>();
   a.count = static_cast<double>(count);
   a.weight = weight ? weight->data_ptr() : nullptr;
   a.bias = bias ? bias->data_ptr() : nullptr;
-  a.running_mean = running_mean ? running_mean->data_ptr() : nullptr;
-  a.running_var = running_var ? running_var->data_ptr() : nullptr;
-  a.num_batches_tracked = num_batches_tracked ? num_batches_tracked->data_ptr<int64_t>() : nullptr;
-  a.momentum = momentum;
   a.eps = eps;
   a.save_mean = mean.data_ptr<float>();
   a.save_invstd = invstd.data_ptr<float>();
   finalize_normalize(a, at::cuda::getCurrentCUDAStream().stream());
   return {y, mean, invstd};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_scale_batch_norm_train_cuda(
+    at::Tensor const& x, at::Tensor const& weight, c10::optional<at::Tensor> const& bias, at::Tensor const& scale,
+    c10::optional<at::Tensor> const& bn_weight, c10::optional<at::Tensor> const& bn_bias, double eps,
+    c10::string_view family, bool deterministic) {
+  auto [h, stats] = linear_stats_cuda(x, weight, bias, family, deterministic);
+  auto [y, mean, invstd] = batch_norm_finalize_cuda(h, stats, scale, x.size(0), bn_weight, bn_bias, eps);
+  return {y, h, stats, mean, invstd};
+}
+
+void update_running_stats_cuda(at::Tensor const& stats, at::Tensor const& scale, int64_t count,
+                               at::Tensor& running_mean, at::Tensor& running_var,
+                               c10::optional<at::Tensor> const& num_batches_tracked, double momentum) {
+  int64_t n = stats.size(1);
+  check_stats(stats, n);
+  TORCH_CHECK(count > 1, "Expected more than 1 value per channel when training, got input size [", count, ", ", n,
+              "]");
+  check_vector(scale, "scale", n);
+  check_vector(running_mean, "running_mean", n);
+  check_vector(running_var, "running_var", n);
+  c10::optional<at::Tensor> rm(running_mean), rv(running_var);
+  DType pt = param_dtype({&rm, &rv}, stats.device());
+  if (num_batches_tracked.has_value()) {
+    check_device(*num_batches_tracked, stats.device(), "num_batches_tracked");
+    TORCH_CHECK(num_batches_tracked->scalar_type() == at::kLong && num_batches_tracked->numel() == 1,
+                "cutlass_fused: expected num_batches_tracked to be a one-element int64 tensor");
+  }
+  c10::cuda::CUDAGuard guard(stats.device());
+  auto s = fp32_vector(scale, n);
+  update_running_stats(pt, static_cast<int>(n), stats.data_ptr<double>(), s.data_ptr<float>(),
+                       static_cast<double>(count), running_mean.data_ptr(), running_var.data_ptr(),
+                       num_batches_tracked ? num_batches_tracked->data_ptr<int64_t>() : nullptr, momentum,
+                       at::cuda::getCurrentCUDAStream().stream());
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_cuda(
+    at::Tensor const& dy_in, at::Tensor const& h, at::Tensor const& mean, at::Tensor const& invstd,
+    at::Tensor const& scale, c10::optional<at::Tensor> const& weight, double eps) {
+  int64_t m = h.size(0), n = h.size(1);
+  TORCH_CHECK(dy_in.sizes() == h.sizes() && dy_in.scalar_type() == h.scalar_type(),
+              "cutlass_fused: expected the gradient to match h (", h.sizes(), " ", h.scalar_type(), "), but got ",
+              dy_in.sizes(), " ", dy_in.scalar_type());
+  TORCH_CHECK(h.stride(1) == 1, "cutlass_fused: expected h to have unit column stride");
+  check_vector(scale, "scale", n);
+  check_vector(weight, "bn_weight", n);
+  c10::cuda::CUDAGuard guard(h.device());
+  auto dy = dy_in.contiguous();
+  auto s = fp32_vector(scale, n), mu = fp32_vector(mean, n), is = fp32_vector(invstd, n);
+  auto dh = at::empty({m, n}, h.options());
+  poison(dh);
+  auto grads = at::empty({3, n}, h.options().dtype(at::kFloat));
+  auto ws = at::empty({static_cast<int64_t>(batch_norm_backward_workspace(static_cast<int>(m), static_cast<int>(n)))},
+                      h.options().dtype(at::kByte));
+  BackwardArgs g{};
+  g.dt = dtype_of(h.scalar_type(), "h");
+  g.param_dt = param_dtype({&weight}, h.device());
+  g.dy = dy.data_ptr();
+  g.h = h.data_ptr();
+  g.ldh = h.stride(0);
+  g.dh = dh.data_ptr();
+  g.m = static_cast<int>(m);
+  g.n = static_cast<int>(n);
+  g.mean_h = mu.data_ptr<float>();
+  g.invstd = is.data_ptr<float>();
+  g.scale = s.data_ptr<float>();
+  g.weight = weight ? weight->data_ptr() : nullptr;
+  g.eps = eps;
+  g.dscale = grads[0].data_ptr<float>();
+  g.dweight = grads[1].data_ptr<float>();
+  g.dbias = grads[2].data_ptr<float>();
+  g.workspace = ws.data_ptr();
+  batch_norm_backward(g, at::cuda::getCurrentCUDAStream().stream());
+  return {dh, grads[0], grads[1], grads[2]};
 }
 
 at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor const& weight,
@@ -279,24 +345,17 @@ at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor con
   check_vector(bn_bias, "bn_bias", n);
   check_vector(running_mean, "running_mean", n);
   check_vector(running_var, "running_var", n);
-  auto param_t = running_mean.scalar_type();
-  c10::optional<at::Tensor> const* affine[] = {&bn_weight, &bn_bias};
-  for (auto const* t : affine) {
-    if (t->has_value())
-      TORCH_CHECK((*t)->scalar_type() == param_t && (*t)->is_contiguous(),
-                  "cutlass_fused: expected bn_weight and bn_bias to be contiguous and of running_mean's dtype");
-  }
-  TORCH_CHECK(running_var.scalar_type() == param_t && running_mean.is_contiguous() && running_var.is_contiguous(),
-              "cutlass_fused: expected running_mean and running_var to be contiguous and of one dtype");
+  c10::optional<at::Tensor> rm(running_mean), rv(running_var);
+  DType param_t = param_dtype({&bn_weight, &bn_bias, &rm, &rv}, x.device());
   c10::cuda::CUDAGuard guard(x.device());
   char const* dt = kernel_dtype(x.scalar_type());
   auto const& info = lookup(pick_family(family, dt, x.device()), dt, "eval", m, n, k);
 
-  int64_t kn = padded_ld(n, x.scalar_type());  // as in linear_scale_stats_cuda
+  int64_t kn = padded_ld(n, x.scalar_type());  // as in linear_stats_cuda
   auto stream = at::cuda::getCurrentCUDAStream().stream();
   auto sa = fp32_vector(scale, n);
   auto ac = at::zeros({2, kn}, x.options().dtype(at::kFloat));
-  fold_eval(dtype_of(param_t, "running_mean"), static_cast<int>(n), sa.data_ptr<float>(),
+  fold_eval(param_t, static_cast<int>(n), sa.data_ptr<float>(),
             bn_weight ? bn_weight->data_ptr() : nullptr, bn_bias ? bn_bias->data_ptr() : nullptr,
             running_mean.data_ptr(), running_var.data_ptr(), eps, ac[0].data_ptr<float>(), ac[1].data_ptr<float>(),
             stream);
@@ -317,8 +376,11 @@ at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor con
 }  // namespace
 
 TORCH_LIBRARY_IMPL(cutlass_fused, CUDA, m) {
-  m.impl("linear_scale_stats", &linear_scale_stats_cuda);
+  m.impl("linear_stats", &linear_stats_cuda);
   m.impl("batch_norm_finalize", &batch_norm_finalize_cuda);
+  m.impl("linear_scale_batch_norm_train", &linear_scale_batch_norm_train_cuda);
+  m.impl("update_running_stats", &update_running_stats_cuda);
+  m.impl("batch_norm_backward", &batch_norm_backward_cuda);
   m.impl("linear_scale_batch_norm_eval", &linear_scale_batch_norm_eval_cuda);
 }
 

@@ -2,6 +2,7 @@
 import torch
 
 from . import _family
+from . import autograd  # noqa: F401  (registers the backward formulas)
 from .ops import ops
 
 
@@ -33,7 +34,9 @@ def linear_scale_batch_norm(x, weight, bias, scale, bn_weight, bn_bias, running_
             if num_batches_tracked is None:
                 raise ValueError("cutlass_fused: momentum=None (a cumulative average) needs num_batches_tracked")
             cumulative = num_batches_tracked
-    z, stats = ops.linear_scale_stats(x, weight, bias, scale, family, torch.are_deterministic_algorithms_enabled())
-    y, _, _ = ops.batch_norm_finalize(z, stats, x.shape[0], bn_weight, bn_bias, running_mean, running_var,
-                                      cumulative, 0.0 if momentum is None else float(momentum), eps)
+    y, _, stats, _, _ = ops.linear_scale_batch_norm_train(x, weight, bias, scale, bn_weight, bn_bias, eps, family,
+                                                          torch.are_deterministic_algorithms_enabled())
+    if running_mean is not None:
+        ops.update_running_stats(stats, scale.detach(), x.shape[0], running_mean, running_var, cumulative,
+                                 0.0 if momentum is None else float(momentum))
     return y

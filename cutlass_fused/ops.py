@@ -10,7 +10,7 @@ ops = torch.ops.cutlass_fused
 
 
 def padded_ld(n: int, dtype: torch.dtype) -> int:
-    """Row stride of z: rows padded to 16 bytes (the contract in csrc/ops.h)."""
+    """Row stride of h: rows padded to 16 bytes (the contract in csrc/ops.h)."""
     align = max(1, 16 // dtype.itemsize)
     return (n + align - 1) // align * align
 
@@ -19,20 +19,42 @@ def _stat_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-@torch.library.register_fake("cutlass_fused::linear_scale_stats")
-def _(x, weight, bias, scale, family, deterministic):
+@torch.library.register_fake("cutlass_fused::linear_stats")
+def _(x, weight, bias, family, deterministic):
     torch._check(x.dim() == 2 and weight.dim() == 2, lambda: "cutlass_fused: expected 2-D input and weight")
     torch._check(x.shape[1] == weight.shape[1], lambda: "cutlass_fused: mat1 and mat2 shapes cannot be multiplied")
     m, n = x.shape[0], weight.shape[0]
-    z = x.new_empty_strided((m, n), (padded_ld(n, x.dtype), 1))
-    return z, x.new_empty((2, n), dtype=torch.float64)
+    h = x.new_empty_strided((m, n), (padded_ld(n, x.dtype), 1))
+    return h, x.new_empty((2, n), dtype=torch.float64)
 
 
 @torch.library.register_fake("cutlass_fused::batch_norm_finalize")
-def _(z, stats, count, weight, bias, running_mean, running_var, num_batches_tracked, momentum, eps):
-    n = z.shape[1]
-    stat = _stat_dtype(z.dtype)
-    return z.new_empty(z.shape), z.new_empty((n,), dtype=stat), z.new_empty((n,), dtype=stat)
+def _(h, stats, scale, count, weight, bias, eps):
+    n = h.shape[1]
+    stat = _stat_dtype(h.dtype)
+    return h.new_empty(h.shape), h.new_empty((n,), dtype=stat), h.new_empty((n,), dtype=stat)
+
+
+@torch.library.register_fake("cutlass_fused::linear_scale_batch_norm_train")
+def _(x, weight, bias, scale, bn_weight, bn_bias, eps, family, deterministic):
+    torch._check(x.dim() == 2 and weight.dim() == 2, lambda: "cutlass_fused: expected 2-D input and weight")
+    m, n = x.shape[0], weight.shape[0]
+    stat = _stat_dtype(x.dtype)
+    h = x.new_empty_strided((m, n), (padded_ld(n, x.dtype), 1))
+    return (x.new_empty((m, n)), h, x.new_empty((2, n), dtype=torch.float64), x.new_empty((n,), dtype=stat),
+            x.new_empty((n,), dtype=stat))
+
+
+@torch.library.register_fake("cutlass_fused::update_running_stats")
+def _(stats, scale, count, running_mean, running_var, num_batches_tracked, momentum):
+    return None
+
+
+@torch.library.register_fake("cutlass_fused::batch_norm_backward")
+def _(dy, h, mean, invstd, scale, weight, eps):
+    n = h.shape[1]
+    stat = _stat_dtype(h.dtype)
+    return h.new_empty(h.shape), *(h.new_empty((n,), dtype=stat) for _ in range(3))
 
 
 @torch.library.register_fake("cutlass_fused::linear_scale_batch_norm_eval")

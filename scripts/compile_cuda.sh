@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 cut=$(python3 -c "import cutlass_library; print(cutlass_library.source_path)")
 out=$(mktemp -d)
-flags="-std=c++17 -O3 --expt-relaxed-constexpr -Xcudafe --diag_suppress=940 -Icsrc -I$cut/include -I$cut/tools/util/include"
+flags="-std=c++17 -O3 -DNDEBUG --expt-relaxed-constexpr -Xcudafe --diag_suppress=940 -Icsrc -I$cut/include -I$cut/tools/util/include"
 jobs=()
 for f in csrc/generated/sm90_*.cu; do jobs+=("$f|-gencode=arch=compute_90a,code=sm_90a"); done
 for f in csrc/generated/sm80_*.cu; do jobs+=("$f|-gencode=arch=compute_80,code=sm_80"); done

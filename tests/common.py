@@ -66,8 +66,8 @@ def tf32(t):
     return (t.float().contiguous().view(torch.int32) & ~0x1FFF).view(torch.float32)
 
 
-def reference_z(x, p, dtype=None, mode=None):
-    """(x W^T + b) * scale as the unfused model computes it, in `dtype` (default: x's).
+def reference_h(x, p, dtype=None, mode=None):
+    """x W^T + b as the unfused model computes it, in `dtype` (default: x's).
 
     For mode "tf32" the operands are rounded to TF32 first and the product runs
     in fp32: PyTorch's TF32 precision without depending on whether cuBLAS
@@ -78,7 +78,12 @@ def reference_z(x, p, dtype=None, mode=None):
     x, w = x.to(dtype), cast(p["weight"])
     if mode == "tf32":
         x, w = tf32(x), tf32(w)
-    return F.linear(x, w, cast(p["bias"])) * cast(p["scale"])
+    return F.linear(x, w, cast(p["bias"]))
+
+
+def reference_z(x, p, dtype=None, mode=None):
+    """(x W^T + b) * scale, the batch norm's input, as the unfused model computes it."""
+    return reference_h(x, p, dtype, mode) * p["scale"].to(dtype or x.dtype)
 
 
 def batch_norm(z, p, running, training, momentum=0.1, eps=1e-5):

@@ -20,28 +20,59 @@ def samples(device, dtype, m=7, k=13, n=10):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("bias", [True, False])
-def test_linear_scale_stats(device, dtype, bias):
+def test_linear_stats(device, dtype, bias):
     x, w, v = samples(device, dtype)
-    torch.library.opcheck(ops.linear_scale_stats, (x, w, v() if bias else None, v(), "auto", False))
+    torch.library.opcheck(ops.linear_stats, (x, w, v() if bias else None, "auto", False))
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("running", ["none", "momentum", "cumulative"])
-def test_batch_norm_finalize(device, dtype, running):
+@pytest.mark.parametrize("affine", [True, False])
+def test_batch_norm_finalize(device, dtype, affine):
     x, w, v = samples(device, dtype)
-    z, stats = ops.linear_scale_stats(x, w, v(), v(), "auto", False)
-    rm, rv = (v(), v().abs() + 1) if running != "none" else (None, None)
-    nbt = torch.tensor(3, device=device) if running == "cumulative" else None
-    torch.library.opcheck(ops.batch_norm_finalize, (z, stats, x.shape[0], v(), v(), rm, rv, nbt, 0.1, 1e-5))
+    h, stats = ops.linear_stats(x, w, v(), "auto", False)
+    bn = (v(), v()) if affine else (None, None)
+    torch.library.opcheck(ops.batch_norm_finalize, (h, stats, v(), x.shape[0], *bn, 1e-5))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("cumulative", [False, True])
+def test_update_running_stats(device, cumulative):
+    x, w, v = samples(device, torch.float32)
+    h, stats = ops.linear_stats(x, w, v(), "auto", False)
+    nbt = torch.tensor(3, device=device) if cumulative else None
+    torch.library.opcheck(ops.update_running_stats, (stats, v(), x.shape[0], v(), v().abs() + 1, nbt, 0.1))
+
+
+def grad_inputs(device, dtype, affine=True):
+    """Arguments of the train/eval ops, with every float input requiring grad."""
+    x, w, v = samples(device, dtype)
+    leaf = lambda t: t.detach().requires_grad_()
+    bn = (leaf(v()), leaf(v())) if affine else (None, None)
+    return leaf(x), leaf(w), leaf(v()), leaf(v()), bn, v
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("affine", [True, False])
+def test_linear_scale_batch_norm_train(device, dtype, affine):
+    x, w, b, s, bn, _ = grad_inputs(device, dtype, affine)
+    torch.library.opcheck(ops.linear_scale_batch_norm_train, (x, w, b, s, *bn, 1e-5, "auto", False))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_batch_norm_backward(device, dtype):
+    x, w, v = samples(device, dtype)
+    _, h, _, mean, invstd = ops.linear_scale_batch_norm_train(x, w, v(), v(), v(), v(), 1e-5, "auto", False)
+    torch.library.opcheck(ops.batch_norm_backward, (torch.randn_like(h), h, mean, invstd, v(), v(), 1e-5))
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_linear_scale_batch_norm_eval(device, dtype):
-    x, w, v = samples(device, dtype)
-    torch.library.opcheck(ops.linear_scale_batch_norm_eval,
-                          (x, w, v(), v(), v(), v(), v(), v().abs() + 1, 1e-5, "auto"))
+    x, w, b, s, bn, v = grad_inputs(device, dtype)
+    torch.library.opcheck(ops.linear_scale_batch_norm_eval, (x, w, b, s, *bn, v(), v().abs() + 1, 1e-5, "auto"))
 
 
 def test_kernel_names_lists_only_built_kernels():

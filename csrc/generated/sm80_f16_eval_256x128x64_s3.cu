@@ -107,7 +107,7 @@ struct cutlass_tensorop_f16_s16816gemm_f16_256x128_64x3_tn_align8_type :
 using Kernel = cutlass_tensorop_f16_s16816gemm_f16_256x128_64x3_tn_align8_type;
 
 inline sm80::Fusion<Kernel> fusion_args(GemmEvtArgs const& p) {
-  return { { { { {}, {p.b}, {} }, {p.a}, {} }, {p.c}, {} }, {static_cast<cutlass::half_t*>(p.out), {p.ldo, cute::_1{}, cute::_0{}}} };
+  return { { { { {}, {p.b}, {} }, {p.a, 1.f}, {} }, {p.c}, {} }, {static_cast<cutlass::half_t*>(p.out), {p.ldo, cute::_1{}, cute::_0{}}} };
 }
 
 inline char const* name() { return "sm80_f16_eval_256x128x64_s3"; }

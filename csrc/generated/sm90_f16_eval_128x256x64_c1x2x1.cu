@@ -116,7 +116,7 @@ struct cutlass3x_sm90_tensorop_s0x0x0gemm_f16_f16_f32_f16_f16_128x512x64_1x2x1_0
 using Kernel = cutlass3x_sm90_tensorop_s0x0x0gemm_f16_f16_f32_f16_f16_128x512x64_1x2x1_0_tnt_align8_warpspecialized_cooperative_epi_tma_type;
 
 inline sm90::Fusion<Kernel> fusion_args(GemmEvtArgs const& p) {
-  return { { { {}, {p.b}, {} }, {p.a}, {} }, {p.c}, {} };
+  return { { { {}, {p.b}, {} }, {p.a, 1.f}, {} }, {p.c}, {} };
 }
 
 inline char const* name() { return "sm90_f16_eval_128x256x64_c1x2x1"; }

@@ -40,67 +40,109 @@ __global__ void reduce_partials_kernel(double const* __restrict__ psum, double c
   stats[n + c] = q;
 }
 
-// 32 columns x 8 row lanes a block; each lane walks its rows of one chunk in
+// Per-column partial sums of two per-element terms over chunks of rows: 32
+// columns x 8 row lanes a block; each lane walks its rows of one chunk in
 // order and the lanes are combined in order, so the result is bitwise stable.
 constexpr int kStatRows = 256;  // rows per chunk
 
+// h -> (h, h^2): the forward statistics.
 template <class T>
-__global__ void column_partials_kernel(T const* __restrict__ z, int m, int n, int64_t ldz, double* __restrict__ psum,
-                                       double* __restrict__ psumsq) {
+struct SumSquares {
+  T const* h; int64_t ldh;
+  __device__ void operator()(int64_t r, int c, double& a, double& b) const {
+    double v = to_float(h[r * ldh + c]);
+    a += v;
+    b += v * v;
+  }
+};
+
+// (dy, h) -> (dy, dy (h - mean_h)): the backward's sums.
+template <class T>
+struct GradSums {
+  T const* dy; T const* h; int64_t ldh; int n; float const* mean_h;
+  __device__ void operator()(int64_t r, int c, double& a, double& b) const {
+    double g = to_float(dy[r * n + c]);
+    a += g;
+    b += g * (static_cast<double>(to_float(h[r * ldh + c])) - mean_h[c]);
+  }
+};
+
+template <class Terms>
+__global__ void column_partials_kernel(Terms terms, int m, int n, double* __restrict__ pa, double* __restrict__ pb) {
   __shared__ double sh[2][8][32];
   int c = blockIdx.x * 32 + threadIdx.x;
   int r0 = blockIdx.y * kStatRows;
   int r1 = min(m, r0 + kStatRows);
-  double s = 0, q = 0;
+  double a = 0, b = 0;
   if (c < n) {
-    for (int r = r0 + threadIdx.y; r < r1; r += 8) {
-      double v = to_float(z[r * ldz + c]);
-      s += v;
-      q += v * v;
-    }
+    for (int r = r0 + threadIdx.y; r < r1; r += 8) terms(r, c, a, b);
   }
-  sh[0][threadIdx.y][threadIdx.x] = s;
-  sh[1][threadIdx.y][threadIdx.x] = q;
+  sh[0][threadIdx.y][threadIdx.x] = a;
+  sh[1][threadIdx.y][threadIdx.x] = b;
   __syncthreads();
   if (threadIdx.y == 0 && c < n) {
     for (int i = 1; i < 8; ++i) {
-      s += sh[0][i][threadIdx.x];
-      q += sh[1][i][threadIdx.x];
+      a += sh[0][i][threadIdx.x];
+      b += sh[1][i][threadIdx.x];
     }
-    psum[blockIdx.y * static_cast<int64_t>(n) + c] = s;
-    psumsq[blockIdx.y * static_cast<int64_t>(n) + c] = q;
+    pa[blockIdx.y * static_cast<int64_t>(n) + c] = a;
+    pb[blockIdx.y * static_cast<int64_t>(n) + c] = b;
   }
 }
 
-// Per-column constants of the normalization, in fp64 then rounded once.
+// Both sums of `terms` over all m rows into out[0:n], out[n:2n], through
+// 2 x chunks x n doubles of workspace.
+template <class Terms>
+void column_sums(Terms const& terms, int m, int n, double* out, double* workspace, cudaStream_t stream) {
+  int chunks = static_cast<int>(blocks(m, kStatRows));
+  double* pb = workspace + static_cast<int64_t>(chunks) * n;
+  column_partials_kernel<<<dim3(blocks(n, 32), chunks), dim3(32, 8), 0, stream>>>(terms, m, n, workspace, pb);
+  check_cuda(cudaGetLastError(), "column_partials");
+  reduce_partials(workspace, pb, chunks, n, n, out, stream);
+}
+
+// Column c's statistics of z = h * scale, in fp64 (var is biased, as BN normalizes).
+struct Moments {
+  double mean_h, mean_z, var_z;
+};
+
+__device__ Moments moments(double const* stats, float const* scale, double count, int n, int c) {
+  double mean_h = stats[c] / count;
+  double var_h = fmax(stats[n + c] / count - mean_h * mean_h, 0.0);
+  double s = scale[c];
+  return {mean_h, s * mean_h, s * s * var_h};
+}
+
+// Per-column constants of y = (h - mean_h) * mul + b, rounded once to fp32.
 struct Column {
-  float mean, invstd, w, b;
+  float mean_h, mul, b;
 };
 
 template <class P>
 __device__ Column column(FinalizeArgs const& a, int c) {
-  double mean = a.stats[c] / a.count;
-  double var = fmax(a.stats[a.n + c] / a.count - mean * mean, 0.0);  // biased, as BN normalizes
+  Moments mo = moments(a.stats, a.scale, a.count, a.n, c);
+  double invstd = 1.0 / sqrt(mo.var_z + a.eps);
+  double w = a.weight ? to_float(static_cast<P const*>(a.weight)[c]) : 1.0;
+  if (blockIdx.y == 0 && threadIdx.y == 0) {
+    a.save_mean[c] = static_cast<float>(mo.mean_h);
+    a.save_invstd[c] = static_cast<float>(invstd);
+  }
   Column col;
-  col.mean = static_cast<float>(mean);
-  col.invstd = static_cast<float>(1.0 / sqrt(var + a.eps));
-  col.w = a.weight ? to_float(static_cast<P const*>(a.weight)[c]) : 1.f;
+  col.mean_h = static_cast<float>(mo.mean_h);
+  col.mul = static_cast<float>(a.scale[c] * invstd * w);
   col.b = a.bias ? to_float(static_cast<P const*>(a.bias)[c]) : 0.f;
   return col;
 }
 
 template <class P>
-__device__ void update_running(FinalizeArgs const& a, int c, Column const& col) {
-  a.save_mean[c] = col.mean;
-  a.save_invstd[c] = col.invstd;
-  if (a.running_mean == nullptr) return;
-  double mean = a.stats[c] / a.count;
-  double var = fmax(a.stats[a.n + c] / a.count - mean * mean, 0.0);
-  double unbiased = var * a.count / (a.count - 1);
-  double m = a.num_batches_tracked ? 1.0 / static_cast<double>(*a.num_batches_tracked) : a.momentum;
-  auto* rm = static_cast<P*>(a.running_mean);
-  auto* rv = static_cast<P*>(a.running_var);
-  rm[c] = from_float<P>(static_cast<float>((1 - m) * to_float(rm[c]) + m * mean));
+__global__ void update_running_kernel(int n, double const* __restrict__ stats, float const* __restrict__ scale,
+                                      double count, P* rm, P* rv, int64_t const* nbt, double momentum) {
+  int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= n) return;
+  Moments mo = moments(stats, scale, count, n, c);
+  double unbiased = mo.var_z * count / (count - 1);
+  double m = nbt ? 1.0 / static_cast<double>(*nbt) : momentum;
+  rm[c] = from_float<P>(static_cast<float>((1 - m) * to_float(rm[c]) + m * mo.mean_z));
   rv[c] = from_float<P>(static_cast<float>((1 - m) * to_float(rv[c]) + m * unbiased));
 }
 
@@ -115,25 +157,82 @@ __global__ void finalize_normalize_kernel(FinalizeArgs a) {
   for (int v = 0; v < V; ++v) {
     if (c0 + v < a.n) {
       col[v] = column<P>(a, c0 + v);
-      if (blockIdx.y == 0 && threadIdx.y == 0) update_running<P>(a, c0 + v, col[v]);
     }
   }
-  auto const* z = static_cast<T const*>(a.z);
+  auto const* h = static_cast<T const*>(a.h);
   auto* y = static_cast<T*>(a.y);
   for (int64_t r = blockIdx.y * 8 + threadIdx.y; r < a.m; r += gridDim.y * 8) {
     if constexpr (V > 1) {
       // n % V == 0 here, so a group is either whole or past the end.
       alignas(16) T in[V];
       alignas(16) T out[V];
-      *reinterpret_cast<uint4*>(in) = *reinterpret_cast<uint4 const*>(z + r * a.ldz + c0);
+      *reinterpret_cast<uint4*>(in) = *reinterpret_cast<uint4 const*>(h + r * a.ldh + c0);
 #pragma unroll
-      for (int v = 0; v < V; ++v)
-        out[v] = from_float<T>((to_float(in[v]) - col[v].mean) * col[v].invstd * col[v].w + col[v].b);
+      for (int v = 0; v < V; ++v) out[v] = from_float<T>((to_float(in[v]) - col[v].mean_h) * col[v].mul + col[v].b);
       *reinterpret_cast<uint4*>(y + r * a.n + c0) = *reinterpret_cast<uint4*>(out);
     } else {
-      y[r * a.n + c0] = from_float<T>((to_float(z[r * a.ldz + c0]) - col[0].mean) * col[0].invstd * col[0].w + col[0].b);
+      y[r * a.n + c0] = from_float<T>((to_float(h[r * a.ldh + c0]) - col[0].mean_h) * col[0].mul + col[0].b);
     }
   }
+}
+
+// Per-column constants of dh = a dy + b (h - mean_h) + c.
+struct GradColumn {
+  float mean_h, a, b, c;
+};
+
+template <class P>
+__device__ GradColumn grad_column(BackwardArgs const& g, double const* sums, int c) {
+  double sdy = sums[c], q = sums[g.n + c], count = g.m;
+  double s = g.scale[c], istd = g.invstd[c];
+  double w = g.weight ? to_float(static_cast<P const*>(g.weight)[c]) : 1.0;
+  double a = s * w * istd;
+  if (blockIdx.y == 0 && threadIdx.y == 0) {
+    g.dbias[c] = static_cast<float>(sdy);
+    g.dweight[c] = static_cast<float>(istd * s * q);
+    // sum_i dz_i h_i = w istd q (1 - istd^2 var(z)) = w istd q eps istd^2: BN is
+    // invariant to scale but for eps, and this form has no cancellation.
+    g.dscale[c] = static_cast<float>(w * istd * q * g.eps * istd * istd);
+  }
+  return {g.mean_h[c], static_cast<float>(a), static_cast<float>(-a * s * s * istd * istd * q / count),
+          static_cast<float>(-a * sdy / count)};
+}
+
+template <class T, class P, int V>
+__global__ void grad_input_kernel(BackwardArgs g, double const* __restrict__ sums) {
+  int c0 = (blockIdx.x * 32 + threadIdx.x) * V;
+  if (c0 >= g.n) return;
+  GradColumn col[V];
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    if (c0 + v < g.n) col[v] = grad_column<P>(g, sums, c0 + v);
+  }
+  auto const* dy = static_cast<T const*>(g.dy);
+  auto const* h = static_cast<T const*>(g.h);
+  auto* dh = static_cast<T*>(g.dh);
+  for (int64_t r = blockIdx.y * 8 + threadIdx.y; r < g.m; r += gridDim.y * 8) {
+    if constexpr (V > 1) {
+      alignas(16) T in_dy[V];
+      alignas(16) T in_h[V];
+      alignas(16) T out[V];
+      *reinterpret_cast<uint4*>(in_dy) = *reinterpret_cast<uint4 const*>(dy + r * g.n + c0);
+      *reinterpret_cast<uint4*>(in_h) = *reinterpret_cast<uint4 const*>(h + r * g.ldh + c0);
+#pragma unroll
+      for (int v = 0; v < V; ++v)
+        out[v] = from_float<T>(col[v].a * to_float(in_dy[v]) + col[v].b * (to_float(in_h[v]) - col[v].mean_h) + col[v].c);
+      *reinterpret_cast<uint4*>(dh + r * g.n + c0) = *reinterpret_cast<uint4*>(out);
+    } else {
+      GradColumn const& k = col[0];
+      dh[r * g.n + c0] =
+          from_float<T>(k.a * to_float(dy[r * g.n + c0]) + k.b * (to_float(h[r * g.ldh + c0]) - k.mean_h) + k.c);
+    }
+  }
+}
+
+// Row blocks for an elementwise pass over m x n with `cols` columns a block:
+// enough to fill the GPU several times over.
+unsigned row_blocks(int m, unsigned col_blocks) {
+  return std::max(1u, std::min(blocks(m, 8), 1024u / std::max(1u, col_blocks) + 1));
 }
 
 template <class P>
@@ -159,18 +258,12 @@ size_t column_stats_workspace(int m, int n) {
   return 2 * sizeof(double) * static_cast<size_t>(blocks(m, kStatRows)) * n;
 }
 
-void column_stats(DType dt, void const* z, int m, int n, int64_t ldz, double* stats, void* workspace,
+void column_stats(DType dt, void const* h, int m, int n, int64_t ldh, double* stats, void* workspace,
                   cudaStream_t stream) {
-  int chunks = static_cast<int>(blocks(m, kStatRows));
-  auto* psum = static_cast<double*>(workspace);
-  auto* psumsq = psum + static_cast<int64_t>(chunks) * n;
   dispatch(dt, [&](auto t) {
     using T = decltype(t);
-    column_partials_kernel<T><<<dim3(blocks(n, 32), chunks), dim3(32, 8), 0, stream>>>(
-        static_cast<T const*>(z), m, n, ldz, psum, psumsq);
+    column_sums(SumSquares<T>{static_cast<T const*>(h), ldh}, m, n, stats, static_cast<double*>(workspace), stream);
   });
-  check_cuda(cudaGetLastError(), "column_stats");
-  reduce_partials(psum, psumsq, chunks, n, n, stats, stream);
 }
 
 void finalize_normalize(FinalizeArgs const& a, cudaStream_t stream) {
@@ -179,13 +272,13 @@ void finalize_normalize(FinalizeArgs const& a, cudaStream_t stream) {
     dispatch(a.param_dt, [&](auto p) {
       using P = decltype(p);
       constexpr int V = 16 / sizeof(T);
-      bool vec = a.n % V == 0 && a.ldz % V == 0 && reinterpret_cast<uintptr_t>(a.z) % 16 == 0 &&
+      bool vec = a.n % V == 0 && a.ldh % V == 0 && reinterpret_cast<uintptr_t>(a.h) % 16 == 0 &&
                  reinterpret_cast<uintptr_t>(a.y) % 16 == 0;
       int v = vec ? V : 1;
       // Enough row blocks to fill the GPU several times over; each re-derives
       // its columns' constants from 2 fp64 loads, which is cheap.
       unsigned gx = blocks(a.n, 32 * v);
-      unsigned gy = std::max(1u, std::min(blocks(a.m, 8), 1024u / std::max(1u, gx) + 1));
+      unsigned gy = row_blocks(a.m, gx);
       if (vec)
         finalize_normalize_kernel<T, P, V><<<dim3(gx, gy), dim3(32, 8), 0, stream>>>(a);
       else
@@ -193,6 +286,45 @@ void finalize_normalize(FinalizeArgs const& a, cudaStream_t stream) {
     });
   });
   check_cuda(cudaGetLastError(), "finalize_normalize");
+}
+
+size_t batch_norm_backward_workspace(int m, int n) {
+  return column_stats_workspace(m, n) + 2 * sizeof(double) * static_cast<size_t>(n);
+}
+
+void batch_norm_backward(BackwardArgs const& g, cudaStream_t stream) {
+  auto* sums = static_cast<double*>(g.workspace);
+  auto* partials = sums + 2 * static_cast<int64_t>(g.n);
+  dispatch(g.dt, [&](auto t) {
+    using T = decltype(t);
+    GradSums<T> terms{static_cast<T const*>(g.dy), static_cast<T const*>(g.h), g.ldh, g.n, g.mean_h};
+    column_sums(terms, g.m, g.n, sums, partials, stream);
+    dispatch(g.param_dt, [&](auto p) {
+      using P = decltype(p);
+      constexpr int V = 16 / sizeof(T);
+      bool vec = g.n % V == 0 && g.ldh % V == 0 && reinterpret_cast<uintptr_t>(g.h) % 16 == 0 &&
+                 reinterpret_cast<uintptr_t>(g.dy) % 16 == 0 && reinterpret_cast<uintptr_t>(g.dh) % 16 == 0;
+      unsigned gx = blocks(g.n, 32 * (vec ? V : 1));
+      dim3 grid(gx, row_blocks(g.m, gx));
+      if (vec)
+        grad_input_kernel<T, P, V><<<grid, dim3(32, 8), 0, stream>>>(g, sums);
+      else
+        grad_input_kernel<T, P, 1><<<grid, dim3(32, 8), 0, stream>>>(g, sums);
+    });
+  });
+  check_cuda(cudaGetLastError(), "batch_norm_backward");
+}
+
+void update_running_stats(DType param_dt, int n, double const* stats, float const* scale, double count,
+                          void* running_mean, void* running_var, int64_t const* num_batches_tracked,
+                          double momentum, cudaStream_t stream) {
+  dispatch(param_dt, [&](auto p) {
+    using P = decltype(p);
+    update_running_kernel<P><<<blocks(n, 256), 256, 0, stream>>>(n, stats, scale, count, static_cast<P*>(running_mean),
+                                                                  static_cast<P*>(running_var), num_batches_tracked,
+                                                                  momentum);
+  });
+  check_cuda(cudaGetLastError(), "update_running_stats");
 }
 
 void fold_eval(DType param_dt, int n, float const* scale, void const* weight, void const* bias,

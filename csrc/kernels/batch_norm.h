@@ -1,6 +1,9 @@
 // BatchNorm kernels around the fused GEMM; torch-free: raw pointers, sizes, a stream.
 //
-// Statistics travel as fp64 column sums: stats[0:n] = sum z, stats[n:2n] = sum z^2.
+// The GEMM leaves h = x W^T + b; the layer normalizes z = h * scale. Statistics
+// travel as fp64 column sums of h: stats[0:n] = sum h, stats[n:2n] = sum h^2,
+// from which mean(z) = scale mean(h) and var(z) = scale^2 var(h), with no
+// division by scale.
 // Sums (not mean/M2) keep the cross-rank reduction of SyncBatchNorm a plain
 // all-reduce between statistics and finalize; fp64 keeps them exact enough
 // that sum/sum-of-squares does not cancel (see README, "Statistics").
@@ -19,32 +22,60 @@ enum class DType { bf16, f16, f32 };
 void reduce_partials(double const* partial_sum, double const* partial_sumsq, int rows, int64_t ld, int n,
                      double* stats, cudaStream_t stream);
 
-// Deterministic column sums of z (m x n, row stride ldz) into stats, through
+// Deterministic column sums of h (m x n, row stride ldz) into stats, through
 // `workspace` (column_stats_workspace(m, n) bytes).
 size_t column_stats_workspace(int m, int n);
 void column_stats(DType dt, void const* z, int m, int n, int64_t ldz, double* stats, void* workspace,
                   cudaStream_t stream);
 
 struct FinalizeArgs {
-  DType dt;                       // of z and y
+  DType dt;                       // of h and y
   DType param_dt;                 // of weight, bias, running_mean, running_var
-  void const* z;  int64_t ldz;    // m x n
+  void const* h;  int64_t ldh;    // m x n
   void* y;                        // m x n, contiguous
   int m, n;
-  double const* stats;            // 2 x n
+  double const* stats;            // 2 x n, sums of h
+  float const* scale;             // n
   double count;                   // rows behind stats (all ranks' for SyncBN)
   void const* weight;             // n or nullptr (1)
   void const* bias;               // n or nullptr (0)
-  void* running_mean;             // n or nullptr: updated in place
-  void* running_var;              // n or nullptr: updated in place (unbiased variance)
-  int64_t const* num_batches_tracked;  // non-null: momentum = 1 / *num_batches_tracked
-  double momentum, eps;
-  float* save_mean;               // n
-  float* save_invstd;             // n
+  double eps;
+  float* save_mean;               // n: mean(h)
+  float* save_invstd;             // n: 1 / sqrt(var(z) + eps)
 };
 
-// mean/invstd from stats, the running-stat update, and y = (z - mean) * invstd * w + b.
+// mean/invstd from stats and y = (h - mean(h)) * (scale * invstd * w) + b = BN(z).
 void finalize_normalize(FinalizeArgs const& a, cudaStream_t stream);
+
+// running = (1 - m) running + m batch, for z's mean and unbiased variance;
+// m = 1 / *num_batches_tracked when that is given (PyTorch's momentum=None).
+void update_running_stats(DType param_dt, int n, double const* stats, float const* scale, double count,
+                          void* running_mean, void* running_var, int64_t const* num_batches_tracked,
+                          double momentum, cudaStream_t stream);
+
+struct BackwardArgs {
+  DType dt, param_dt;
+  void const* dy;                 // m x n, contiguous
+  void const* h;  int64_t ldh;    // m x n
+  void* dh;                       // m x n, contiguous
+  int m, n;
+  float const* mean_h;            // n, from the forward
+  float const* invstd;            // n, from the forward
+  float const* scale;             // n
+  void const* weight;             // n or nullptr (1)
+  double eps;
+  float* dscale;                  // n
+  float* dweight;                 // n
+  float* dbias;                   // n
+  void* workspace;                // batch_norm_backward_workspace(m, n) bytes
+};
+
+// The training-mode backward of y = BN(h * scale) over the batch: one pass
+// reduces sum dy and sum dy (h - mean_h) per column (fp64, fixed order), then
+// one pass writes dh = A dy + B (h - mean_h) + C; dscale, dweight and dbias
+// follow from the sums. Nothing divides by scale or weight.
+size_t batch_norm_backward_workspace(int m, int n);
+void batch_norm_backward(BackwardArgs const& a, cudaStream_t stream);
 
 // Eval-mode folding: out_a = scale * w * invstd, out_c = b - running_mean * w * invstd,
 // with invstd = 1 / sqrt(running_var + eps). scale is fp32; the rest param_dt.

@@ -1,5 +1,5 @@
-// Status checks that turn CUTLASS and CUDA failures into exceptions the
-// binding layer reports as RuntimeError, naming the step that failed.
+// CUDA status checks that turn failures into exceptions the binding layer
+// reports as RuntimeError, naming the step that failed.
 #pragma once
 
 #include <stdexcept>
@@ -7,16 +7,7 @@
 
 #include <cuda_runtime.h>
 
-#include "cutlass/cutlass.h"
-
 namespace cutlass_fused {
-
-inline void check(cutlass::Status status, char const* kernel, char const* step) {
-  if (status != cutlass::Status::kSuccess) {
-    throw std::runtime_error(std::string("cutlass_fused: ") + kernel + ": " + step + " failed: " +
-                             cutlassGetStatusString(status));
-  }
-}
 
 inline void check_cuda(cudaError_t err, char const* what) {
   if (err != cudaSuccess) {

@@ -5,7 +5,7 @@
 #include "cutlass/epilogue/threadblock/fusion/visitors.hpp"
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "cutlass/gemm/kernel/default_gemm_universal_with_visitor.h"
-#include "kernels/check.h"
+#include "kernels/cutlass_check.h"
 #include "kernels/evt_extra.h"
 #include "kernels/gemm_evt.h"
 

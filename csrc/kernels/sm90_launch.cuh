@@ -2,7 +2,7 @@
 #pragma once
 
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
-#include "kernels/check.h"
+#include "kernels/cutlass_check.h"
 #include "kernels/evt_extra.h"
 #include "kernels/gemm_evt.h"
 

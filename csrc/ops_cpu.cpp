@@ -1,0 +1,130 @@
+// CPU implementations: the same semantics as the CUDA path, in ATen. x W^T + b
+// accumulates in fp32 (fp64 for fp64 inputs) and is rounded once to the input
+// dtype; statistics are fp64 sums of h as stored.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "ops.h"
+
+namespace cutlass_fused {
+namespace {
+
+at::ScalarType acc_type(at::ScalarType dt) { return dt == at::kDouble ? at::kDouble : at::kFloat; }
+
+at::Tensor linear_acc(at::Tensor const& x, at::Tensor const& weight, c10::optional<at::Tensor> const& bias) {
+  auto acc = acc_type(x.scalar_type());
+  auto out = at::matmul(x.to(acc), weight.to(acc).t());
+  if (bias.has_value()) out.add_(bias->to(acc));
+  return out;
+}
+
+at::Tensor opt64(c10::optional<at::Tensor> const& t, double missing) {
+  return t.has_value() ? t->to(at::kDouble) : at::scalar_tensor(missing, at::kDouble);
+}
+
+// z = h * scale: mean(h), mean(z) and the biased var(z), in fp64.
+struct Moments {
+  at::Tensor mean_h, mean_z, var_z;
+};
+
+Moments moments(at::Tensor const& stats, at::Tensor const& scale, int64_t count) {
+  auto s = scale.to(at::kDouble);
+  auto mean_h = stats[0] / static_cast<double>(count);
+  auto var_h = (stats[1] / static_cast<double>(count) - mean_h * mean_h).clamp_min(0);
+  return {mean_h, mean_h * s, var_h * s * s};
+}
+
+std::tuple<at::Tensor, at::Tensor> linear_stats_cpu(at::Tensor const& x, at::Tensor const& weight,
+                                                    c10::optional<at::Tensor> const& bias, c10::string_view,
+                                                    bool) {
+  check_linear_args(x, weight, bias, c10::nullopt);
+  auto out = linear_acc(x, weight, bias);
+  auto h = empty_padded(out.size(0), out.size(1), x.options());
+  h.copy_(out);
+  auto h64 = h.to(at::kDouble);
+  return {h, at::stack({h64.sum(0), (h64 * h64).sum(0)})};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_finalize_cpu(
+    at::Tensor const& h, at::Tensor const& stats, at::Tensor const& scale, int64_t count,
+    c10::optional<at::Tensor> const& weight, c10::optional<at::Tensor> const& bias, double eps) {
+  int64_t n = h.size(1);
+  check_vector(scale, "scale", n);
+  check_vector(weight, "bn_weight", n);
+  check_vector(bias, "bn_bias", n);
+  auto mo = moments(stats, scale, count);
+  auto invstd = (mo.var_z + eps).rsqrt();
+  auto acc = acc_type(h.scalar_type());
+  auto mul = scale.to(at::kDouble) * invstd * opt64(weight, 1.0);
+  auto y = (h.to(acc) - mo.mean_h.to(acc)) * mul.to(acc) + opt64(bias, 0.0).to(acc);
+  return {y.to(h.scalar_type()).contiguous(), mo.mean_h.to(acc), invstd.to(acc)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_scale_batch_norm_train_cpu(
+    at::Tensor const& x, at::Tensor const& weight, c10::optional<at::Tensor> const& bias, at::Tensor const& scale,
+    c10::optional<at::Tensor> const& bn_weight, c10::optional<at::Tensor> const& bn_bias, double eps,
+    c10::string_view family, bool deterministic) {
+  auto [h, stats] = linear_stats_cpu(x, weight, bias, family, deterministic);
+  auto [y, mean, invstd] = batch_norm_finalize_cpu(h, stats, scale, x.size(0), bn_weight, bn_bias, eps);
+  return {y, h, stats, mean, invstd};
+}
+
+void update_running_stats_cpu(at::Tensor const& stats, at::Tensor const& scale, int64_t count,
+                              at::Tensor& running_mean, at::Tensor& running_var,
+                              c10::optional<at::Tensor> const& num_batches_tracked, double momentum) {
+  int64_t n = stats.size(1);
+  check_vector(running_mean, "running_mean", n);
+  check_vector(running_var, "running_var", n);
+  TORCH_CHECK(count > 1, "Expected more than 1 value per channel when training, got input size [", count, ", ", n,
+              "]");
+  auto mo = moments(stats, scale, count);
+  double m = momentum;
+  if (num_batches_tracked.has_value()) m = 1.0 / num_batches_tracked->item<double>();  // a CPU tensor: no sync
+  auto unbiased = mo.var_z * (static_cast<double>(count) / static_cast<double>(count - 1));
+  running_mean.copy_(running_mean.to(at::kDouble) * (1 - m) + mo.mean_z * m);
+  running_var.copy_(running_var.to(at::kDouble) * (1 - m) + unbiased * m);
+}
+
+// dh = a dy + b (h - mean_h) + c per column, from sum dy and sum dy (h - mean_h);
+// see csrc/kernels/batch_norm.cu (grad_column) for the derivation's results.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_cpu(
+    at::Tensor const& dy, at::Tensor const& h, at::Tensor const& mean, at::Tensor const& invstd,
+    at::Tensor const& scale, c10::optional<at::Tensor> const& weight, double eps) {
+  auto acc = acc_type(h.scalar_type());
+  double count = static_cast<double>(h.size(0));
+  auto hc = h.to(at::kDouble) - mean.to(at::kDouble);
+  auto dy64 = dy.to(at::kDouble);
+  auto sdy = dy64.sum(0), q = (dy64 * hc).sum(0);
+  auto s = scale.to(at::kDouble), istd = invstd.to(at::kDouble), w = opt64(weight, 1.0);
+  auto a = s * w * istd;
+  auto dh = a * dy64 - a * s * s * istd * istd * q / count * hc - a * sdy / count;
+  auto dscale = w * istd * q * eps * istd * istd;
+  auto dweight = istd * s * q;
+  return {dh.to(h.scalar_type()).contiguous(), dscale.to(acc), dweight.to(acc), sdy.to(acc)};
+}
+
+at::Tensor linear_scale_batch_norm_eval_cpu(at::Tensor const& x, at::Tensor const& weight,
+                                            c10::optional<at::Tensor> const& bias, at::Tensor const& scale,
+                                            c10::optional<at::Tensor> const& bn_weight,
+                                            c10::optional<at::Tensor> const& bn_bias, at::Tensor const& running_mean,
+                                            at::Tensor const& running_var, double eps, c10::string_view) {
+  check_linear_args(x, weight, bias, scale);
+  auto g = (running_var.to(at::kDouble) + eps).rsqrt() * opt64(bn_weight, 1.0);
+  auto a = scale.to(at::kDouble) * g;
+  auto c = opt64(bn_bias, 0.0) - running_mean.to(at::kDouble) * g;
+  auto acc = acc_type(x.scalar_type());
+  return (linear_acc(x, weight, bias) * a.to(acc) + c.to(acc)).to(x.scalar_type()).contiguous();
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(cutlass_fused, CPU, m) {
+  m.impl("linear_stats", &linear_stats_cpu);
+  m.impl("batch_norm_finalize", &batch_norm_finalize_cpu);
+  m.impl("linear_scale_batch_norm_train", &linear_scale_batch_norm_train_cpu);
+  m.impl("update_running_stats", &update_running_stats_cpu);
+  m.impl("batch_norm_backward", &batch_norm_backward_cpu);
+  m.impl("linear_scale_batch_norm_eval", &linear_scale_batch_norm_eval_cpu);
+}
+
+}  // namespace cutlass_fused

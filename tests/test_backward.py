@@ -1,0 +1,199 @@
+"""Gradients of the fused layer against autograd through the unfused float64 model."""
+import pytest
+import torch
+from torch import nn
+
+import cutlass_fused
+from cutlass_fused.ops import ops
+from common import FAMILIES, FAMILY_IDS, MODES, assert_close_rule, params, precision, tf32
+
+NAMES = ["x", "weight", "bias", "scale", "bn_weight", "bn_bias"]
+
+
+def straight_through_tf32(t):
+    """t rounded to TF32 in the forward, identity in the backward."""
+    return t + (tf32(t) - t).detach()
+
+
+def unfused(inp, training, running, mode=None):
+    """The seed model on `inp` (a dict of NAMES), through F ops; differentiable."""
+    x, w = inp["x"], inp["weight"]
+    if mode == "tf32":
+        x, w = straight_through_tf32(x), straight_through_tf32(w)
+    z = nn.functional.linear(x, w, inp["bias"]) * inp["scale"]
+    return nn.functional.batch_norm(z, *running, inp["bn_weight"], inp["bn_bias"], training, 0.1, 1e-5)
+
+
+def leaves(p, x, dtype, device, affine=True, frozen=()):
+    """Fresh leaf tensors in dtype on device; parameters in `frozen` do not require grad."""
+    vals = {"x": x, "weight": p["weight"], "bias": p["bias"], "scale": p["scale"],
+            "bn_weight": p["bn_weight"] if affine else None, "bn_bias": p["bn_bias"] if affine else None}
+    return {k: None if v is None else v.detach().to(device, dtype).requires_grad_(k not in frozen)
+            for k, v in vals.items()}
+
+
+def grads(inp, y, dy):
+    y.backward(dy)
+    return {k: (None if v is None or v.grad is None else v.grad) for k, v in inp.items()}
+
+
+def check_grads(device, family, mode, shape, training, affine=True, frozen=(), zero_cols=0):
+    """Our gradients vs float64, within 2x PyTorch's own same-precision error plus a floor."""
+    dtype, _ = MODES[mode]
+    m, k, n = shape
+    p = params(k, n, "cpu", torch.float32, affine=True, seed=m + n)
+    if zero_cols:
+        p["scale"][:zero_cols] = 0
+        p["bn_weight"][zero_cols:2 * zero_cols] = 0
+    x = torch.randn(m, k)
+    dy = torch.randn(m, n)
+    running = (p["running_mean"], p["running_var"])
+
+    ours = leaves(p, x, dtype, device, affine, frozen)
+    with precision(device, family, mode):
+        rm, rv = (t.to(device).clone() for t in running)
+        y = cutlass_fused.linear_scale_batch_norm(
+            ours["x"], ours["weight"], ours["bias"], ours["scale"], ours["bn_weight"], ours["bn_bias"],
+            rm, rv, training)
+        g_ours = grads(ours, y, dy.to(device, dtype))
+    same = leaves(p, x, dtype, device, affine, frozen)
+    g_same = grads(same, unfused(same, training, [t.to(device, dtype).clone() for t in running], mode),
+                   dy.to(device, dtype))
+    ref = leaves(p, x, torch.float64, "cpu", affine, frozen)
+    g_ref = grads(ref, unfused(ref, training, [t.double().clone() for t in running]), dy.double())
+    for name in NAMES:
+        if g_ref[name] is None:
+            assert g_ours[name] is None, f"{name}: gradient given for an input that needs none"
+            continue
+        assert g_ours[name] is not None, f"{name}: missing gradient"
+        assert g_ours[name].dtype == ours[name].dtype and g_ours[name].shape == ours[name].shape
+        # Gradients are sums over the batch or the features: scale the floor by
+        # the reference's size so the rule stays relative.
+        scale = max(1.0, g_ref[name].abs().max().item())
+        assert_close_rule(g_ours[name].cpu() / scale, g_same[name].cpu() / scale, g_ref[name] / scale, mode,
+                          f"d{name}")
+
+
+def modes_for(device):
+    return ["bf16", "f16", "f32", "tf32"] if device == "cuda" else ["bf16", "f32"]
+
+
+CASES = [pytest.param(d, f, mode, id=f"{fid}-{mode}")
+         for (d, f), fid in zip(FAMILIES, FAMILY_IDS) for mode in modes_for(d)]
+
+
+@pytest.mark.parametrize("device,family,mode", CASES)
+@pytest.mark.parametrize("shape", [(256, 384, 200), (1000, 1000, 769)], ids=["aligned", "unaligned"])
+def test_training_grads(device, family, mode, shape):
+    check_grads(device, family, mode, shape, training=True)
+
+
+@pytest.mark.parametrize("device,family,mode", CASES)
+def test_eval_grads(device, family, mode):
+    check_grads(device, family, mode, (3, 769, 200), training=False)
+
+
+@pytest.mark.parametrize("device,family", FAMILIES, ids=FAMILY_IDS)
+def test_affine_false_zeros_and_frozen(device, family):
+    check_grads(device, family, "f32", (128, 96, 72), training=True, affine=False)
+    check_grads(device, family, "f32", (128, 96, 72), training=True, zero_cols=5)
+    check_grads(device, family, "f32", (128, 96, 72), training=True, frozen=("x",))
+    check_grads(device, family, "f32", (128, 96, 72), training=True, frozen=("weight", "bias", "bn_weight"))
+    check_grads(device, family, "f32", (64, 40, 24), training=False, frozen=("x", "scale"))
+
+
+@pytest.mark.parametrize("device,family", FAMILIES, ids=FAMILY_IDS)
+@pytest.mark.parametrize("mode", ["bf16", "f32"])
+@pytest.mark.parametrize("m", [2, 3])
+def test_batch_norm_backward_small_batch(device, family, mode, m):
+    """At batch 2-3 the end-to-end gradient is as ill-conditioned as the forward (see
+    test_forward.END_TO_END_BATCH): check the fused BN backward on our own h instead."""
+    dtype, _ = MODES[mode]
+    n = 769
+    h = (torch.randn(m, n) * 3 + 1).to(device, dtype)
+    scale, gamma = torch.randn(n, device=device), torch.randn(n, device=device)
+    stats = torch.stack([h.double().sum(0), (h.double() ** 2).sum(0)])
+    _, mean, invstd = ops.batch_norm_finalize(h, stats, scale, m, gamma, None, 1e-5)
+    dy = torch.randn(m, n, device=device).to(dtype)
+    with cutlass_fused.use_kernel_family(family):
+        dh, dscale, dgamma, dbeta = ops.batch_norm_backward(dy, h, mean, invstd, scale, gamma, 1e-5)
+
+    def bn(hh, s, g, b, dt):
+        return nn.functional.batch_norm(hh * s, None, None, g, b, True, 0.1, 1e-5).to(dt)
+
+    def run(dt, dev):
+        leaf = lambda t: t.detach().to(dev, dt).requires_grad_()
+        ins = [leaf(h), leaf(scale), leaf(gamma), leaf(torch.zeros(n))]
+        bn(*ins, dt).backward(dy.to(dev, dt))
+        return [t.grad for t in ins]
+
+    ref = run(torch.float64, "cpu")
+    same = run(torch.float32 if mode == "f32" else dtype, device)
+    for what, got, r, s in zip(("dh", "dscale", "dgamma", "dbeta"), (dh, dscale, dgamma, dbeta), ref, same):
+        k = max(1.0, r.abs().max().item())
+        assert_close_rule(got.cpu() / k, s.cpu() / k, r / k, mode, what)
+
+
+def test_gradcheck_float64_cpu():
+    torch.manual_seed(0)
+    m, k, n = 6, 5, 4
+    leaf = lambda *s: torch.randn(*s, dtype=torch.float64, requires_grad=True)
+    args = (leaf(m, k), leaf(n, k), leaf(n), leaf(n), leaf(n), leaf(n))
+    train = lambda x, w, b, s, g, bb: cutlass_fused.linear_scale_batch_norm(x, w, b, s, g, bb, None, None, True)
+    assert torch.autograd.gradcheck(train, args)
+    rm, rv = torch.randn(n, dtype=torch.float64), torch.rand(n, dtype=torch.float64) + 0.5
+    evaluate = lambda x, w, b, s, g, bb: cutlass_fused.linear_scale_batch_norm(x, w, b, s, g, bb, rm, rv, False)
+    assert torch.autograd.gradcheck(evaluate, args)
+
+
+def test_double_backward_raises():
+    x = torch.randn(8, 4, dtype=torch.float64, requires_grad=True)
+    layer = cutlass_fused.LinearScaleBatchNorm1d(4, 3).double()
+    (gx,) = torch.autograd.grad(layer(x).pow(2).sum(), x, create_graph=False)
+    assert gx.shape == x.shape
+    with pytest.raises(RuntimeError, match="double backward"):
+        torch.autograd.grad(layer(x).pow(2).sum(), x, create_graph=True)
+
+
+class Seed(nn.Module):
+    def __init__(self, n_in, n_out):
+        super().__init__()
+        self.gemm = nn.Linear(n_in, n_out)
+        self.scale = nn.Parameter(torch.randn(n_out))
+        self.bn = nn.BatchNorm1d(n_out)
+
+    def forward(self, x):
+        return self.bn(self.gemm(x) * self.scale)
+
+
+@pytest.mark.parametrize("device,family", FAMILIES, ids=FAMILY_IDS)
+@pytest.mark.parametrize("opt", ["sgd", "adam"])
+def test_training_loop_matches_unfused(device, family, opt):
+    """20 optimizer steps in fp32: losses, parameters and running stats track a float64
+    run of the unfused model at least half as well as the fp32 unfused model does."""
+    torch.manual_seed(0)
+    seed = Seed(48, 32)
+    models = {"ref": Seed(48, 32).double(), "same": Seed(48, 32).to(device),
+              "ours": cutlass_fused.LinearScaleBatchNorm1d(48, 32, device=device)}
+    for mdl in models.values():
+        mdl.load_state_dict(seed.state_dict())
+    make = (lambda ps: torch.optim.SGD(ps, lr=0.05)) if opt == "sgd" else (lambda ps: torch.optim.Adam(ps, lr=1e-2))
+    opts = {k: make(mdl.parameters()) for k, mdl in models.items()}
+    target = torch.randn(64, 32, dtype=torch.float64)
+    losses = {k: [] for k in models}
+    with precision(device, family, "f32"):
+        for _ in range(20):
+            x = torch.randn(64, 48, dtype=torch.float64)
+            for k, mdl in models.items():
+                dev, dt = ("cpu", torch.float64) if k == "ref" else (device, torch.float32)
+                opts[k].zero_grad()
+                loss = ((mdl(x.to(dev, dt)) - target.to(dev, dt)) ** 2).mean()
+                loss.backward()
+                opts[k].step()
+                losses[k].append(loss.item())
+    as_t = lambda v: torch.tensor(v, dtype=torch.float64)
+    assert_close_rule(as_t(losses["ours"]), as_t(losses["same"]), as_t(losses["ref"]), "f32", "losses")
+    ref = models["ref"].state_dict()
+    for k, v in models["ours"].state_dict().items():
+        if v.is_floating_point():
+            assert_close_rule(v.cpu(), models["same"].state_dict()[k].cpu(), ref[k], "f32", k)
