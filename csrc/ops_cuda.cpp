@@ -308,7 +308,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_c
   auto s = fp32_vector(scale, n), mu = fp32_vector(mean, n), is = fp32_vector(invstd, n);
   auto dh = at::empty({m, n}, h.options());
   poison(dh);
-  auto grads = at::empty({3, n}, h.options().dtype(at::kFloat));
+  auto vec = [&] { return at::empty({n}, h.options().dtype(at::kFloat)); };
+  at::Tensor dscale = vec(), dweight = vec(), dbias = vec();
   auto ws = at::empty({static_cast<int64_t>(batch_norm_backward_workspace(static_cast<int>(m), static_cast<int>(n)))},
                       h.options().dtype(at::kByte));
   BackwardArgs g{};
@@ -325,12 +326,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_c
   g.scale = s.data_ptr<float>();
   g.weight = weight ? weight->data_ptr() : nullptr;
   g.eps = eps;
-  g.dscale = grads[0].data_ptr<float>();
-  g.dweight = grads[1].data_ptr<float>();
-  g.dbias = grads[2].data_ptr<float>();
+  g.dscale = dscale.data_ptr<float>();
+  g.dweight = dweight.data_ptr<float>();
+  g.dbias = dbias.data_ptr<float>();
   g.workspace = ws.data_ptr();
   batch_norm_backward(g, at::cuda::getCurrentCUDAStream().stream());
-  return {dh, grads[0], grads[1], grads[2]};
+  return {dh, dscale, dweight, dbias};
 }
 
 at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor const& weight,

@@ -90,16 +90,34 @@ def main():
             return
         w = seed.gemm.weight
         mm = bench_ms(lambda: torch.mm(x, w.t()), device)
-        rows = [("torch.mm", mm)]
+        rows = [("torch.mm", mm, 1)]
         with torch.no_grad():
             for mode, train in (("train", True), ("eval", False)):
                 seed.train(train), ours.train(train)
-                rows.append((f"eager {mode} fwd", bench_ms(lambda: seed(x), device)))
-                rows.append((f"cutlass_fused {mode} fwd", bench_ms(lambda: ours(x), device)))
+                rows.append((f"eager {mode} fwd", bench_ms(lambda: seed(x), device), 1))
+                rows.append((f"cutlass_fused {mode} fwd", bench_ms(lambda: ours(x), device), 1))
+        seed.train(), ours.train()
+        xg = x.clone().requires_grad_()
+        dy = torch.randn(m, n, device=device, dtype=dtype)
+        peaks = {}
+        for name, mod in (("eager", seed), ("cutlass_fused", ours)):
+            def step(mod=mod):
+                mod.zero_grad(set_to_none=True)
+                xg.grad = None
+                mod(xg).backward(dy)
+            rows.append((f"{name} train fwd+bwd", bench_ms(step, device), 3))
+            step()  # grads allocated once, as in a training loop
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            step()
+            peaks[name] = (torch.cuda.max_memory_allocated() - base) / 2**20
     flops = 2 * m * n * k
-    print(f"  {'what':24s} {'ms':>8s} {'TFLOP/s':>8s} {'x torch.mm':>10s}")
-    for what, ms in rows:
-        print(f"  {what:24s} {ms:8.4f} {flops / ms / 1e9:8.1f} {ms / mm:10.3f}")
+    print(f"  {'what':26s} {'ms':>8s} {'TFLOP/s':>8s} {'x torch.mm':>10s} {'x (GEMMs x torch.mm)':>20s}")
+    for what, ms, gemms in rows:
+        print(f"  {what:26s} {ms:8.4f} {gemms * flops / ms / 1e9:8.1f} {ms / mm:10.3f} {ms / (gemms * mm):20.3f}")
+    print(f"  peak extra memory of train fwd+bwd: eager {peaks['eager']:.0f} MiB, "
+          f"cutlass_fused {peaks['cutlass_fused']:.0f} MiB ({peaks['cutlass_fused'] / peaks['eager']:.2f}x)")
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ def check_grads(device, family, mode, shape, training, affine=True, frozen=(), z
 
     ours = leaves(p, x, dtype, device, affine, frozen)
     with precision(device, family, mode):
-        rm, rv = (t.to(device).clone() for t in running)
+        rm, rv = (t.to(device, dtype).clone() for t in running)  # one dtype with bn_weight, as in a cast model
         y = cutlass_fused.linear_scale_batch_norm(
             ours["x"], ours["weight"], ours["bias"], ours["scale"], ours["bn_weight"], ours["bn_bias"],
             rm, rv, training)
