@@ -3,7 +3,7 @@ for every kernel family and precision on this GPU:  python benchmarks/errors.py"
 import torch
 
 import cutlass_fused
-from cutlass_fused.__main__ import Seed
+from cutlass_fused.seed import SeedModel as Seed
 
 MODES = {"bf16": (torch.bfloat16, False), "f16": (torch.float16, False), "tf32": (torch.float32, True),
          "f32": (torch.float32, False)}

@@ -11,6 +11,7 @@
 #include <Python.h>
 
 #include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
 #include "ops.h"
@@ -51,6 +52,28 @@ void check_linear_args(at::Tensor const& x, at::Tensor const& weight, c10::optio
 
 namespace {
 
+// The training forward is the two steps, whatever the backend; autograd sees
+// it as one node (cutlass_fused/autograd.py).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_scale_batch_norm_train(
+    at::Tensor const& x, at::Tensor const& weight, c10::optional<at::Tensor> const& bias, at::Tensor const& scale,
+    c10::optional<at::Tensor> const& bn_weight, c10::optional<at::Tensor> const& bn_bias, double eps,
+    c10::string_view family, bool deterministic) {
+  static auto stats_op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("cutlass_fused::linear_stats", "")
+                             .typed<std::tuple<at::Tensor, at::Tensor>(at::Tensor const&, at::Tensor const&,
+                                                                        c10::optional<at::Tensor> const&,
+                                                                        c10::string_view, bool)>();
+  static auto finalize_op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("cutlass_fused::batch_norm_finalize", "")
+          .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+              at::Tensor const&, at::Tensor const&, at::Tensor const&, c10::SymInt, c10::optional<at::Tensor> const&,
+              c10::optional<at::Tensor> const&, double)>();
+  auto [h, stats] = stats_op.call(x, weight, bias, family, deterministic);
+  auto [y, mean, invstd] = finalize_op.call(h, stats, scale, x.sym_size(0), bn_weight, bn_bias, eps);
+  return {y, h, stats, mean, invstd};
+}
+
 std::vector<std::string> kernel_names() {
   std::vector<std::string> out;
 #if defined(CUTLASS_FUSED_WITH_CUDA)
@@ -83,6 +106,10 @@ TORCH_LIBRARY(cutlass_fused, m) {
       "linear_scale_batch_norm_eval(Tensor x, Tensor weight, Tensor? bias, Tensor scale, Tensor? bn_weight,"
       " Tensor? bn_bias, Tensor running_mean, Tensor running_var, float eps, str family) -> Tensor");
   m.def("kernel_names() -> str[]", &kernel_names);
+}
+
+TORCH_LIBRARY_IMPL(cutlass_fused, CompositeExplicitAutograd, m) {
+  m.impl("linear_scale_batch_norm_train", &linear_scale_batch_norm_train);
 }
 
 }  // namespace cutlass_fused

@@ -259,15 +259,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_finalize_cuda(
   return {y, mean, invstd};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_scale_batch_norm_train_cuda(
-    at::Tensor const& x, at::Tensor const& weight, c10::optional<at::Tensor> const& bias, at::Tensor const& scale,
-    c10::optional<at::Tensor> const& bn_weight, c10::optional<at::Tensor> const& bn_bias, double eps,
-    c10::string_view family, bool deterministic) {
-  auto [h, stats] = linear_stats_cuda(x, weight, bias, family, deterministic);
-  auto [y, mean, invstd] = batch_norm_finalize_cuda(h, stats, scale, x.size(0), bn_weight, bn_bias, eps);
-  return {y, h, stats, mean, invstd};
-}
-
 void update_running_stats_cuda(at::Tensor const& stats, at::Tensor const& scale, int64_t count,
                                at::Tensor& running_mean, at::Tensor& running_var,
                                c10::optional<at::Tensor> const& num_batches_tracked, double momentum) {
@@ -379,7 +370,6 @@ at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor con
 TORCH_LIBRARY_IMPL(cutlass_fused, CUDA, m) {
   m.impl("linear_stats", &linear_stats_cuda);
   m.impl("batch_norm_finalize", &batch_norm_finalize_cuda);
-  m.impl("linear_scale_batch_norm_train", &linear_scale_batch_norm_train_cuda);
   m.impl("update_running_stats", &update_running_stats_cuda);
   m.impl("batch_norm_backward", &batch_norm_backward_cuda);
   m.impl("linear_scale_batch_norm_eval", &linear_scale_batch_norm_eval_cuda);

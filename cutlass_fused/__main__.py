@@ -7,24 +7,11 @@ import argparse
 import statistics
 
 import torch
-from torch import nn
 
 import cutlass_fused
+from cutlass_fused.seed import SeedModel as Seed
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32, "tf32": torch.float32}
-
-
-class Seed(nn.Module):
-    """KernelBench level 2 problem 33/39: bn(gemm(x) * scale)."""
-
-    def __init__(self, n_in, n_out):
-        super().__init__()
-        self.gemm = nn.Linear(n_in, n_out)
-        self.scale = nn.Parameter(torch.randn(n_out))
-        self.bn = nn.BatchNorm1d(n_out)
-
-    def forward(self, x):
-        return self.bn(self.gemm(x) * self.scale)
 
 
 def bench_ms(fn, device):

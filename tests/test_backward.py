@@ -4,6 +4,7 @@ import torch
 from torch import nn
 
 import cutlass_fused
+from cutlass_fused.seed import SeedModel as Seed
 from cutlass_fused.ops import ops
 from common import FAMILIES, FAMILY_IDS, MODES, assert_close_rule, params, precision, tf32
 
@@ -153,17 +154,6 @@ def test_double_backward_raises():
     assert gx.shape == x.shape
     with pytest.raises(RuntimeError, match="double backward"):
         torch.autograd.grad(layer(x).pow(2).sum(), x, create_graph=True)
-
-
-class Seed(nn.Module):
-    def __init__(self, n_in, n_out):
-        super().__init__()
-        self.gemm = nn.Linear(n_in, n_out)
-        self.scale = nn.Parameter(torch.randn(n_out))
-        self.bn = nn.BatchNorm1d(n_out)
-
-    def forward(self, x):
-        return self.bn(self.gemm(x) * self.scale)
 
 
 @pytest.mark.parametrize("device,family", FAMILIES, ids=FAMILY_IDS)

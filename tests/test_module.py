@@ -4,18 +4,8 @@ import torch
 from torch import nn
 
 import cutlass_fused
+from cutlass_fused.seed import SeedModel as Seed
 from common import FAMILIES, FAMILY_IDS, max_err
-
-
-class Seed(nn.Module):
-    def __init__(self, n_in, n_out, **bn):
-        super().__init__()
-        self.gemm = nn.Linear(n_in, n_out)
-        self.scale = nn.Parameter(torch.randn(n_out))
-        self.bn = nn.BatchNorm1d(n_out, **bn)
-
-    def forward(self, x):
-        return self.bn(self.gemm(x) * self.scale)
 
 
 def test_state_dict_keys_and_round_trip():

@@ -1,4 +1,6 @@
 #include <algorithm>
+#include <initializer_list>
+#include <type_traits>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -229,10 +231,21 @@ __global__ void grad_input_kernel(BackwardArgs g, double const* __restrict__ sum
   }
 }
 
-// Row blocks for an elementwise pass over m x n with `cols` columns a block:
-// enough to fill the GPU several times over.
-unsigned row_blocks(int m, unsigned col_blocks) {
-  return std::max(1u, std::min(blocks(m, 8), 1024u / std::max(1u, col_blocks) + 1));
+// Launches an elementwise row pass over m x n: 32 column groups x 8 row lanes
+// a block, a group V columns wide (16 bytes of T) when n, ld and every pointer
+// allow it, else 1. Enough row blocks to fill the GPU several times over; each
+// re-derives its columns' constants, which costs a few loads.
+template <class T, class Launch>
+void launch_rows(int m, int n, int64_t ld, std::initializer_list<void const*> ptrs, Launch&& launch) {
+  constexpr int V = 16 / sizeof(T);
+  bool vec = n % V == 0 && ld % V == 0;
+  for (void const* p : ptrs) vec = vec && reinterpret_cast<uintptr_t>(p) % 16 == 0;
+  unsigned gx = blocks(n, 32 * (vec ? V : 1));
+  dim3 grid(gx, std::max(1u, std::min(blocks(m, 8), 1024u / gx + 1)));
+  if (vec)
+    launch(std::integral_constant<int, V>{}, grid);
+  else
+    launch(std::integral_constant<int, 1>{}, grid);
 }
 
 template <class P>
@@ -271,18 +284,9 @@ void finalize_normalize(FinalizeArgs const& a, cudaStream_t stream) {
     using T = decltype(t);
     dispatch(a.param_dt, [&](auto p) {
       using P = decltype(p);
-      constexpr int V = 16 / sizeof(T);
-      bool vec = a.n % V == 0 && a.ldh % V == 0 && reinterpret_cast<uintptr_t>(a.h) % 16 == 0 &&
-                 reinterpret_cast<uintptr_t>(a.y) % 16 == 0;
-      int v = vec ? V : 1;
-      // Enough row blocks to fill the GPU several times over; each re-derives
-      // its columns' constants from 2 fp64 loads, which is cheap.
-      unsigned gx = blocks(a.n, 32 * v);
-      unsigned gy = row_blocks(a.m, gx);
-      if (vec)
-        finalize_normalize_kernel<T, P, V><<<dim3(gx, gy), dim3(32, 8), 0, stream>>>(a);
-      else
-        finalize_normalize_kernel<T, P, 1><<<dim3(gx, gy), dim3(32, 8), 0, stream>>>(a);
+      launch_rows<T>(a.m, a.n, a.ldh, {a.h, a.y}, [&](auto v, dim3 grid) {
+        finalize_normalize_kernel<T, P, decltype(v)::value><<<grid, dim3(32, 8), 0, stream>>>(a);
+      });
     });
   });
   check_cuda(cudaGetLastError(), "finalize_normalize");
@@ -301,15 +305,9 @@ void batch_norm_backward(BackwardArgs const& g, cudaStream_t stream) {
     column_sums(terms, g.m, g.n, sums, partials, stream);
     dispatch(g.param_dt, [&](auto p) {
       using P = decltype(p);
-      constexpr int V = 16 / sizeof(T);
-      bool vec = g.n % V == 0 && g.ldh % V == 0 && reinterpret_cast<uintptr_t>(g.h) % 16 == 0 &&
-                 reinterpret_cast<uintptr_t>(g.dy) % 16 == 0 && reinterpret_cast<uintptr_t>(g.dh) % 16 == 0;
-      unsigned gx = blocks(g.n, 32 * (vec ? V : 1));
-      dim3 grid(gx, row_blocks(g.m, gx));
-      if (vec)
-        grad_input_kernel<T, P, V><<<grid, dim3(32, 8), 0, stream>>>(g, sums);
-      else
-        grad_input_kernel<T, P, 1><<<grid, dim3(32, 8), 0, stream>>>(g, sums);
+      launch_rows<T>(g.m, g.n, g.ldh, {g.h, g.dy, g.dh}, [&](auto v, dim3 grid) {
+        grad_input_kernel<T, P, decltype(v)::value><<<grid, dim3(32, 8), 0, stream>>>(g, sums);
+      });
     });
   });
   check_cuda(cudaGetLastError(), "batch_norm_backward");
