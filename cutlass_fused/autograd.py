@@ -40,6 +40,8 @@ def _setup_train(ctx, inputs, output):
 
 def _backward_train(ctx, dy, *_):
     _no_double_backward()
+    if dy is None:  # grads are not materialized: y did not reach the loss
+        return (None,) * 9
     x, weight, h, mean, invstd, scale, bn_weight = ctx.saved_tensors
     dh, dscale, dgamma, dbeta = ops.batch_norm_backward(dy, h, mean, invstd, scale, bn_weight, ctx.eps)
     dx, dw = _linear_grads(ctx, dh, x, weight)
