@@ -9,7 +9,8 @@ CUTLASS headers, not cutlass_cppgen; CI runs --check to keep them honest.
 cutlass_cppgen emits the kernel's type definitions; we write the host side
 (csrc/kernels/*_launch.cuh) and patch the emitted text in four documented ways,
 each asserted to match exactly so that a new cutlass_cppgen cannot silently
-change what we build:
+change what we build (Z is the traced epilogue's output; train kernels run
+with a null `a`, so there Z = h = x W^T + b):
   1. statistics in fp64 of Z as stored: the node forming Z rounds its sum to
      the output dtype (cutlass_fused::plus_rounded_to_*), so the statistics
      describe exactly the values the finalize normalizes, as in PyTorch where

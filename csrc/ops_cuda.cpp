@@ -164,7 +164,7 @@ std::tuple<at::Tensor, at::Tensor> linear_stats_cuda(at::Tensor const& x, at::Te
 
   // Both families need N to be a multiple of 16 bytes (sm80 stores whole
   // vectors, sm90's can_implement rejects D otherwise): the kernel computes kn
-  // columns, from zero weight rows, into the padded rows of z.
+  // columns, from zero weight rows, into the padded rows of h.
   int64_t kn = padded_ld(n, x.scalar_type());
   auto xa = aligned_rows(x), wa = weight_rows(weight, kn);
   auto b = fp32_vector(bias, kn);

@@ -16,8 +16,9 @@ struct take_last {
   CUTLASS_HOST_DEVICE T operator()(T const&, T const&, T const& last) const { return last; }
 };
 
-// a + b, rounded once to R and widened back: the node forming Z uses it so the
-// statistics are those of Z as stored in R, exactly what the finalize reads.
+// a + b, rounded once to R and widened back: the node forming the stored
+// output uses it, so the statistics are those of the output as stored in R,
+// exactly what the finalize reads.
 // (Giving the node R as its output type instead breaks Sm90RowReduction, which
 // cannot convert a 16-bit Array element proxy to double.)
 template <class R, class T>

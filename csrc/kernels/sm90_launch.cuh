@@ -38,8 +38,8 @@ struct Launch {
 
   static size_t workspace_size(GemmEvtArgs const& p) { return Gemm::get_workspace_size(arguments(p)); }
 
-  // The atomic reductions' output is zero-filled by initialize() on `stream`;
-  // the ordered (train_det) path keeps its partials in the workspace.
+  // Train kernels' row reductions are non-final: each CTA writes its fp64
+  // partials to col_sum/col_sumsq (no atomics, nothing to zero first).
   static void run(GemmEvtArgs const& p, cudaStream_t stream) {
     auto args = arguments(p);
     Gemm gemm;
