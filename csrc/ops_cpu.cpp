@@ -57,7 +57,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_finalize_cpu(
   auto acc = acc_type(h.scalar_type());
   auto mul = scale.to(at::kDouble) * invstd * opt64(weight, 1.0);
   auto y = (h.to(acc) - mo.mean_h.to(acc)) * mul.to(acc) + opt64(bias, 0.0).to(acc);
-  return {y.to(h.scalar_type()).contiguous(), mo.mean_h.to(acc), invstd.to(acc)};
+  return {y.to(h.scalar_type()).contiguous(), mo.mean_h, invstd};
 }
 
 void update_running_stats_cpu(at::Tensor const& stats, at::Tensor const& scale, int64_t count,
@@ -81,6 +81,8 @@ void update_running_stats_cpu(at::Tensor const& stats, at::Tensor const& scale, 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_cpu(
     at::Tensor const& dy, at::Tensor const& h, at::Tensor const& mean, at::Tensor const& invstd,
     at::Tensor const& scale, c10::optional<at::Tensor> const& weight, double eps) {
+  check_vector(mean, "mean", h.size(1));
+  check_vector(invstd, "invstd", h.size(1));
   auto acc = acc_type(h.scalar_type());
   double count = static_cast<double>(h.size(0));
   auto hc = h.to(at::kDouble) - mean.to(at::kDouble);

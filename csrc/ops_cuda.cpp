@@ -236,8 +236,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_finalize_cuda(
   auto s = fp32_vector(scale, n);
   auto y = at::empty({m, n}, h.options());
   poison(y);
-  auto mean = at::empty({n}, h.options().dtype(at::kFloat));
-  auto invstd = at::empty({n}, h.options().dtype(at::kFloat));
+  auto mean = at::empty({n}, h.options().dtype(at::kDouble));
+  auto invstd = at::empty({n}, h.options().dtype(at::kDouble));
 
   FinalizeArgs a{};
   a.dt = dtype_of(h.scalar_type(), "h");
@@ -253,8 +253,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_finalize_cuda(
   a.weight = weight ? weight->data_ptr() : nullptr;
   a.bias = bias ? bias->data_ptr() : nullptr;
   a.eps = eps;
-  a.save_mean = mean.data_ptr<float>();
-  a.save_invstd = invstd.data_ptr<float>();
+  a.save_mean = mean.data_ptr<double>();
+  a.save_invstd = invstd.data_ptr<double>();
   finalize_normalize(a, at::cuda::getCurrentCUDAStream().stream());
   return {y, mean, invstd};
 }
@@ -296,7 +296,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_c
   check_vector(weight, "bn_weight", n);
   c10::cuda::CUDAGuard guard(h.device());
   auto dy = dy_in.contiguous();
-  auto s = fp32_vector(scale, n), mu = fp32_vector(mean, n), is = fp32_vector(invstd, n);
+  check_vector(mean, "mean", n);
+  check_vector(invstd, "invstd", n);
+  check_device(mean, h.device(), "mean");
+  check_device(invstd, h.device(), "invstd");
+  auto s = fp32_vector(scale, n);
+  auto mu = mean.to(at::kDouble).contiguous(), is = invstd.to(at::kDouble).contiguous();
   auto dh = at::empty({m, n}, h.options());
   poison(dh);
   auto vec = [&] { return at::empty({n}, h.options().dtype(at::kFloat)); };
@@ -312,8 +317,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_c
   g.dh = dh.data_ptr();
   g.m = static_cast<int>(m);
   g.n = static_cast<int>(n);
-  g.mean_h = mu.data_ptr<float>();
-  g.invstd = is.data_ptr<float>();
+  g.mean_h = mu.data_ptr<double>();
+  g.invstd = is.data_ptr<double>();
   g.scale = s.data_ptr<float>();
   g.weight = weight ? weight->data_ptr() : nullptr;
   g.eps = eps;

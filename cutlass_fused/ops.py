@@ -31,18 +31,18 @@ def _(x, weight, bias, family, deterministic):
 @torch.library.register_fake("cutlass_fused::batch_norm_finalize")
 def _(h, stats, scale, count, weight, bias, eps):
     n = h.shape[1]
-    stat = _stat_dtype(h.dtype)
-    return h.new_empty(h.shape), h.new_empty((n,), dtype=stat), h.new_empty((n,), dtype=stat)
+    # mean and invstd are fp64 for every dtype: the backward's h - mean cancels.
+    return h.new_empty(h.shape), h.new_empty((n,), dtype=torch.float64), h.new_empty((n,), dtype=torch.float64)
 
 
 @torch.library.register_fake("cutlass_fused::linear_scale_batch_norm_train")
 def _(x, weight, bias, scale, bn_weight, bn_bias, eps, family, deterministic):
     torch._check(x.dim() == 2 and weight.dim() == 2, lambda: "cutlass_fused: expected 2-D input and weight")
     m, n = x.shape[0], weight.shape[0]
-    stat = _stat_dtype(x.dtype)
     h = x.new_empty_strided((m, n), (padded_ld(n, x.dtype), 1))
-    return (x.new_empty((m, n)), h, x.new_empty((2, n), dtype=torch.float64), x.new_empty((n,), dtype=stat),
-            x.new_empty((n,), dtype=stat))
+    f64 = torch.float64
+    return (x.new_empty((m, n)), h, x.new_empty((2, n), dtype=f64), x.new_empty((n,), dtype=f64),
+            x.new_empty((n,), dtype=f64))
 
 
 @torch.library.register_fake("cutlass_fused::update_running_stats")

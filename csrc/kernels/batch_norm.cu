@@ -18,6 +18,10 @@ template <class T> __device__ __forceinline__ T from_float(float v) { return sta
 template <> __device__ __forceinline__ __nv_bfloat16 from_float(float v) { return __float2bfloat16(v); }
 template <> __device__ __forceinline__ __half from_float(float v) { return __float2half(v); }
 
+// Arithmetic type of the elementwise passes: fp32 data gets fp64, so that the
+// one rounding is the store's; bf16/f16 get fp32, whose error is far below theirs.
+template <class T> using Acc = std::conditional_t<std::is_same_v<T, float>, double, float>;
+
 template <class F>
 void dispatch(DType dt, F&& f) {
   switch (dt) {
@@ -61,7 +65,7 @@ struct SumSquares {
 // (dy, h) -> (dy, dy (h - mean_h)): the backward's sums.
 template <class T>
 struct GradSums {
-  T const* dy; T const* h; int64_t ldh; int n; float const* mean_h;
+  T const* dy; T const* h; int64_t ldh; int n; double const* mean_h;
   __device__ void operator()(int64_t r, int c, double& a, double& b) const {
     double g = to_float(dy[r * n + c]);
     a += g;
@@ -115,23 +119,24 @@ __device__ Moments moments(double const* stats, float const* scale, double count
   return {mean_h, s * mean_h, s * s * var_h};
 }
 
-// Per-column constants of y = (h - mean_h) * mul + b, rounded once to fp32.
+// Per-column constants of y = (h - mean_h) * mul + b, rounded once to A.
+template <class A>
 struct Column {
-  float mean_h, mul, b;
+  A mean_h, mul, b;
 };
 
-template <class P>
-__device__ Column column(FinalizeArgs const& a, int c) {
+template <class A, class P>
+__device__ Column<A> column(FinalizeArgs const& a, int c) {
   Moments mo = moments(a.stats, a.scale, a.count, a.n, c);
   double invstd = 1.0 / sqrt(mo.var_z + a.eps);
   double w = a.weight ? to_float(static_cast<P const*>(a.weight)[c]) : 1.0;
   if (blockIdx.y == 0 && threadIdx.y == 0) {
-    a.save_mean[c] = static_cast<float>(mo.mean_h);
-    a.save_invstd[c] = static_cast<float>(invstd);
+    a.save_mean[c] = mo.mean_h;
+    a.save_invstd[c] = invstd;
   }
-  Column col;
-  col.mean_h = static_cast<float>(mo.mean_h);
-  col.mul = static_cast<float>(a.scale[c] * invstd * w);
+  Column<A> col;
+  col.mean_h = static_cast<A>(mo.mean_h);
+  col.mul = static_cast<A>(a.scale[c] * invstd * w);
   col.b = a.bias ? to_float(static_cast<P const*>(a.bias)[c]) : 0.f;
   return col;
 }
@@ -154,11 +159,12 @@ template <class T, class P, int V>
 __global__ void finalize_normalize_kernel(FinalizeArgs a) {
   int c0 = (blockIdx.x * 32 + threadIdx.x) * V;
   if (c0 >= a.n) return;
-  Column col[V];
+  using A = Acc<T>;
+  Column<A> col[V];
 #pragma unroll
   for (int v = 0; v < V; ++v) {
     if (c0 + v < a.n) {
-      col[v] = column<P>(a, c0 + v);
+      col[v] = column<A, P>(a, c0 + v);
     }
   }
   auto const* h = static_cast<T const*>(a.h);
@@ -170,21 +176,22 @@ __global__ void finalize_normalize_kernel(FinalizeArgs a) {
       alignas(16) T out[V];
       *reinterpret_cast<uint4*>(in) = *reinterpret_cast<uint4 const*>(h + r * a.ldh + c0);
 #pragma unroll
-      for (int v = 0; v < V; ++v) out[v] = from_float<T>((to_float(in[v]) - col[v].mean_h) * col[v].mul + col[v].b);
+      for (int v = 0; v < V; ++v) out[v] = from_float<T>((A(to_float(in[v])) - col[v].mean_h) * col[v].mul + col[v].b);
       *reinterpret_cast<uint4*>(y + r * a.n + c0) = *reinterpret_cast<uint4*>(out);
     } else {
-      y[r * a.n + c0] = from_float<T>((to_float(h[r * a.ldh + c0]) - col[0].mean_h) * col[0].mul + col[0].b);
+      y[r * a.n + c0] = from_float<T>((A(to_float(h[r * a.ldh + c0])) - col[0].mean_h) * col[0].mul + col[0].b);
     }
   }
 }
 
 // Per-column constants of dh = a dy + b (h - mean_h) + c.
+template <class A>
 struct GradColumn {
-  float mean_h, a, b, c;
+  A mean_h, a, b, c;
 };
 
-template <class P>
-__device__ GradColumn grad_column(BackwardArgs const& g, double const* sums, int c) {
+template <class A, class P>
+__device__ GradColumn<A> grad_column(BackwardArgs const& g, double const* sums, int c) {
   double sdy = sums[c], q = sums[g.n + c], count = g.m;
   double s = g.scale[c], istd = g.invstd[c];
   double w = g.weight ? to_float(static_cast<P const*>(g.weight)[c]) : 1.0;
@@ -196,18 +203,19 @@ __device__ GradColumn grad_column(BackwardArgs const& g, double const* sums, int
     // invariant to scale but for eps, and this form has no cancellation.
     g.dscale[c] = static_cast<float>(w * istd * q * g.eps * istd * istd);
   }
-  return {g.mean_h[c], static_cast<float>(a), static_cast<float>(-a * s * s * istd * istd * q / count),
-          static_cast<float>(-a * sdy / count)};
+  return {static_cast<A>(g.mean_h[c]), static_cast<A>(a), static_cast<A>(-a * s * s * istd * istd * q / count),
+          static_cast<A>(-a * sdy / count)};
 }
 
 template <class T, class P, int V>
 __global__ void grad_input_kernel(BackwardArgs g, double const* __restrict__ sums) {
   int c0 = (blockIdx.x * 32 + threadIdx.x) * V;
   if (c0 >= g.n) return;
-  GradColumn col[V];
+  using A = Acc<T>;
+  GradColumn<A> col[V];
 #pragma unroll
   for (int v = 0; v < V; ++v) {
-    if (c0 + v < g.n) col[v] = grad_column<P>(g, sums, c0 + v);
+    if (c0 + v < g.n) col[v] = grad_column<A, P>(g, sums, c0 + v);
   }
   auto const* dy = static_cast<T const*>(g.dy);
   auto const* h = static_cast<T const*>(g.h);
@@ -221,12 +229,13 @@ __global__ void grad_input_kernel(BackwardArgs g, double const* __restrict__ sum
       *reinterpret_cast<uint4*>(in_h) = *reinterpret_cast<uint4 const*>(h + r * g.ldh + c0);
 #pragma unroll
       for (int v = 0; v < V; ++v)
-        out[v] = from_float<T>(col[v].a * to_float(in_dy[v]) + col[v].b * (to_float(in_h[v]) - col[v].mean_h) + col[v].c);
+        out[v] = from_float<T>(col[v].a * A(to_float(in_dy[v])) + col[v].b * (A(to_float(in_h[v])) - col[v].mean_h) +
+                               col[v].c);
       *reinterpret_cast<uint4*>(dh + r * g.n + c0) = *reinterpret_cast<uint4*>(out);
     } else {
-      GradColumn const& k = col[0];
+      GradColumn<A> const& k = col[0];
       dh[r * g.n + c0] =
-          from_float<T>(k.a * to_float(dy[r * g.n + c0]) + k.b * (to_float(h[r * g.ldh + c0]) - k.mean_h) + k.c);
+          from_float<T>(k.a * A(to_float(dy[r * g.n + c0])) + k.b * (A(to_float(h[r * g.ldh + c0])) - k.mean_h) + k.c);
     }
   }
 }

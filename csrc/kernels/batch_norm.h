@@ -40,8 +40,10 @@ struct FinalizeArgs {
   void const* weight;             // n or nullptr (1)
   void const* bias;               // n or nullptr (0)
   double eps;
-  float* save_mean;               // n: mean(h)
-  float* save_invstd;             // n: 1 / sqrt(var(z) + eps)
+  // fp64: at small batches the backward's h - mean_h cancels, and an fp32
+  // mean_h alone costs more than PyTorch's whole error (batch 2, fp32).
+  double* save_mean;              // n: mean(h)
+  double* save_invstd;            // n: 1 / sqrt(var(z) + eps)
 };
 
 // mean/invstd from stats and y = (h - mean(h)) * (scale * invstd * w) + b = BN(z).
@@ -59,8 +61,8 @@ struct BackwardArgs {
   void const* h;  int64_t ldh;    // m x n
   void* dh;                       // m x n, contiguous
   int m, n;
-  float const* mean_h;            // n, from the forward
-  float const* invstd;            // n, from the forward
+  double const* mean_h;           // n, from the forward
+  double const* invstd;           // n, from the forward
   float const* scale;             // n
   void const* weight;             // n or nullptr (1)
   double eps;
@@ -73,7 +75,8 @@ struct BackwardArgs {
 // The training-mode backward of y = BN(h * scale) over the batch: one pass
 // reduces sum dy and sum dy (h - mean_h) per column (fp64, fixed order), then
 // one pass writes dh = A dy + B (h - mean_h) + C; dscale, dweight and dbias
-// follow from the sums. Nothing divides by scale or weight.
+// follow from the sums. Nothing divides by scale or weight. fp32 data is
+// evaluated in fp64 and rounded once; bf16/f16 in fp32, far below their rounding.
 size_t batch_norm_backward_workspace(int m, int n);
 void batch_norm_backward(BackwardArgs const& a, cudaStream_t stream);
 
