@@ -105,3 +105,10 @@ def assert_close_rule(ours, torch_same, ref64, mode, what):
     bound = 2 * e_torch + FLOOR[mode]
     assert e_ours <= bound, f"{what}: error {e_ours:.3g} > 2 x torch's {e_torch:.3g} + {FLOOR[mode]:.0e}"
     return e_ours, e_torch
+
+
+def assert_close_rule_scaled(ours, torch_same, ref64, mode, what):
+    """assert_close_rule relative to the reference's size, for values that are not O(1):
+    gradients (sums over a batch or features) and losses."""
+    k = max(1.0, ref64.abs().max().item())
+    return assert_close_rule(ours.cpu() / k, torch_same.cpu() / k, ref64 / k, mode, what)
