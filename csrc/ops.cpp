@@ -90,8 +90,8 @@ TORCH_LIBRARY(cutlass_fused, m) {
   m.def(
       "batch_norm_finalize(Tensor h, Tensor stats, Tensor scale, SymInt count, Tensor? weight, Tensor? bias, float eps)"
       " -> (Tensor y, Tensor mean, Tensor invstd)");
-  // Both steps as one functional op: the unit autograd is registered on (a
-  // mutating op cannot carry a torch.library autograd formula).
+  // Both steps as one functional op: the unit autograd is registered on
+  // (csrc/autograd.cpp); the running-stats update stays a separate mutating op.
   m.def(
       "linear_scale_batch_norm_train(Tensor x, Tensor weight, Tensor? bias, Tensor scale, Tensor? bn_weight,"
       " Tensor? bn_bias, float eps, str family, bool deterministic)"

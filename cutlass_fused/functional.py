@@ -2,7 +2,6 @@
 import torch
 
 from . import _family
-from . import autograd  # noqa: F401  (registers the backward formulas)
 from .ops import ops
 
 

@@ -1,0 +1,181 @@
+// Autograd for the training and eval ops, in C++ at the Autograd key.
+//
+// Why C++: a step of the layer is short enough on a GPU that host time shows.
+// torch.library.register_autograd runs its wrapper and our formulas in Python,
+// which cost more host time per step than the GPU work at 1024x8192x8192 on
+// the machines we measured (benchmarks/host_overhead.py). A
+// torch::autograd::Function at the Autograd key is what ATen's own ops do, and
+// torch.compile traces through it (AOTAutograd runs forward and backward on
+// fake tensors, which reach the fakes in cutlass_fused/ops.py).
+//
+// Training: y = BN(h * scale) depends on whole columns through the batch
+// statistics, so the backward is batch_norm_backward (a reduction pass and an
+// elementwise pass) and then dX = dH W and dW = dH^T x, each only when asked
+// for. The linear bias gets exactly zero: y does not change when a column of h
+// shifts. Eval: the running statistics are constants, so the layer is a linear map.
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+namespace cutlass_fused {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+using OptTensor = c10::optional<at::Tensor>;
+
+// Backward runs with grad mode on only when create_graph=True was asked for.
+void no_double_backward() {
+  TORCH_CHECK(!at::GradMode::is_enabled(),
+              "cutlass_fused: double backward (create_graph=True) is not supported");
+}
+
+bool requires_grad(OptTensor const& t) { return t.has_value() && t->requires_grad(); }
+
+at::Tensor saved(OptTensor const& t) { return t.has_value() ? *t : at::Tensor(); }
+
+OptTensor optional(at::Tensor const& t) { return t.defined() ? OptTensor(t) : c10::nullopt; }
+
+// The flags of which inputs need a gradient, as ctx.needs_input_grad gives them
+// in Python; stored at forward time because torch 2.4's C++ context lacks it.
+void save_needs(AutogradContext* ctx, std::vector<bool> const& needs) {
+  c10::List<bool> list;
+  for (bool b : needs) list.push_back(b);
+  ctx->saved_data["needs"] = list;
+}
+
+std::vector<bool> needs(AutogradContext* ctx) {
+  std::vector<bool> out;
+  for (bool b : ctx->saved_data["needs"].toBoolList()) out.push_back(b);
+  return out;
+}
+
+at::ScalarType scalar_type(int64_t code) { return static_cast<at::ScalarType>(code); }
+
+int64_t dtype_of(OptTensor const& t) { return t.has_value() ? static_cast<int64_t>(t->scalar_type()) : -1; }
+
+// dX = dH W and dW = dH^T x, each only when needed: no dX GEMM for a first
+// layer, no dW GEMM for a frozen weight.
+void linear_grads(at::Tensor const& dh, at::Tensor const& x, at::Tensor const& weight, bool need_x, bool need_w,
+                  variable_list& out) {
+  if (need_x) out[0] = at::mm(dh, weight);
+  if (need_w) out[1] = at::mm(dh.t(), x);
+}
+
+struct TrainFunction : torch::autograd::Function<TrainFunction> {
+  static variable_list forward(AutogradContext* ctx, at::Tensor const& x, at::Tensor const& weight,
+                               OptTensor const& bias, at::Tensor const& scale, OptTensor const& bn_weight,
+                               OptTensor const& bn_bias, double eps, c10::string_view family, bool deterministic) {
+    static auto op = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("cutlass_fused::linear_scale_batch_norm_train", "")
+                         .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+                             at::Tensor const&, at::Tensor const&, OptTensor const&, at::Tensor const&,
+                             OptTensor const&, OptTensor const&, double, c10::string_view, bool)>();
+    save_needs(ctx, {x.requires_grad(), weight.requires_grad(), requires_grad(bias), scale.requires_grad(),
+                     requires_grad(bn_weight), requires_grad(bn_bias)});
+    at::AutoDispatchBelowADInplaceOrView below;
+    auto [y, h, stats, mean, invstd] = op.call(x, weight, bias, scale, bn_weight, bn_bias, eps, family, deterministic);
+    ctx->save_for_backward({x, weight, h, mean, invstd, scale, saved(bn_weight)});
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["dtypes"] = c10::List<int64_t>({dtype_of(bias), dtype_of(bn_weight), dtype_of(bn_bias)});
+    ctx->mark_non_differentiable({h, stats, mean, invstd});
+    // Their gradients are always undefined; materializing them costs four fills a step.
+    ctx->set_materialize_grads(false);
+    return {y, h, stats, mean, invstd};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    no_double_backward();
+    static auto op = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("cutlass_fused::batch_norm_backward", "")
+                         .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+                             at::Tensor const&, at::Tensor const&, at::Tensor const&, at::Tensor const&,
+                             at::Tensor const&, OptTensor const&, double)>();
+    variable_list out(9);
+    at::Tensor const& dy = grads[0];
+    if (!dy.defined()) return out;  // y did not reach the loss
+    auto s = ctx->get_saved_variables();
+    auto const &x = s[0], &weight = s[1], &h = s[2], &mean = s[3], &invstd = s[4], &scale = s[5];
+    auto need = needs(ctx);
+    auto dtypes = ctx->saved_data["dtypes"].toIntList();
+    auto [dh, dscale, dgamma, dbeta] = op.call(dy, h, mean, invstd, scale, optional(s[6]), ctx->saved_data["eps"].toDouble());
+    linear_grads(dh, x, weight, need[0], need[1], out);
+    if (need[2]) out[2] = at::zeros({weight.size(0)}, weight.options().dtype(scalar_type(dtypes[0])));
+    if (need[3]) out[3] = dscale.to(scale.scalar_type());
+    if (need[4]) out[4] = dgamma.to(scalar_type(dtypes[1]));
+    if (need[5]) out[5] = dbeta.to(scalar_type(dtypes[2]));
+    return out;
+  }
+};
+
+struct EvalFunction : torch::autograd::Function<EvalFunction> {
+  static variable_list forward(AutogradContext* ctx, at::Tensor const& x, at::Tensor const& weight,
+                               OptTensor const& bias, at::Tensor const& scale, OptTensor const& bn_weight,
+                               OptTensor const& bn_bias, at::Tensor const& running_mean,
+                               at::Tensor const& running_var, double eps, c10::string_view family) {
+    static auto op = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("cutlass_fused::linear_scale_batch_norm_eval", "")
+                         .typed<at::Tensor(at::Tensor const&, at::Tensor const&, OptTensor const&, at::Tensor const&,
+                                           OptTensor const&, OptTensor const&, at::Tensor const&, at::Tensor const&,
+                                           double, c10::string_view)>();
+    save_needs(ctx, {x.requires_grad(), weight.requires_grad(), requires_grad(bias), scale.requires_grad(),
+                     requires_grad(bn_weight), requires_grad(bn_bias)});
+    at::AutoDispatchBelowADInplaceOrView below;
+    auto y = op.call(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, eps, family);
+    ctx->save_for_backward({x, weight, saved(bias), scale, saved(bn_weight), running_mean, running_var});
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["dtypes"] = c10::List<int64_t>({dtype_of(bn_bias)});
+    return {y};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    no_double_backward();
+    variable_list out(10);
+    auto s = ctx->get_saved_variables();
+    auto const &x = s[0], &weight = s[1], &bias = s[2], &scale = s[3], &bn_weight = s[4];
+    auto const &running_mean = s[5], &running_var = s[6];
+    auto need = needs(ctx);
+    at::Tensor dyf = grads[0].to(at::kFloat);
+    auto invstd = (running_var.to(at::kFloat) + ctx->saved_data["eps"].toDouble()).rsqrt();
+    auto g = bn_weight.defined() ? invstd * bn_weight.to(at::kFloat) : invstd;
+    auto dh = (dyf * (scale.to(at::kFloat) * g)).to(grads[0].scalar_type());
+    linear_grads(dh, x, weight, need[0], need[1], out);
+    if (need[2]) out[2] = dh.to(at::kFloat).sum(0).to(bias.scalar_type());
+    if (need[3] || need[4]) {
+      // h is not kept by the eval forward; it is recomputed only when asked for.
+      auto h = at::mm(x, weight.t()).to(at::kFloat);
+      if (bias.defined()) h = h + bias.to(at::kFloat);
+      if (need[3]) out[3] = ((dyf * h).sum(0) * g).to(scale.scalar_type());
+      if (need[4]) {
+        out[4] = ((dyf * (h * scale.to(at::kFloat) - running_mean.to(at::kFloat))).sum(0) * invstd)
+                     .to(bn_weight.scalar_type());
+      }
+    }
+    if (need[5]) out[5] = dyf.sum(0).to(scalar_type(ctx->saved_data["dtypes"].toIntList()[0]));
+    return out;
+  }
+};
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> train_autograd(
+    at::Tensor const& x, at::Tensor const& weight, OptTensor const& bias, at::Tensor const& scale,
+    OptTensor const& bn_weight, OptTensor const& bn_bias, double eps, c10::string_view family, bool deterministic) {
+  auto out = TrainFunction::apply(x, weight, bias, scale, bn_weight, bn_bias, eps, family, deterministic);
+  return {out[0], out[1], out[2], out[3], out[4]};
+}
+
+at::Tensor eval_autograd(at::Tensor const& x, at::Tensor const& weight, OptTensor const& bias,
+                         at::Tensor const& scale, OptTensor const& bn_weight, OptTensor const& bn_bias,
+                         at::Tensor const& running_mean, at::Tensor const& running_var, double eps,
+                         c10::string_view family) {
+  return EvalFunction::apply(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, eps, family)[0];
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(cutlass_fused, Autograd, m) {
+  m.impl("linear_scale_batch_norm_train", &train_autograd);
+  m.impl("linear_scale_batch_norm_eval", &eval_autograd);
+}
+
+}  // namespace cutlass_fused
