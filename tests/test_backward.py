@@ -158,6 +158,13 @@ def test_training_loop_matches_unfused(device, family, opt):
     run of the unfused model at least half as well as the fp32 unfused model does."""
     torch.manual_seed(0)
     seed = Seed(48, 32)
+    # |scale| >= 0.5. Near scale = 0 (var(z) ~ eps) dscale ~ eps invstd^3 is ~1e3 times
+    # as sensitive to h, so two fp32 runs' trajectories part there: on an H200 one
+    # scale entry at 0.004 made torch's own fp32 run's dscale 5e-4 off at one step,
+    # and ours (3xTF32, whose h error at K=48 is ~2x cuBLAS SGEMM's) 5x more.
+    # Single steps at scale = 0 are checked in test_affine_false_zeros_and_frozen.
+    with torch.no_grad():
+        seed.scale.copy_(seed.scale.sign() * (0.5 + seed.scale.abs()))
     models = {"ref": Seed(48, 32).double(), "same": Seed(48, 32).to(device),
               "ours": cutlass_fused.LinearScaleBatchNorm1d(48, 32, device=device)}
     for mdl in models.values():
@@ -177,9 +184,7 @@ def test_training_loop_matches_unfused(device, family, opt):
                 opts[k].step()
                 losses[k].append(loss.item())
     as_t = lambda v: torch.tensor(v, dtype=torch.float64)
-    # The loss (about 2 here) is compared relative to its size. One step of seed 0 is
-    # ill-conditioned: on an H200 torch's fp32 loss is 3.8e-6 off there and ours
-    # (3xTF32, slightly less precise than fp32 FFMA) 2.0e-5, 1e-7 at the other steps.
+    # The loss (about 2 here) is compared relative to its size.
     assert_close_rule_scaled(as_t(losses["ours"]), as_t(losses["same"]), as_t(losses["ref"]), "f32", "losses")
     ref = models["ref"].state_dict()
     for k, v in models["ours"].state_dict().items():
