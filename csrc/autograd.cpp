@@ -51,7 +51,12 @@ std::vector<bool> needs(AutogradContext* ctx) {
   return out;
 }
 
-at::ScalarType scalar_type(int64_t code) { return static_cast<at::ScalarType>(code); }
+// batch_norm_backward already returns each vector in its parameter's dtype
+// but for a bn_bias whose dtype differs from bn_weight's.
+at::Tensor as_dtype(at::Tensor const& t, int64_t code) {
+  auto dt = static_cast<at::ScalarType>(code);
+  return t.scalar_type() == dt ? t : t.to(dt);
+}
 
 int64_t dtype_of(OptTensor const& t) { return t.has_value() ? static_cast<int64_t>(t->scalar_type()) : -1; }
 
@@ -78,7 +83,7 @@ struct TrainFunction : torch::autograd::Function<TrainFunction> {
     auto [y, h, stats, mean, invstd] = op.call(x, weight, bias, scale, bn_weight, bn_bias, eps, family, deterministic);
     ctx->save_for_backward({x, weight, h, mean, invstd, scale, saved(bn_weight)});
     ctx->saved_data["eps"] = eps;
-    ctx->saved_data["dtypes"] = c10::List<int64_t>({dtype_of(bias), dtype_of(bn_weight), dtype_of(bn_bias)});
+    ctx->saved_data["dtypes"] = c10::List<int64_t>({dtype_of(bias), dtype_of(bn_bias)});
     ctx->mark_non_differentiable({h, stats, mean, invstd});
     // Their gradients are always undefined; materializing them costs four fills a step.
     ctx->set_materialize_grads(false);
@@ -101,10 +106,10 @@ struct TrainFunction : torch::autograd::Function<TrainFunction> {
     auto dtypes = ctx->saved_data["dtypes"].toIntList();
     auto [dh, dscale, dgamma, dbeta] = op.call(dy, h, mean, invstd, scale, optional(s[6]), ctx->saved_data["eps"].toDouble());
     linear_grads(dh, x, weight, need[0], need[1], out);
-    if (need[2]) out[2] = at::zeros({weight.size(0)}, weight.options().dtype(scalar_type(dtypes[0])));
-    if (need[3]) out[3] = dscale.to(scale.scalar_type());
-    if (need[4]) out[4] = dgamma.to(scalar_type(dtypes[1]));
-    if (need[5]) out[5] = dbeta.to(scalar_type(dtypes[2]));
+    if (need[2]) out[2] = at::zeros({weight.size(0)}, weight.options().dtype(static_cast<at::ScalarType>(dtypes.get(0))));
+    if (need[3]) out[3] = dscale;
+    if (need[4]) out[4] = dgamma;
+    if (need[5]) out[5] = as_dtype(dbeta, dtypes[1]);
     return out;
   }
 };
@@ -152,7 +157,7 @@ struct EvalFunction : torch::autograd::Function<EvalFunction> {
                      .to(bn_weight.scalar_type());
       }
     }
-    if (need[5]) out[5] = dyf.sum(0).to(scalar_type(ctx->saved_data["dtypes"].toIntList()[0]));
+    if (need[5]) out[5] = as_dtype(dyf.sum(0), ctx->saved_data["dtypes"].toIntList()[0]);
     return out;
   }
 };

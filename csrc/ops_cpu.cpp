@@ -93,7 +93,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_c
   auto dh = a * dy64 - a * s * s * istd * istd * q / count * hc - a * sdy / count;
   auto dscale = w * istd * q * eps * istd * istd;
   auto dweight = istd * s * q;
-  return {dh.to(h.scalar_type()).contiguous(), dscale.to(acc), dweight.to(acc), sdy.to(acc)};
+  // Output dtypes as on CUDA: dscale in scale's, dweight and dbias in weight's.
+  auto vec = weight ? weight->scalar_type() : acc;
+  return {dh.to(h.scalar_type()).contiguous(), dscale.to(scale.scalar_type()), dweight.to(vec), sdy.to(vec)};
 }
 
 at::Tensor linear_scale_batch_norm_eval_cpu(at::Tensor const& x, at::Tensor const& weight,

@@ -200,19 +200,23 @@ std::tuple<at::Tensor, at::Tensor> linear_stats_cuda(at::Tensor const& x, at::Te
   return {z, kn == n ? stats : stats.narrow(1, 0, n).contiguous()};
 }
 
-// The dtype shared by the batch-norm parameters that are given: fp32, or the
-// input's for a model cast whole (as nn.BatchNorm1d allows).
-DType param_dtype(std::initializer_list<c10::optional<at::Tensor> const*> params, at::Device device) {
-  c10::optional<at::ScalarType> t;
-  for (auto const* p : params) {
-    if (!p->has_value()) continue;
-    TORCH_CHECK((*p)->is_contiguous(), "cutlass_fused: expected batch-norm parameters to be contiguous");
-    check_device(**p, device, "batch-norm parameters");
-    TORCH_CHECK(!t || *t == (*p)->scalar_type(),
-                "cutlass_fused: expected bn_weight, bn_bias, running_mean and running_var to share one dtype");
-    t = (*p)->scalar_type();
-  }
-  return t ? dtype_of(*t, "batch-norm parameters") : DType::f32;
+// A per-column vector for csrc/kernels, read in its own dtype (no cast).
+ColVec col_vec(c10::optional<at::Tensor> const& t, char const* name, int64_t n, at::Device device) {
+  if (!t.has_value()) return {};
+  check_vector(t, name, n);
+  check_device(*t, device, name);
+  TORCH_CHECK(t->is_contiguous(), "cutlass_fused: expected ", name, " to be contiguous");
+  return {t->data_ptr(), dtype_of(t->scalar_type(), name)};
+}
+
+ColOut col_out(at::Tensor& t, char const* name, int64_t n, at::Device device) {
+  ColVec v = col_vec(t, name, n, device);
+  return {t.data_ptr(), v.dt};
+}
+
+// A gradient vector in `like`'s dtype, or fp32 where there is no `like`.
+at::Tensor grad_vector(c10::optional<at::Tensor> const& like, at::Tensor const& h) {
+  return at::empty({h.size(1)}, h.options().dtype(like ? like->scalar_type() : at::kFloat));
 }
 
 void check_stats(at::Tensor const& stats, int64_t n) {
@@ -222,36 +226,37 @@ void check_stats(at::Tensor const& stats, int64_t n) {
               stats.scalar_type(), " ", stats.sizes());
 }
 
+// mean/invstd as the forward saved them: fp64, contiguous, n long.
+at::Tensor saved_vector(at::Tensor const& t, char const* name, int64_t n, at::Device device) {
+  check_vector(t, name, n);
+  check_device(t, device, name);
+  return t.to(at::kDouble).contiguous();
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_finalize_cuda(
     at::Tensor const& h, at::Tensor const& stats, at::Tensor const& scale, int64_t count,
     c10::optional<at::Tensor> const& weight, c10::optional<at::Tensor> const& bias, double eps) {
   TORCH_CHECK(h.dim() == 2 && h.stride(1) == 1, "cutlass_fused: expected h to be 2-D with unit column stride");
   int64_t m = h.size(0), n = h.size(1);
   check_stats(stats, n);
-  check_vector(scale, "scale", n);
-  check_device(scale, h.device(), "scale");
-  check_vector(weight, "bn_weight", n);
-  check_vector(bias, "bn_bias", n);
+  check_device(stats, h.device(), "stats");
   c10::cuda::CUDAGuard guard(h.device());
-  auto s = fp32_vector(scale, n);
+  FinalizeArgs a{};
+  a.scale = col_vec(scale, "scale", n, h.device());
+  a.weight = col_vec(weight, "bn_weight", n, h.device());
+  a.bias = col_vec(bias, "bn_bias", n, h.device());
   auto y = at::empty({m, n}, h.options());
   poison(y);
   auto mean = at::empty({n}, h.options().dtype(at::kDouble));
   auto invstd = at::empty({n}, h.options().dtype(at::kDouble));
-
-  FinalizeArgs a{};
   a.dt = dtype_of(h.scalar_type(), "h");
-  a.param_dt = param_dtype({&weight, &bias}, h.device());
   a.h = h.data_ptr();
   a.ldh = h.stride(0);
   a.y = y.data_ptr();
   a.m = static_cast<int>(m);
   a.n = static_cast<int>(n);
   a.stats = stats.data_ptr<double>();
-  a.scale = s.data_ptr<float>();
   a.count = static_cast<double>(count);
-  a.weight = weight ? weight->data_ptr() : nullptr;
-  a.bias = bias ? bias->data_ptr() : nullptr;
   a.eps = eps;
   a.save_mean = mean.data_ptr<double>();
   a.save_invstd = invstd.data_ptr<double>();
@@ -266,24 +271,22 @@ void update_running_stats_cuda(at::Tensor const& stats, at::Tensor const& scale,
   check_stats(stats, n);
   TORCH_CHECK(count > 1, "Expected more than 1 value per channel when training, got input size [", count, ", ", n,
               "]");
-  check_vector(scale, "scale", n);
-  check_vector(running_mean, "running_mean", n);
-  check_vector(running_var, "running_var", n);
-  c10::optional<at::Tensor> rm(running_mean), rv(running_var);
-  DType pt = param_dtype({&rm, &rv}, stats.device());
+  auto dev = stats.device();
+  ColVec s = col_vec(scale, "scale", n, dev);
+  ColOut rm = col_out(running_mean, "running_mean", n, dev), rv = col_out(running_var, "running_var", n, dev);
   if (num_batches_tracked.has_value()) {
-    check_device(*num_batches_tracked, stats.device(), "num_batches_tracked");
+    check_device(*num_batches_tracked, dev, "num_batches_tracked");
     TORCH_CHECK(num_batches_tracked->scalar_type() == at::kLong && num_batches_tracked->numel() == 1,
                 "cutlass_fused: expected num_batches_tracked to be a one-element int64 tensor");
   }
-  c10::cuda::CUDAGuard guard(stats.device());
-  auto s = fp32_vector(scale, n);
-  update_running_stats(pt, static_cast<int>(n), stats.data_ptr<double>(), s.data_ptr<float>(),
-                       static_cast<double>(count), running_mean.data_ptr(), running_var.data_ptr(),
+  c10::cuda::CUDAGuard guard(dev);
+  update_running_stats(static_cast<int>(n), stats.data_ptr<double>(), s, static_cast<double>(count), rm, rv,
                        num_batches_tracked ? num_batches_tracked->data_ptr<int64_t>() : nullptr, momentum,
                        at::cuda::getCurrentCUDAStream().stream());
 }
 
+// dscale comes back in scale's dtype, dweight and dbias in weight's (fp32
+// without a weight): what autograd hands to the parameters, with no cast.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_cuda(
     at::Tensor const& dy_in, at::Tensor const& h, at::Tensor const& mean, at::Tensor const& invstd,
     at::Tensor const& scale, c10::optional<at::Tensor> const& weight, double eps) {
@@ -292,25 +295,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_c
               "cutlass_fused: expected the gradient to match h (", h.sizes(), " ", h.scalar_type(), "), but got ",
               dy_in.sizes(), " ", dy_in.scalar_type());
   TORCH_CHECK(h.stride(1) == 1, "cutlass_fused: expected h to have unit column stride");
-  check_vector(scale, "scale", n);
-  check_vector(weight, "bn_weight", n);
+  check_device(dy_in, h.device(), "grad");
   c10::cuda::CUDAGuard guard(h.device());
+  BackwardArgs g{};
+  g.scale = col_vec(scale, "scale", n, h.device());
+  g.weight = col_vec(weight, "bn_weight", n, h.device());
+  auto mu = saved_vector(mean, "mean", n, h.device()), is = saved_vector(invstd, "invstd", n, h.device());
   auto dy = dy_in.contiguous();
-  check_vector(mean, "mean", n);
-  check_vector(invstd, "invstd", n);
-  check_device(mean, h.device(), "mean");
-  check_device(invstd, h.device(), "invstd");
-  auto s = fp32_vector(scale, n);
-  auto mu = mean.to(at::kDouble).contiguous(), is = invstd.to(at::kDouble).contiguous();
   auto dh = at::empty({m, n}, h.options());
   poison(dh);
-  auto vec = [&] { return at::empty({n}, h.options().dtype(at::kFloat)); };
-  at::Tensor dscale = vec(), dweight = vec(), dbias = vec();
+  at::Tensor dscale = grad_vector(scale, h), dweight = grad_vector(weight, h), dbias = grad_vector(weight, h);
   auto ws = at::empty({static_cast<int64_t>(batch_norm_backward_workspace(static_cast<int>(m), static_cast<int>(n)))},
                       h.options().dtype(at::kByte));
-  BackwardArgs g{};
   g.dt = dtype_of(h.scalar_type(), "h");
-  g.param_dt = param_dtype({&weight}, h.device());
   g.dy = dy.data_ptr();
   g.h = h.data_ptr();
   g.ldh = h.stride(0);
@@ -319,12 +316,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_c
   g.n = static_cast<int>(n);
   g.mean_h = mu.data_ptr<double>();
   g.invstd = is.data_ptr<double>();
-  g.scale = s.data_ptr<float>();
-  g.weight = weight ? weight->data_ptr() : nullptr;
   g.eps = eps;
-  g.dscale = dscale.data_ptr<float>();
-  g.dweight = dweight.data_ptr<float>();
-  g.dbias = dbias.data_ptr<float>();
+  g.dscale = col_out(dscale, "dscale", n, h.device());
+  g.dweight = col_out(dweight, "dweight", n, h.device());
+  g.dbias = col_out(dbias, "dbias", n, h.device());
   g.workspace = ws.data_ptr();
   batch_norm_backward(g, at::cuda::getCurrentCUDAStream().stream());
   return {dh, dscale, dweight, dbias};
@@ -338,26 +333,20 @@ at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor con
                                              double eps, c10::string_view family) {
   check_gemm_inputs(x, weight, bias, scale);
   int64_t m = x.size(0), n = weight.size(0), k = x.size(1);
-  check_vector(bn_weight, "bn_weight", n);
-  check_vector(bn_bias, "bn_bias", n);
-  check_vector(running_mean, "running_mean", n);
-  check_vector(running_var, "running_var", n);
-  c10::optional<at::Tensor> rm(running_mean), rv(running_var);
-  DType param_t = param_dtype({&bn_weight, &bn_bias, &rm, &rv}, x.device());
-  c10::cuda::CUDAGuard guard(x.device());
+  auto dev = x.device();
+  ColVec s = col_vec(scale, "scale", n, dev), w = col_vec(bn_weight, "bn_weight", n, dev);
+  ColVec bb = col_vec(bn_bias, "bn_bias", n, dev);
+  ColVec rm = col_vec(running_mean, "running_mean", n, dev), rv = col_vec(running_var, "running_var", n, dev);
+  c10::cuda::CUDAGuard guard(dev);
   char const* dt = kernel_dtype(x.scalar_type());
-  auto const& info = lookup(pick_family(family, dt, x.device()), dt, "eval", m, n, k);
+  auto const& info = lookup(pick_family(family, dt, dev), dt, "eval", m, n, k);
 
   int64_t kn = padded_ld(n, x.scalar_type());  // as in linear_stats_cuda
   auto stream = at::cuda::getCurrentCUDAStream().stream();
-  auto sa = fp32_vector(scale, n);
+  // One allocation, zeroed so the padded columns read a = c = 0; the second
+  // row starts kn floats in, which keeps it 16-byte aligned for the EVT.
   auto ac = at::zeros({2, kn}, x.options().dtype(at::kFloat));
-  fold_eval(param_t, static_cast<int>(n), sa.data_ptr<float>(),
-            bn_weight ? bn_weight->data_ptr() : nullptr, bn_bias ? bn_bias->data_ptr() : nullptr,
-            running_mean.data_ptr(), running_var.data_ptr(), eps, ac[0].data_ptr<float>(), ac[1].data_ptr<float>(),
-            stream);
-  // The second row of ac starts kn floats in: keep it 16-byte aligned for the EVT.
-  auto c = fp32_vector(ac[1], kn);
+  fold_eval(static_cast<int>(n), s, w, bb, rm, rv, eps, ac[0].data_ptr<float>(), ac[1].data_ptr<float>(), stream);
   auto xa = aligned_rows(x), wa = weight_rows(weight, kn);
   auto b = fp32_vector(bias, kn);
   auto y = empty_padded(m, n, x.options());
@@ -365,7 +354,7 @@ at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor con
   GemmEvtArgs p = gemm_args(xa, wa, y, kn);
   p.b = ptr_or_null(b);
   p.a = ac[0].data_ptr<float>();
-  p.c = c.data_ptr<float>();
+  p.c = ac[1].data_ptr<float>();
   run(info, p, x);
   return y.is_contiguous() ? y : y.contiguous();
 }

@@ -53,8 +53,9 @@ def _(stats, scale, count, running_mean, running_var, num_batches_tracked, momen
 @torch.library.register_fake("cutlass_fused::batch_norm_backward")
 def _(dy, h, mean, invstd, scale, weight, eps):
     n = h.shape[1]
-    stat = _stat_dtype(h.dtype)
-    return h.new_empty(h.shape), *(h.new_empty((n,), dtype=stat) for _ in range(3))
+    vec = _stat_dtype(h.dtype) if weight is None else weight.dtype
+    return (h.new_empty(h.shape), h.new_empty((n,), dtype=scale.dtype), h.new_empty((n,), dtype=vec),
+            h.new_empty((n,), dtype=vec))
 
 
 @torch.library.register_fake("cutlass_fused::linear_scale_batch_norm_eval")

@@ -31,6 +31,26 @@ void dispatch(DType dt, F&& f) {
   }
 }
 
+// Element c of a per-column vector as fp64; `none` where the vector is absent.
+__device__ __forceinline__ double load(ColVec v, int c, double none) {
+  if (v.p == nullptr) return none;
+  switch (v.dt) {
+    case DType::bf16: return __bfloat162float(static_cast<__nv_bfloat16 const*>(v.p)[c]);
+    case DType::f16: return __half2float(static_cast<__half const*>(v.p)[c]);
+    default: return static_cast<float const*>(v.p)[c];
+  }
+}
+
+// Stores through fp32, as PyTorch computes these vectors in fp32 and rounds once more.
+__device__ __forceinline__ void store(ColOut v, int c, double x) {
+  float f = static_cast<float>(x);
+  switch (v.dt) {
+    case DType::bf16: static_cast<__nv_bfloat16*>(v.p)[c] = __float2bfloat16(f); break;
+    case DType::f16: static_cast<__half*>(v.p)[c] = __float2half(f); break;
+    default: static_cast<float*>(v.p)[c] = f;
+  }
+}
+
 unsigned blocks(int64_t work, int per_block) { return static_cast<unsigned>((work + per_block - 1) / per_block); }
 
 __global__ void reduce_partials_kernel(double const* __restrict__ psum, double const* __restrict__ psumsq, int rows,
@@ -112,10 +132,10 @@ struct Moments {
   double mean_h, mean_z, var_z;
 };
 
-__device__ Moments moments(double const* stats, float const* scale, double count, int n, int c) {
+__device__ Moments moments(double const* stats, ColVec scale, double count, int n, int c) {
   double mean_h = stats[c] / count;
   double var_h = fmax(stats[n + c] / count - mean_h * mean_h, 0.0);
-  double s = scale[c];
+  double s = load(scale, c, 1.0);
   return {mean_h, s * mean_h, s * s * var_h};
 }
 
@@ -125,37 +145,36 @@ struct Column {
   A mean_h, mul, b;
 };
 
-template <class A, class P>
+template <class A>
 __device__ Column<A> column(FinalizeArgs const& a, int c) {
   Moments mo = moments(a.stats, a.scale, a.count, a.n, c);
   double invstd = 1.0 / sqrt(mo.var_z + a.eps);
-  double w = a.weight ? to_float(static_cast<P const*>(a.weight)[c]) : 1.0;
+  double w = load(a.weight, c, 1.0);
   if (blockIdx.y == 0 && threadIdx.y == 0) {
     a.save_mean[c] = mo.mean_h;
     a.save_invstd[c] = invstd;
   }
   Column<A> col;
   col.mean_h = static_cast<A>(mo.mean_h);
-  col.mul = static_cast<A>(a.scale[c] * invstd * w);
-  col.b = a.bias ? to_float(static_cast<P const*>(a.bias)[c]) : 0.f;
+  col.mul = static_cast<A>(load(a.scale, c, 1.0) * invstd * w);
+  col.b = static_cast<A>(load(a.bias, c, 0.0));
   return col;
 }
 
-template <class P>
-__global__ void update_running_kernel(int n, double const* __restrict__ stats, float const* __restrict__ scale,
-                                      double count, P* rm, P* rv, int64_t const* nbt, double momentum) {
+__global__ void update_running_kernel(int n, double const* __restrict__ stats, ColVec scale, double count, ColOut rm,
+                                      ColOut rv, int64_t const* nbt, double momentum) {
   int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= n) return;
   Moments mo = moments(stats, scale, count, n, c);
   double unbiased = mo.var_z * count / (count - 1);
   double m = nbt ? 1.0 / static_cast<double>(*nbt) : momentum;
-  rm[c] = from_float<P>(static_cast<float>((1 - m) * to_float(rm[c]) + m * mo.mean_z));
-  rv[c] = from_float<P>(static_cast<float>((1 - m) * to_float(rv[c]) + m * unbiased));
+  store(rm, c, (1 - m) * load({rm.p, rm.dt}, c, 0.0) + m * mo.mean_z);
+  store(rv, c, (1 - m) * load({rv.p, rv.dt}, c, 0.0) + m * unbiased);
 }
 
 // Block: 32 column groups of V columns x 8 row lanes. V = 16 bytes of T when
 // every row start is 16-byte aligned, else 1.
-template <class T, class P, int V>
+template <class T, int V>
 __global__ void finalize_normalize_kernel(FinalizeArgs a) {
   int c0 = (blockIdx.x * 32 + threadIdx.x) * V;
   if (c0 >= a.n) return;
@@ -164,7 +183,7 @@ __global__ void finalize_normalize_kernel(FinalizeArgs a) {
 #pragma unroll
   for (int v = 0; v < V; ++v) {
     if (c0 + v < a.n) {
-      col[v] = column<A, P>(a, c0 + v);
+      col[v] = column<A>(a, c0 + v);
     }
   }
   auto const* h = static_cast<T const*>(a.h);
@@ -190,24 +209,24 @@ struct GradColumn {
   A mean_h, a, b, c;
 };
 
-template <class A, class P>
+template <class A>
 __device__ GradColumn<A> grad_column(BackwardArgs const& g, double const* sums, int c) {
   double sdy = sums[c], q = sums[g.n + c], count = g.m;
-  double s = g.scale[c], istd = g.invstd[c];
-  double w = g.weight ? to_float(static_cast<P const*>(g.weight)[c]) : 1.0;
+  double s = load(g.scale, c, 1.0), istd = g.invstd[c];
+  double w = load(g.weight, c, 1.0);
   double a = s * w * istd;
   if (blockIdx.y == 0 && threadIdx.y == 0) {
-    g.dbias[c] = static_cast<float>(sdy);
-    g.dweight[c] = static_cast<float>(istd * s * q);
+    store(g.dbias, c, sdy);
+    store(g.dweight, c, istd * s * q);
     // sum_i dz_i h_i = w istd q (1 - istd^2 var(z)) = w istd q eps istd^2: BN is
     // invariant to scale but for eps, and this form has no cancellation.
-    g.dscale[c] = static_cast<float>(w * istd * q * g.eps * istd * istd);
+    store(g.dscale, c, w * istd * q * g.eps * istd * istd);
   }
   return {static_cast<A>(g.mean_h[c]), static_cast<A>(a), static_cast<A>(-a * s * s * istd * istd * q / count),
           static_cast<A>(-a * sdy / count)};
 }
 
-template <class T, class P, int V>
+template <class T, int V>
 __global__ void grad_input_kernel(BackwardArgs g, double const* __restrict__ sums) {
   int c0 = (blockIdx.x * 32 + threadIdx.x) * V;
   if (c0 >= g.n) return;
@@ -215,7 +234,7 @@ __global__ void grad_input_kernel(BackwardArgs g, double const* __restrict__ sum
   GradColumn<A> col[V];
 #pragma unroll
   for (int v = 0; v < V; ++v) {
-    if (c0 + v < g.n) col[v] = grad_column<A, P>(g, sums, c0 + v);
+    if (c0 + v < g.n) col[v] = grad_column<A>(g, sums, c0 + v);
   }
   auto const* dy = static_cast<T const*>(g.dy);
   auto const* h = static_cast<T const*>(g.h);
@@ -257,15 +276,13 @@ void launch_rows(int m, int n, int64_t ld, std::initializer_list<void const*> pt
     launch(std::integral_constant<int, 1>{}, grid);
 }
 
-template <class P>
-__global__ void fold_eval_kernel(int n, float const* __restrict__ scale, P const* __restrict__ w,
-                                 P const* __restrict__ b, P const* __restrict__ rm, P const* __restrict__ rv,
-                                 double eps, float* __restrict__ out_a, float* __restrict__ out_c) {
+__global__ void fold_eval_kernel(int n, ColVec scale, ColVec w, ColVec b, ColVec rm, ColVec rv, double eps,
+                                 float* __restrict__ out_a, float* __restrict__ out_c) {
   int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= n) return;
-  double g = (w ? to_float(w[c]) : 1.0) / sqrt(static_cast<double>(to_float(rv[c])) + eps);
-  out_a[c] = static_cast<float>(scale[c] * g);
-  out_c[c] = static_cast<float>((b ? to_float(b[c]) : 0.0) - to_float(rm[c]) * g);
+  double g = load(w, c, 1.0) / sqrt(load(rv, c, 1.0) + eps);
+  out_a[c] = static_cast<float>(load(scale, c, 1.0) * g);
+  out_c[c] = static_cast<float>(load(b, c, 0.0) - load(rm, c, 0.0) * g);
 }
 
 }  // namespace
@@ -291,11 +308,8 @@ void column_stats(DType dt, void const* h, int m, int n, int64_t ldh, double* st
 void finalize_normalize(FinalizeArgs const& a, cudaStream_t stream) {
   dispatch(a.dt, [&](auto t) {
     using T = decltype(t);
-    dispatch(a.param_dt, [&](auto p) {
-      using P = decltype(p);
-      launch_rows<T>(a.m, a.n, a.ldh, {a.h, a.y}, [&](auto v, dim3 grid) {
-        finalize_normalize_kernel<T, P, decltype(v)::value><<<grid, dim3(32, 8), 0, stream>>>(a);
-      });
+    launch_rows<T>(a.m, a.n, a.ldh, {a.h, a.y}, [&](auto v, dim3 grid) {
+      finalize_normalize_kernel<T, decltype(v)::value><<<grid, dim3(32, 8), 0, stream>>>(a);
     });
   });
   check_cuda(cudaGetLastError(), "finalize_normalize");
@@ -312,37 +326,25 @@ void batch_norm_backward(BackwardArgs const& g, cudaStream_t stream) {
     using T = decltype(t);
     GradSums<T> terms{static_cast<T const*>(g.dy), static_cast<T const*>(g.h), g.ldh, g.n, g.mean_h};
     column_sums(terms, g.m, g.n, sums, partials, stream);
-    dispatch(g.param_dt, [&](auto p) {
-      using P = decltype(p);
-      launch_rows<T>(g.m, g.n, g.ldh, {g.h, g.dy, g.dh}, [&](auto v, dim3 grid) {
-        grad_input_kernel<T, P, decltype(v)::value><<<grid, dim3(32, 8), 0, stream>>>(g, sums);
-      });
+    launch_rows<T>(g.m, g.n, g.ldh, {g.h, g.dy, g.dh}, [&](auto v, dim3 grid) {
+      grad_input_kernel<T, decltype(v)::value><<<grid, dim3(32, 8), 0, stream>>>(g, sums);
     });
   });
   check_cuda(cudaGetLastError(), "batch_norm_backward");
 }
 
-void update_running_stats(DType param_dt, int n, double const* stats, float const* scale, double count,
-                          void* running_mean, void* running_var, int64_t const* num_batches_tracked,
-                          double momentum, cudaStream_t stream) {
-  dispatch(param_dt, [&](auto p) {
-    using P = decltype(p);
-    update_running_kernel<P><<<blocks(n, 256), 256, 0, stream>>>(n, stats, scale, count, static_cast<P*>(running_mean),
-                                                                  static_cast<P*>(running_var), num_batches_tracked,
-                                                                  momentum);
-  });
+void update_running_stats(int n, double const* stats, ColVec scale, double count, ColOut running_mean,
+                          ColOut running_var, int64_t const* num_batches_tracked, double momentum,
+                          cudaStream_t stream) {
+  update_running_kernel<<<blocks(n, 256), 256, 0, stream>>>(n, stats, scale, count, running_mean, running_var,
+                                                             num_batches_tracked, momentum);
   check_cuda(cudaGetLastError(), "update_running_stats");
 }
 
-void fold_eval(DType param_dt, int n, float const* scale, void const* weight, void const* bias,
-               void const* running_mean, void const* running_var, double eps, float* out_a, float* out_c,
-               cudaStream_t stream) {
-  dispatch(param_dt, [&](auto p) {
-    using P = decltype(p);
-    fold_eval_kernel<P><<<blocks(n, 256), 256, 0, stream>>>(
-        n, scale, static_cast<P const*>(weight), static_cast<P const*>(bias), static_cast<P const*>(running_mean),
-        static_cast<P const*>(running_var), eps, out_a, out_c);
-  });
+void fold_eval(int n, ColVec scale, ColVec weight, ColVec bias, ColVec running_mean, ColVec running_var, double eps,
+               float* out_a, float* out_c, cudaStream_t stream) {
+  fold_eval_kernel<<<blocks(n, 256), 256, 0, stream>>>(n, scale, weight, bias, running_mean, running_var, eps, out_a,
+                                                       out_c);
   check_cuda(cudaGetLastError(), "fold_eval");
 }
 

@@ -17,6 +17,20 @@ namespace cutlass_fused {
 
 enum class DType { bf16, f16, f32 };
 
+// A per-column vector (scale, BN weight and bias, running stats, gradients) in
+// its own dtype. Kernels read and write these in place, so that no step casts
+// parameters on the host: each cast is a kernel launch plus host time, and a
+// model cast whole to bf16 has seven of them a training step. p == nullptr
+// reads as the vector's neutral value (1 for multipliers, 0 for offsets).
+struct ColVec {
+  void const* p = nullptr;
+  DType dt = DType::f32;
+};
+struct ColOut {
+  void* p = nullptr;
+  DType dt = DType::f32;
+};
+
 // stats[c] = sum_r partials[r * ld + c], in a fixed order, for both halves:
 // partials holds `rows` rows of sums then `rows` rows of sums of squares.
 void reduce_partials(double const* partial_sum, double const* partial_sumsq, int rows, int64_t ld, int n,
@@ -30,15 +44,14 @@ void column_stats(DType dt, void const* z, int m, int n, int64_t ldz, double* st
 
 struct FinalizeArgs {
   DType dt;                       // of h and y
-  DType param_dt;                 // of weight, bias, running_mean, running_var
   void const* h;  int64_t ldh;    // m x n
   void* y;                        // m x n, contiguous
   int m, n;
   double const* stats;            // 2 x n, sums of h
-  float const* scale;             // n
+  ColVec scale;
   double count;                   // rows behind stats (all ranks' for SyncBN)
-  void const* weight;             // n or nullptr (1)
-  void const* bias;               // n or nullptr (0)
+  ColVec weight;                  // or none (1)
+  ColVec bias;                    // or none (0)
   double eps;
   // fp64: at small batches the backward's h - mean_h cancels, and an fp32
   // mean_h alone costs more than PyTorch's whole error (batch 2, fp32).
@@ -51,24 +64,22 @@ void finalize_normalize(FinalizeArgs const& a, cudaStream_t stream);
 
 // running = (1 - m) running + m batch, for z's mean and unbiased variance;
 // m = 1 / *num_batches_tracked when that is given (PyTorch's momentum=None).
-void update_running_stats(DType param_dt, int n, double const* stats, float const* scale, double count,
-                          void* running_mean, void* running_var, int64_t const* num_batches_tracked,
-                          double momentum, cudaStream_t stream);
+void update_running_stats(int n, double const* stats, ColVec scale, double count, ColOut running_mean,
+                          ColOut running_var, int64_t const* num_batches_tracked, double momentum,
+                          cudaStream_t stream);
 
 struct BackwardArgs {
-  DType dt, param_dt;
+  DType dt;                       // of dy, h and dh
   void const* dy;                 // m x n, contiguous
   void const* h;  int64_t ldh;    // m x n
   void* dh;                       // m x n, contiguous
   int m, n;
   double const* mean_h;           // n, from the forward
   double const* invstd;           // n, from the forward
-  float const* scale;             // n
-  void const* weight;             // n or nullptr (1)
+  ColVec scale;
+  ColVec weight;                  // or none (1)
   double eps;
-  float* dscale;                  // n
-  float* dweight;                 // n
-  float* dbias;                   // n
+  ColOut dscale, dweight, dbias;  // n each
   void* workspace;                // batch_norm_backward_workspace(m, n) bytes
 };
 
@@ -81,9 +92,8 @@ size_t batch_norm_backward_workspace(int m, int n);
 void batch_norm_backward(BackwardArgs const& a, cudaStream_t stream);
 
 // Eval-mode folding: out_a = scale * w * invstd, out_c = b - running_mean * w * invstd,
-// with invstd = 1 / sqrt(running_var + eps). scale is fp32; the rest param_dt.
-void fold_eval(DType param_dt, int n, float const* scale, void const* weight, void const* bias,
-               void const* running_mean, void const* running_var, double eps, float* out_a, float* out_c,
-               cudaStream_t stream);
+// with invstd = 1 / sqrt(running_var + eps), into fp32 vectors for the EVT.
+void fold_eval(int n, ColVec scale, ColVec weight, ColVec bias, ColVec running_mean, ColVec running_var, double eps,
+               float* out_a, float* out_c, cudaStream_t stream);
 
 }  // namespace cutlass_fused
