@@ -104,7 +104,8 @@ struct TrainFunction : torch::autograd::Function<TrainFunction> {
     auto const &x = s[0], &weight = s[1], &h = s[2], &mean = s[3], &invstd = s[4], &scale = s[5];
     auto need = needs(ctx);
     auto dtypes = ctx->saved_data["dtypes"].toIntList();
-    auto [dh, dscale, dgamma, dbeta] = op.call(dy, h, mean, invstd, scale, optional(s[6]), ctx->saved_data["eps"].toDouble());
+    double eps = ctx->saved_data["eps"].toDouble();
+    auto [dh, dscale, dgamma, dbeta] = op.call(dy, h, mean, invstd, scale, optional(s[6]), eps);
     linear_grads(dh, x, weight, need[0], need[1], out);
     if (need[2]) out[2] = at::zeros({weight.size(0)}, weight.options().dtype(static_cast<at::ScalarType>(dtypes.get(0))));
     if (need[3]) out[3] = dscale;
