@@ -66,19 +66,67 @@ __global__ void reduce_partials_kernel(double const* __restrict__ psum, double c
   stats[n + c] = q;
 }
 
-// Per-column partial sums of two per-element terms over chunks of rows: 32
-// columns x 8 row lanes a block; each lane walks its rows of one chunk in
-// order and the lanes are combined in order, so the result is bitwise stable.
-constexpr int kStatRows = 256;  // rows per chunk
+// A group of V consecutive elements, moved as one 16-byte access when that is
+// its size (the launchers pick V so that every such access is aligned).
+template <class T, int V>
+struct alignas(sizeof(T) * V) Group {
+  T v[V];
+};
+
+template <class T, int V>
+__device__ __forceinline__ Group<T, V> load_group(T const* p) {
+  Group<T, V> g;
+  if constexpr (sizeof(g) == 16) {
+    *reinterpret_cast<uint4*>(&g) = *reinterpret_cast<uint4 const*>(p);
+  } else {
+#pragma unroll
+    for (int v = 0; v < V; ++v) g.v[v] = p[v];
+  }
+  return g;
+}
+
+template <class T, int V>
+__device__ __forceinline__ void store_group(T* p, Group<T, V> const& g) {
+  if constexpr (sizeof(g) == 16) {
+    *reinterpret_cast<uint4*>(p) = *reinterpret_cast<uint4 const*>(&g);
+  } else {
+#pragma unroll
+    for (int v = 0; v < V; ++v) p[v] = g.v[v];
+  }
+}
+
+// V for 16-byte groups of T when n, the row strides and every pointer allow
+// it; 1 otherwise (unaligned sizes such as 769 columns).
+template <class T>
+bool can_vectorize(int n, int64_t ld, std::initializer_list<void const*> ptrs) {
+  constexpr int V = 16 / sizeof(T);
+  bool ok = n % V == 0 && ld % V == 0;
+  for (void const* p : ptrs) ok = ok && reinterpret_cast<uintptr_t>(p) % 16 == 0;
+  return ok;
+}
+
+// Column reductions: chunks of rows, 32 column groups x 8 row lanes a block;
+// each lane walks its rows of a chunk in order and the lanes are combined in
+// order, then reduce_partials adds the chunks in order, so results are
+// bitwise stable. The chunk size depends on m only (at least 64 rows, at most
+// 32 chunks, which bounds the fp64 partials at 64 n doubles).
+int stat_rows(int m) { return std::max(64, (m + 32 * 8 - 1) / (32 * 8) * 8); }
+int stat_chunks(int m) { return (m + stat_rows(m) - 1) / stat_rows(m); }
 
 // h -> (h, h^2): the forward statistics.
 template <class T>
 struct SumSquares {
   T const* h; int64_t ldh;
-  __device__ void operator()(int64_t r, int c, double& a, double& b) const {
-    double v = to_float(h[r * ldh + c]);
-    a += v;
-    b += v * v;
+  __device__ double center(int) const { return 0.0; }
+  template <int V>
+  __device__ void add(int64_t r, int c0, double const (&)[V], double (&a)[V], double (&b)[V]) const {
+    auto x = load_group<T, V>(h + r * ldh + c0);
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      double e = to_float(x.v[v]);
+      a[v] += e;
+      b[v] += e * e;
+    }
   }
 };
 
@@ -86,43 +134,73 @@ struct SumSquares {
 template <class T>
 struct GradSums {
   T const* dy; T const* h; int64_t ldh; int n; double const* mean_h;
-  __device__ void operator()(int64_t r, int c, double& a, double& b) const {
-    double g = to_float(dy[r * n + c]);
-    a += g;
-    b += g * (static_cast<double>(to_float(h[r * ldh + c])) - mean_h[c]);
+  __device__ double center(int c) const { return mean_h[c]; }
+  template <int V>
+  __device__ void add(int64_t r, int c0, double const (&mu)[V], double (&a)[V], double (&b)[V]) const {
+    auto g = load_group<T, V>(dy + r * n + c0);
+    auto x = load_group<T, V>(h + r * ldh + c0);
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      double d = to_float(g.v[v]);
+      a[v] += d;
+      b[v] += d * (static_cast<double>(to_float(x.v[v])) - mu[v]);
+    }
   }
 };
 
-template <class Terms>
-__global__ void column_partials_kernel(Terms terms, int m, int n, double* __restrict__ pa, double* __restrict__ pb) {
-  __shared__ double sh[2][8][32];
-  int c = blockIdx.x * 32 + threadIdx.x;
-  int r0 = blockIdx.y * kStatRows;
-  int r1 = min(m, r0 + kStatRows);
-  double a = 0, b = 0;
-  if (c < n) {
-    for (int r = r0 + threadIdx.y; r < r1; r += 8) terms(r, c, a, b);
+template <class Terms, int V>
+__global__ void column_partials_kernel(Terms terms, int m, int n, int rows, double* __restrict__ pa,
+                                       double* __restrict__ pb) {
+  __shared__ double sh[2][8][32 * V];
+  int c0 = (blockIdx.x * 32 + threadIdx.x) * V;  // n % V == 0 when V > 1: groups are whole
+  int r0 = blockIdx.y * rows;
+  int r1 = min(m, r0 + rows);
+  double a[V] = {}, b[V] = {}, mu[V];
+  bool live = c0 < n;
+  if (live) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) mu[v] = terms.center(c0 + v);
+#pragma unroll 4
+    for (int r = r0 + threadIdx.y; r < r1; r += 8) terms.template add<V>(r, c0, mu, a, b);
   }
-  sh[0][threadIdx.y][threadIdx.x] = a;
-  sh[1][threadIdx.y][threadIdx.x] = b;
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    sh[0][threadIdx.y][threadIdx.x * V + v] = a[v];
+    sh[1][threadIdx.y][threadIdx.x * V + v] = b[v];
+  }
   __syncthreads();
-  if (threadIdx.y == 0 && c < n) {
+  if (threadIdx.y == 0 && live) {
     for (int i = 1; i < 8; ++i) {
-      a += sh[0][i][threadIdx.x];
-      b += sh[1][i][threadIdx.x];
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        a[v] += sh[0][i][threadIdx.x * V + v];
+        b[v] += sh[1][i][threadIdx.x * V + v];
+      }
     }
-    pa[blockIdx.y * static_cast<int64_t>(n) + c] = a;
-    pb[blockIdx.y * static_cast<int64_t>(n) + c] = b;
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      pa[blockIdx.y * static_cast<int64_t>(n) + c0 + v] = a[v];
+      pb[blockIdx.y * static_cast<int64_t>(n) + c0 + v] = b[v];
+    }
   }
 }
 
 // Both sums of `terms` over all m rows into out[0:n], out[n:2n], through
-// 2 x chunks x n doubles of workspace.
-template <class Terms>
-void column_sums(Terms const& terms, int m, int n, double* out, double* workspace, cudaStream_t stream) {
-  int chunks = static_cast<int>(blocks(m, kStatRows));
+// 2 x stat_chunks(m) x n doubles of workspace. ld and ptrs: the strides and
+// pointers `terms` reads, which decide whether it may read 16-byte groups.
+template <class T, class Terms>
+void column_sums(Terms const& terms, int m, int n, int64_t ld, std::initializer_list<void const*> ptrs, double* out,
+                 double* workspace, cudaStream_t stream) {
+  int rows = stat_rows(m), chunks = stat_chunks(m);
   double* pb = workspace + static_cast<int64_t>(chunks) * n;
-  column_partials_kernel<<<dim3(blocks(n, 32), chunks), dim3(32, 8), 0, stream>>>(terms, m, n, workspace, pb);
+  constexpr int V = 16 / sizeof(T);
+  if (can_vectorize<T>(n, ld, ptrs)) {
+    column_partials_kernel<Terms, V><<<dim3(blocks(n, 32 * V), chunks), dim3(32, 8), 0, stream>>>(
+        terms, m, n, rows, workspace, pb);
+  } else {
+    column_partials_kernel<Terms, 1><<<dim3(blocks(n, 32), chunks), dim3(32, 8), 0, stream>>>(terms, m, n, rows,
+                                                                                            workspace, pb);
+  }
   check_cuda(cudaGetLastError(), "column_partials");
   reduce_partials(workspace, pb, chunks, n, n, out, stream);
 }
@@ -174,31 +252,37 @@ __global__ void update_running_kernel(int n, double const* __restrict__ stats, C
 
 // Block: 32 column groups of V columns x 8 row lanes. V = 16 bytes of T when
 // every row start is 16-byte aligned, else 1.
+// Rows each thread has in flight in the elementwise passes: their loads are
+// issued together, before any of their math.
+constexpr int kRowsInFlight = 4;
+
+// Block: 32 column groups of V columns x 8 row lanes; each lane takes rows
+// kRowsInFlight at a time, 8 apart.
 template <class T, int V>
 __global__ void finalize_normalize_kernel(FinalizeArgs a) {
-  int c0 = (blockIdx.x * 32 + threadIdx.x) * V;
+  int c0 = (blockIdx.x * 32 + threadIdx.x) * V;  // n % V == 0 when V > 1: groups are whole
   if (c0 >= a.n) return;
   using A = Acc<T>;
-  Column<A> col[V];
-#pragma unroll
-  for (int v = 0; v < V; ++v) {
-    if (c0 + v < a.n) {
-      col[v] = column<A>(a, c0 + v);
-    }
-  }
   auto const* h = static_cast<T const*>(a.h);
   auto* y = static_cast<T*>(a.y);
-  for (int64_t r = blockIdx.y * 8 + threadIdx.y; r < a.m; r += gridDim.y * 8) {
-    if constexpr (V > 1) {
-      // n % V == 0 here, so a group is either whole or past the end.
-      alignas(16) T in[V];
-      alignas(16) T out[V];
-      *reinterpret_cast<uint4*>(in) = *reinterpret_cast<uint4 const*>(h + r * a.ldh + c0);
+  Column<A> col[V];
 #pragma unroll
-      for (int v = 0; v < V; ++v) out[v] = from_float<T>((A(to_float(in[v])) - col[v].mean_h) * col[v].mul + col[v].b);
-      *reinterpret_cast<uint4*>(y + r * a.n + c0) = *reinterpret_cast<uint4*>(out);
-    } else {
-      y[r * a.n + c0] = from_float<T>((A(to_float(h[r * a.ldh + c0])) - col[0].mean_h) * col[0].mul + col[0].b);
+  for (int v = 0; v < V; ++v) col[v] = column<A>(a, c0 + v);
+  constexpr int R = kRowsInFlight;
+  for (int64_t r0 = blockIdx.y * 8 * R + threadIdx.y; r0 < a.m; r0 += int64_t{gridDim.y} * 8 * R) {
+    Group<T, V> in[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      if (r0 + 8 * i < a.m) in[i] = load_group<T, V>(h + (r0 + 8 * i) * a.ldh + c0);
+    }
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      if (r0 + 8 * i >= a.m) break;
+      Group<T, V> out;
+#pragma unroll
+      for (int v = 0; v < V; ++v)
+        out.v[v] = from_float<T>((A(to_float(in[i].v[v])) - col[v].mean_h) * col[v].mul + col[v].b);
+      store_group<T, V>(y + (r0 + 8 * i) * a.n + c0, out);
     }
   }
 }
@@ -231,45 +315,47 @@ __global__ void grad_input_kernel(BackwardArgs g, double const* __restrict__ sum
   int c0 = (blockIdx.x * 32 + threadIdx.x) * V;
   if (c0 >= g.n) return;
   using A = Acc<T>;
-  GradColumn<A> col[V];
-#pragma unroll
-  for (int v = 0; v < V; ++v) {
-    if (c0 + v < g.n) col[v] = grad_column<A>(g, sums, c0 + v);
-  }
   auto const* dy = static_cast<T const*>(g.dy);
   auto const* h = static_cast<T const*>(g.h);
   auto* dh = static_cast<T*>(g.dh);
-  for (int64_t r = blockIdx.y * 8 + threadIdx.y; r < g.m; r += gridDim.y * 8) {
-    if constexpr (V > 1) {
-      alignas(16) T in_dy[V];
-      alignas(16) T in_h[V];
-      alignas(16) T out[V];
-      *reinterpret_cast<uint4*>(in_dy) = *reinterpret_cast<uint4 const*>(dy + r * g.n + c0);
-      *reinterpret_cast<uint4*>(in_h) = *reinterpret_cast<uint4 const*>(h + r * g.ldh + c0);
+  GradColumn<A> col[V];
 #pragma unroll
-      for (int v = 0; v < V; ++v)
-        out[v] = from_float<T>(col[v].a * A(to_float(in_dy[v])) + col[v].b * (A(to_float(in_h[v])) - col[v].mean_h) +
-                               col[v].c);
-      *reinterpret_cast<uint4*>(dh + r * g.n + c0) = *reinterpret_cast<uint4*>(out);
-    } else {
-      GradColumn<A> const& k = col[0];
-      dh[r * g.n + c0] =
-          from_float<T>(k.a * A(to_float(dy[r * g.n + c0])) + k.b * (A(to_float(h[r * g.ldh + c0])) - k.mean_h) + k.c);
+  for (int v = 0; v < V; ++v) col[v] = grad_column<A>(g, sums, c0 + v);
+  constexpr int R = kRowsInFlight;
+  for (int64_t r0 = blockIdx.y * 8 * R + threadIdx.y; r0 < g.m; r0 += int64_t{gridDim.y} * 8 * R) {
+    Group<T, V> in_dy[R], in_h[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      int64_t r = r0 + 8 * i;
+      if (r < g.m) {
+        in_dy[i] = load_group<T, V>(dy + r * g.n + c0);
+        in_h[i] = load_group<T, V>(h + r * g.ldh + c0);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      if (r0 + 8 * i >= g.m) break;
+      Group<T, V> out;
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        GradColumn<A> const& k = col[v];
+        out.v[v] = from_float<T>(k.a * A(to_float(in_dy[i].v[v])) + k.b * (A(to_float(in_h[i].v[v])) - k.mean_h) + k.c);
+      }
+      store_group<T, V>(dh + (r0 + 8 * i) * g.n + c0, out);
     }
   }
 }
 
-// Launches an elementwise row pass over m x n: 32 column groups x 8 row lanes
-// a block, a group V columns wide (16 bytes of T) when n, ld and every pointer
-// allow it, else 1. Enough row blocks to fill the GPU several times over; each
-// re-derives its columns' constants, which costs a few loads.
+// Launches an elementwise row pass over m x n (see finalize_normalize_kernel)
+// with 16-byte groups where can_vectorize allows, else single columns; about
+// kRowsInFlight rows per thread and at most 4096 blocks (each re-derives its
+// columns' constants, which costs a few loads).
 template <class T, class Launch>
 void launch_rows(int m, int n, int64_t ld, std::initializer_list<void const*> ptrs, Launch&& launch) {
   constexpr int V = 16 / sizeof(T);
-  bool vec = n % V == 0 && ld % V == 0;
-  for (void const* p : ptrs) vec = vec && reinterpret_cast<uintptr_t>(p) % 16 == 0;
+  bool vec = can_vectorize<T>(n, ld, ptrs);
   unsigned gx = blocks(n, 32 * (vec ? V : 1));
-  dim3 grid(gx, std::max(1u, std::min(blocks(m, 8), 1024u / gx + 1)));
+  dim3 grid(gx, std::max(1u, std::min(blocks(m, 8 * kRowsInFlight), 4096u / gx)));
   if (vec)
     launch(std::integral_constant<int, V>{}, grid);
   else
@@ -294,14 +380,15 @@ void reduce_partials(double const* partial_sum, double const* partial_sumsq, int
 }
 
 size_t column_stats_workspace(int m, int n) {
-  return 2 * sizeof(double) * static_cast<size_t>(blocks(m, kStatRows)) * n;
+  return 2 * sizeof(double) * static_cast<size_t>(stat_chunks(m)) * n;
 }
 
 void column_stats(DType dt, void const* h, int m, int n, int64_t ldh, double* stats, void* workspace,
                   cudaStream_t stream) {
   dispatch(dt, [&](auto t) {
     using T = decltype(t);
-    column_sums(SumSquares<T>{static_cast<T const*>(h), ldh}, m, n, stats, static_cast<double*>(workspace), stream);
+    column_sums<T>(SumSquares<T>{static_cast<T const*>(h), ldh}, m, n, ldh, {h}, stats,
+                   static_cast<double*>(workspace), stream);
   });
 }
 
@@ -325,7 +412,7 @@ void batch_norm_backward(BackwardArgs const& g, cudaStream_t stream) {
   dispatch(g.dt, [&](auto t) {
     using T = decltype(t);
     GradSums<T> terms{static_cast<T const*>(g.dy), static_cast<T const*>(g.h), g.ldh, g.n, g.mean_h};
-    column_sums(terms, g.m, g.n, sums, partials, stream);
+    column_sums<T>(terms, g.m, g.n, g.ldh, {g.dy, g.h}, sums, partials, stream);
     launch_rows<T>(g.m, g.n, g.ldh, {g.h, g.dy, g.dh}, [&](auto v, dim3 grid) {
       grad_input_kernel<T, decltype(v)::value><<<grid, dim3(32, 8), 0, stream>>>(g, sums);
     });
