@@ -250,8 +250,6 @@ __global__ void update_running_kernel(int n, double const* __restrict__ stats, C
   store(rv, c, (1 - m) * load({rv.p, rv.dt}, c, 0.0) + m * unbiased);
 }
 
-// Block: 32 column groups of V columns x 8 row lanes. V = 16 bytes of T when
-// every row start is 16-byte aligned, else 1.
 // The per-column constants of a block's 32 V columns: each computed once, by
 // one of the block's 256 threads (fp64 division and square root are slow
 // enough that all 8 row lanes computing them cost more than the data pass),
