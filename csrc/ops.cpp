@@ -7,7 +7,7 @@
 //    needs (d scale = sum dz * h, with no division by scale).
 //  * update_running_stats mutates the running stats; they are marked (a!)/(b!).
 //  * `family` is a string ("auto", "sm90", "sm80"): a compile-time constant
-//    for torch.compile, chosen in Python from cutlass_fused.kernel_family().
+//    for torch.compile, chosen in Python (cutlass_fused.use_kernel_family).
 #include <Python.h>
 
 #include <ATen/ATen.h>
@@ -53,7 +53,7 @@ void check_linear_args(at::Tensor const& x, at::Tensor const& weight, c10::optio
 namespace {
 
 // The training forward is the two steps, whatever the backend; autograd sees
-// it as one node (cutlass_fused/autograd.py).
+// it as one node (csrc/autograd.cpp).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_scale_batch_norm_train(
     at::Tensor const& x, at::Tensor const& weight, c10::optional<at::Tensor> const& bias, at::Tensor const& scale,
     c10::optional<at::Tensor> const& bn_weight, c10::optional<at::Tensor> const& bn_bias, double eps,

@@ -20,7 +20,7 @@ def _stat_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 @torch.library.register_fake("cutlass_fused::linear_stats")
-def _(x, weight, bias, family, deterministic):
+def _linear_stats(x, weight, bias, family, deterministic):
     torch._check(x.dim() == 2 and weight.dim() == 2, lambda: "cutlass_fused: expected 2-D input and weight")
     torch._check(x.shape[1] == weight.shape[1], lambda: "cutlass_fused: mat1 and mat2 shapes cannot be multiplied")
     m, n = x.shape[0], weight.shape[0]
@@ -29,7 +29,7 @@ def _(x, weight, bias, family, deterministic):
 
 
 @torch.library.register_fake("cutlass_fused::batch_norm_finalize")
-def _(h, stats, scale, count, weight, bias, eps):
+def _finalize(h, stats, scale, count, weight, bias, eps):
     n = h.shape[1]
     # mean and invstd are fp64 for every dtype: the backward's h - mean cancels.
     return h.new_empty(h.shape), h.new_empty((n,), dtype=torch.float64), h.new_empty((n,), dtype=torch.float64)
@@ -37,12 +37,10 @@ def _(h, stats, scale, count, weight, bias, eps):
 
 @torch.library.register_fake("cutlass_fused::linear_scale_batch_norm_train")
 def _(x, weight, bias, scale, bn_weight, bn_bias, eps, family, deterministic):
-    torch._check(x.dim() == 2 and weight.dim() == 2, lambda: "cutlass_fused: expected 2-D input and weight")
-    m, n = x.shape[0], weight.shape[0]
-    h = x.new_empty_strided((m, n), (padded_ld(n, x.dtype), 1))
-    f64 = torch.float64
-    return (x.new_empty((m, n)), h, x.new_empty((2, n), dtype=f64), x.new_empty((n,), dtype=f64),
-            x.new_empty((n,), dtype=f64))
+    # The two steps, as the composite in csrc/ops.cpp runs them.
+    h, stats = _linear_stats(x, weight, bias, family, deterministic)
+    y, mean, invstd = _finalize(h, stats, scale, x.shape[0], bn_weight, bn_bias, eps)
+    return y, h, stats, mean, invstd
 
 
 @torch.library.register_fake("cutlass_fused::update_running_stats")
