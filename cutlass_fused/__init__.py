@@ -1,4 +1,6 @@
 """cutlass_fused: y = BatchNorm1d((x @ W^T + b) * scale) as one CUTLASS GEMM with a fused epilogue."""
+__version__ = "0.2.0"
+
 from ._family import use_kernel_family
 from .functional import linear_scale_batch_norm
 from .module import LinearScaleBatchNorm1d

@@ -1,0 +1,429 @@
+"""python -m cutlass_fused.bench: the layer against cuBLAS (torch.mm), eager PyTorch and torch.compile.
+
+    python -m cutlass_fused.bench [--shape B,IN,OUT ...] [--dtype bf16|f16|tf32|f32]
+        [--mode train|eval|fwdbwd ...] [--family auto|sm90|sm80] [--impl NAME ...]
+        [--graphs] [--sweep] [--profile] [--out DIR]
+    python -m cutlass_fused.bench --report DIR/results.json     # the README's markdown table
+
+Every time is the median of triton.testing.do_bench (CUDA events where triton is
+missing) after warm-up, and every ratio is to torch.mm of the same shape and
+precision measured in the same run (fwdbwd: to three torch.mm). Without a GPU it
+checks the layer against float64, times it against eager on the CPU, and exits 0.
+"""
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import cutlass_fused
+from cutlass_fused.seed import SeedModel
+
+DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "tf32": torch.float32, "f32": torch.float32}
+SHAPES = [(128, 1024, 512), (1024, 8192, 8192), (16384, 4096, 4096), (4096, 4096, 4096)]
+SWEEP = [128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+MODES = ("train", "eval", "fwdbwd")
+IMPLS = ("torch.mm", "eager", "compile", "compile-max-autotune", "cutlass_fused")
+GEMMS = {"train": 1, "eval": 1, "fwdbwd": 3}
+# Error floor of the correctness check: one output rounding step of an O(1) value.
+FLOOR = {"bf16": 2e-2, "f16": 3e-3, "tf32": 2e-3, "f32": 1e-5}
+
+
+def median_ms(fn, cuda):
+    if not cuda:
+        fn()
+        times = []
+        for _ in range(5):
+            t = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t) * 1e3)
+        return statistics.median(times)
+    try:
+        from triton.testing import do_bench
+        return do_bench(fn, warmup=50, rep=300, return_mode="median")
+    except ImportError:
+        for _ in range(10):
+            fn()
+        start = [torch.cuda.Event(enable_timing=True) for _ in range(50)]
+        end = [torch.cuda.Event(enable_timing=True) for _ in range(50)]
+        for a, b in zip(start, end):
+            a.record()
+            fn()
+            b.record()
+        torch.cuda.synchronize()
+        return statistics.median(a.elapsed_time(b) for a, b in zip(start, end))
+
+
+def host_us(fn, calls=20):
+    """Host time to issue one call: few enough calls that the launch queue never blocks."""
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    us = (time.perf_counter() - t) / calls * 1e6
+    torch.cuda.synchronize()
+    return us
+
+
+def peak_extra_mib(fn):
+    fn()  # gradients and caches allocated once, as in a loop
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def profile(fn, calls=5, trace=None):
+    """(GPU launches per call, {kernel name: µs per call}) from torch.profiler."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as prof_ctx
+    fn()
+    torch.cuda.synchronize()
+    with prof_ctx(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    if trace:
+        prof.export_chrome_trace(str(trace))
+    kernels = {}
+    count = 0
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            count += 1
+            us = getattr(e, "device_time", None)
+            us = e.cuda_time if us is None else us
+            kernels[e.name] = kernels.get(e.name, 0.0) + us / calls
+    return count / calls, kernels
+
+
+def graphed(fn):
+    """fn captured once in a CUDA graph; returns the replay."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g.replay
+
+
+class Case:
+    """One shape and precision: the models, the inputs and a callable per (impl, mode)."""
+
+    def __init__(self, shape, dtype_name, device):
+        m, k, n = shape
+        self.shape, self.dtype_name, self.device = shape, dtype_name, device
+        dt = DTYPES[dtype_name]
+        torch.manual_seed(0)
+        self.seed = SeedModel(k, n).to(device, dt)
+        self.ours = cutlass_fused.LinearScaleBatchNorm1d(k, n, device=device, dtype=dt)
+        self.ours.load_state_dict(self.seed.state_dict())
+        self.x = torch.randn(m, k, device=device, dtype=dt)
+        self.xg = self.x.clone().requires_grad_()
+        self.dy = torch.randn(m, n, device=device, dtype=dt)
+        self.compiled = {}
+
+    def model(self, impl):
+        if impl == "eager":
+            return self.seed
+        if impl == "cutlass_fused":
+            return self.ours
+        if impl not in self.compiled:
+            mode = "max-autotune-no-cudagraphs" if impl == "compile-max-autotune" else "default"
+            model = SeedModel(*self.shape[1:]).to(self.device, DTYPES[self.dtype_name])
+            model.load_state_dict(self.seed.state_dict())
+            self.compiled[impl] = (model, torch.compile(model, mode=mode, dynamic=False))
+        return self.compiled[impl]
+
+    def fn(self, impl, mode):
+        if impl == "torch.mm":
+            w = self.seed.gemm.weight.detach()
+            return lambda: torch.mm(self.x, w.t())
+        model = self.model(impl)
+        module, call = model if isinstance(model, tuple) else (model, model)
+        module.train(mode != "eval")
+        if mode != "fwdbwd":
+            def fwd():
+                with torch.no_grad():
+                    return call(self.x)
+            return fwd
+
+        def step():
+            module.zero_grad(set_to_none=True)
+            self.xg.grad = None
+            call(self.xg).backward(self.dy)
+        return step
+
+
+def check(case, family):
+    """Max |y - float64| of ours and eager, train and eval; raises on a mismatch."""
+    out = {}
+    ref = SeedModel(*case.shape[1:]).to(case.device, torch.float64)
+    ref.load_state_dict(case.seed.state_dict())
+    for mode in ("train", "eval"):
+        train = mode == "train"
+        state = {k: v.clone() for k, v in case.seed.state_dict().items()}
+        for mod in (case.seed, case.ours, ref):
+            mod.train(train)
+            mod.load_state_dict(state)
+        with torch.no_grad(), cutlass_fused.use_kernel_family(family):
+            y64 = ref(case.x.double())
+            e_ours = (case.ours(case.x).double() - y64).abs().max().item()
+            e_eager = (case.seed(case.x).double() - y64).abs().max().item()
+        for mod in (case.seed, case.ours):
+            mod.load_state_dict(state)
+        ok = e_ours <= 2 * e_eager + FLOOR[case.dtype_name]
+        out[mode] = (e_ours, e_eager, ok)
+    return out
+
+
+def meta(argv, device):
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).parent, timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        commit = "unknown"
+    return {"gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "torch": torch.__version__, "cuda": torch.version.cuda, "version": cutlass_fused.__version__,
+            "commit": commit, "date": datetime.date.today().isoformat(),
+            "command": "python -m cutlass_fused.bench " + " ".join(argv)}
+
+
+def parse_shape(s):
+    try:
+        b, i, o = (int(v) for v in s.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected --shape B,IN,OUT (three integers), but got {s!r}")
+    return b, i, o
+
+
+def run(args, argv):
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    if not cuda:
+        print("cutlass_fused.bench: no CUDA GPU here: checking against float64 and timing ours vs eager on the CPU")
+        if args.dtype not in (None, "bf16", "f32"):
+            raise SystemExit(f"cutlass_fused.bench: --dtype {args.dtype} needs a GPU; the CPU runs bf16 and f32")
+    args.dtype = args.dtype or ("bf16" if cuda else "f32")
+    torch.backends.cuda.matmul.allow_tf32 = args.dtype == "tf32"
+    shapes = args.shape or (SHAPES if cuda else [(128, 1024, 512)])
+    if args.sweep:
+        shapes = [(b, 8192, 8192) for b in SWEEP]
+    impls = args.impl or (IMPLS if cuda else ("torch.mm", "eager", "cutlass_fused"))
+    modes = args.mode or (("train", "eval") if args.sweep else MODES)
+    graph_opts = [False, True] if args.graphs and cuda else [False]
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows, checks = [], []
+    per_shape = [(mode, impl, g) for mode in modes for impl in impls for g in graph_opts if impl != "torch.mm"]
+    # torch.mm is measured once per shape (and graph option): a mode's torch.mm row is
+    # GEMMS[mode] of it, the floor of that mode, so its ratio is 1 by definition.
+    try:
+        from tqdm import tqdm
+        bar = tqdm(total=len(shapes) * (len(per_shape) + len(graph_opts)), desc="bench", file=sys.stderr,
+                   dynamic_ncols=True)
+    except ImportError:
+        bar = None
+    for shape in shapes:
+        torch._dynamo.reset()
+        case = Case(shape, args.dtype, device)
+        res = check(case, args.family)
+        for mode, (e_ours, e_eager, ok) in res.items():
+            checks.append({"shape": list(shape), "dtype": args.dtype, "mode": mode, "err_ours": e_ours,
+                           "err_eager": e_eager, "ok": ok})
+            if not ok:
+                raise SystemExit(f"cutlass_fused.bench: {mode} {shape} {args.dtype}: error {e_ours:.3g} exceeds "
+                                 f"2 x eager's {e_eager:.3g} + {FLOOR[args.dtype]:g} against float64")
+        mm = {}
+        for g in graph_opts:
+            if bar:
+                bar.set_postfix_str(f"{'x'.join(map(str, shape))} torch.mm{' graph' if g else ''}")
+            mm[g] = measure(case, "torch.mm", "train", g, args, out_dir, cuda)
+            if bar:
+                bar.update()
+        for mode in modes:
+            if "torch.mm" in impls:
+                for g in graph_opts:
+                    k_ = GEMMS[mode]
+                    base = mm[g]
+                    rows.append({**base, "mode": mode, "ms": k_ * base["ms"], "tflops": base["tflops"],
+                                 "ratio_to_mm": 1.0,
+                                 "kernels": None if base["kernels"] is None else k_ * base["kernels"],
+                                 "host_us": None if base["host_us"] is None else k_ * base["host_us"]})
+            for impl in impls:
+                for g in graph_opts:
+                    if impl == "torch.mm":
+                        continue
+                    if bar:
+                        bar.set_postfix_str(f"{'x'.join(map(str, shape))} {mode} {impl}{' graph' if g else ''}")
+                    row = measure(case, impl, mode, g, args, out_dir, cuda)
+                    if bar:
+                        bar.update()
+                    if row is not None:
+                        row["ratio_to_mm"] = row["ms"] / (GEMMS[mode] * mm[g]["ms"])
+                        rows.append(row)
+    if bar:
+        bar.close()
+    result = {"meta": meta(argv, device), "rows": rows, "checks": checks}
+    name = "sweep.json" if args.sweep else "results.json"
+    (out_dir / name).write_text(json.dumps(result, indent=1) + "\n")
+    print(table(result))
+    for c in checks:
+        print(f"check {c['mode']:5s} {'x'.join(map(str, c['shape']))} {c['dtype']}: max|y - float64| "
+              f"ours {c['err_ours']:.3e}, eager {c['err_eager']:.3e} [ok]")
+    if cuda:
+        plot(result, out_dir / ("sweep.png" if args.sweep else "results.png"), args.sweep)
+    print(f"wrote {out_dir / name}")
+    return 0
+
+
+def measure(case, impl, mode, use_graph, args, out_dir, cuda):
+    m, k, n = case.shape
+    try:
+        with cutlass_fused.use_kernel_family(args.family):
+            fn = case.fn(impl, mode)
+            call = graphed(fn) if use_graph else fn
+            ms = median_ms(call, cuda)
+            extra = {"peak_extra_mib": None, "kernels": None, "host_us": None}
+            if cuda and not use_graph:
+                extra["peak_extra_mib"] = peak_extra_mib(fn)
+                trace = None
+                if args.profile:
+                    trace = out_dir / f"trace_{impl}_{mode}_{m}x{k}x{n}.json"
+                launches, kernels = profile(fn, trace=trace)
+                extra["kernels"] = launches
+                extra["host_us"] = host_us(fn)
+                if args.profile:
+                    print(f"\n{impl} {mode} {m}x{k}x{n}: GPU µs per call by kernel")
+                    for name, us in sorted(kernels.items(), key=lambda kv: -kv[1]):
+                        print(f"  {us:9.1f}  {name[:100]}")
+    except Exception as e:  # a baseline that cannot run here (compile without a toolchain) is reported, not fatal
+        if impl == "cutlass_fused":
+            raise
+        print(f"cutlass_fused.bench: skipped {impl} {mode} {case.shape}: {type(e).__name__}: {str(e)[:200]}",
+              file=sys.stderr)
+        return None
+    flops = GEMMS[mode] * 2 * m * n * k
+    row = {"shape": [m, k, n], "dtype": case.dtype_name, "mode": mode, "impl": impl, "graphs": use_graph,
+           "ms": ms, "tflops": flops / ms / 1e9, "ratio_to_mm": None, **extra}
+    return row
+
+
+def speedups(rows, row):
+    """(speedup over eager, over the faster torch.compile) for one row, or None."""
+    def ms(impl):
+        c = [r["ms"] for r in rows if r["impl"] == impl and r["shape"] == row["shape"]
+             and r["mode"] == row["mode"] and r["graphs"] == row["graphs"] and r["dtype"] == row["dtype"]]
+        return c[0] if c else None
+    eager = ms("eager")
+    comp = [t for t in (ms("compile"), ms("compile-max-autotune")) if t]
+    return (eager / row["ms"] if eager else None), (min(comp) / row["ms"] if comp else None)
+
+
+def fmt(v, spec):
+    return "–" if v is None else format(v, spec)
+
+
+def table(result, markdown=False):
+    rows = result["rows"]
+    head = ["shape", "dtype", "mode", "impl", "graph", "ms", "TFLOP/s", "x mm", "vs eager", "vs compile",
+            "peak MiB", "kernels", "host µs"]
+    lines = []
+    for r in rows:
+        se, sc = speedups(rows, r)
+        lines.append(["x".join(map(str, r["shape"])), r["dtype"], r["mode"], r["impl"], "yes" if r["graphs"] else "",
+                      fmt(r["ms"], ".4f"), fmt(r["tflops"], ".1f"), fmt(r["ratio_to_mm"], ".3f"),
+                      fmt(se, ".2f"), fmt(sc, ".2f"), fmt(r["peak_extra_mib"], ".0f"),
+                      fmt(r["kernels"], ".0f"), fmt(r["host_us"], ".1f")])
+    if markdown:
+        out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        out += ["| " + " | ".join(line) + " |" for line in lines]
+        m = result["meta"]
+        out.append(f"\n{m['gpu']}, {m['date']}, torch {m['torch']}, commit {m['commit']}: `{m['command']}`")
+        return "\n".join(out)
+    widths = [max(len(h), *(len(line[i]) for line in lines)) if lines else len(h) for i, h in enumerate(head)]
+    fmt_line = lambda cells: "  ".join(c.rjust(w) if i >= 5 else c.ljust(w) for i, (c, w) in
+                                       enumerate(zip(cells, widths)))
+    return "\n".join([fmt_line(head)] + [fmt_line(line) for line in lines])
+
+
+def plot(result, path, sweep):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("cutlass_fused.bench: matplotlib missing (pip install .[bench]): no plot", file=sys.stderr)
+        return
+    rows = [r for r in result["rows"] if not r["graphs"] and r["impl"] != "torch.mm"]
+    modes = sorted({r["mode"] for r in rows}, key=MODES.index)
+    impls = [i for i in IMPLS if any(r["impl"] == i for r in rows)]
+    fig, axes = plt.subplots(1, len(modes), figsize=(5.5 * len(modes), 4.2), squeeze=False)
+    for ax, mode in zip(axes[0], modes):
+        sel = [r for r in rows if r["mode"] == mode]
+        shapes = sorted({tuple(r["shape"]) for r in sel})
+        for j, impl in enumerate(impls):
+            by = {tuple(r["shape"]): r for r in sel if r["impl"] == impl}
+            if sweep:
+                pts = [(s[0], by[s]["tflops"]) for s in shapes if s in by]
+                ax.plot([b for b, _ in pts], [t for _, t in pts], marker="o", label=impl)
+            else:
+                w = 0.8 / len(impls)
+                xs = [i + j * w for i, s in enumerate(shapes) if s in by]
+                ax.bar(xs, [by[s]["ratio_to_mm"] or 0 for s in shapes if s in by], w, label=impl)
+        if sweep:
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("batch (in = out = 8192)")
+            ax.set_ylabel("TFLOP/s")
+        else:
+            ax.axhline(1.0, color="k", lw=0.8)
+            ax.set_xticks([i + 0.4 - 0.4 / len(impls) for i in range(len(shapes))])
+            ax.set_xticklabels(["x".join(map(str, s)) for s in shapes], fontsize=7)
+            ax.set_ylabel("time / torch.mm" + (" (x3)" if mode == "fwdbwd" else "") + ", lower is better")
+        ax.set_title(f"{mode} ({rows[0]['dtype']})")
+        ax.legend(fontsize=7)
+    m = result["meta"]
+    fig.suptitle(f"cutlass_fused on {m['gpu']}, {m['date']}, commit {m['commit']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"wrote {path}")
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(prog="python -m cutlass_fused.bench", description=__doc__.split("\n")[0])
+    ap.add_argument("--shape", type=parse_shape, action="append", help="B,IN,OUT (repeatable)")
+    ap.add_argument("--dtype", choices=DTYPES, help="f32 = fp32 with TF32 disallowed (default: bf16 on a GPU, f32 on the CPU)")
+    ap.add_argument("--mode", choices=MODES, action="append", help="repeatable; default: all three")
+    ap.add_argument("--family", choices=("auto", "sm90", "sm80"), default="auto")
+    ap.add_argument("--impl", choices=IMPLS, action="append", help="repeatable; default: all")
+    ap.add_argument("--graphs", action="store_true", help="add rows with each call captured in a CUDA graph")
+    ap.add_argument("--sweep", action="store_true", help="batch 128..16384 at 8192 -> 8192")
+    ap.add_argument("--profile", action="store_true", help="per-kernel GPU time split and Chrome traces")
+    ap.add_argument("--out", default=os.environ.get("OUT", "bench_out"), help="output folder")
+    ap.add_argument("--report", metavar="RESULTS_JSON", help="print a results file as a markdown table and exit")
+    args = ap.parse_args(argv)
+    if args.report:
+        print(table(json.loads(Path(args.report).read_text()), markdown=True))
+        return 0
+    old_tf32 = torch.backends.cuda.matmul.allow_tf32
+    try:
+        return run(args, argv)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old_tf32
+
+
+if __name__ == "__main__":
+    sys.exit(main())
