@@ -61,11 +61,19 @@ at::Tensor as_dtype(at::Tensor const& t, int64_t code) {
 int64_t dtype_of(OptTensor const& t) { return t.has_value() ? static_cast<int64_t>(t->scalar_type()) : -1; }
 
 // dX = dH W and dW = dH^T x, each only when needed: no dX GEMM for a first
-// layer, no dW GEMM for a frozen weight.
+// layer, no dW GEMM for a frozen weight. fp32 goes through our matmul op, which
+// keeps the forward's precision (3xTF32 on sm90 without TF32); 16-bit dtypes
+// go straight to torch's mm.
 void linear_grads(at::Tensor const& dh, at::Tensor const& x, at::Tensor const& weight, bool need_x, bool need_w,
-                  variable_list& out) {
-  if (need_x) out[0] = at::mm(dh, weight);
-  if (need_w) out[1] = at::mm(dh.t(), x);
+                  AutogradContext* ctx, variable_list& out) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("cutlass_fused::matmul", "")
+                       .typed<at::Tensor(at::Tensor const&, at::Tensor const&, c10::string_view)>();
+  bool fp32 = dh.scalar_type() == at::kFloat;
+  auto family = ctx->saved_data["family"].toStringRef();
+  auto mm = [&](at::Tensor const& a, at::Tensor const& b) { return fp32 ? op.call(a, b, family) : at::mm(a, b); };
+  if (need_x) out[0] = mm(dh, weight);
+  if (need_w) out[1] = mm(dh.t(), x);
 }
 
 struct TrainFunction : torch::autograd::Function<TrainFunction> {
@@ -83,6 +91,7 @@ struct TrainFunction : torch::autograd::Function<TrainFunction> {
     auto [y, h, stats, mean, invstd] = op.call(x, weight, bias, scale, bn_weight, bn_bias, eps, family, deterministic);
     ctx->save_for_backward({x, weight, h, mean, invstd, scale, saved(bn_weight)});
     ctx->saved_data["eps"] = eps;
+    ctx->saved_data["family"] = std::string(family);
     ctx->saved_data["dtypes"] = c10::List<int64_t>({dtype_of(bias), dtype_of(bn_bias)});
     ctx->mark_non_differentiable({h, stats, mean, invstd});
     // Their gradients are always undefined; materializing them costs four fills a step.
@@ -106,7 +115,7 @@ struct TrainFunction : torch::autograd::Function<TrainFunction> {
     auto dtypes = ctx->saved_data["dtypes"].toIntList();
     double eps = ctx->saved_data["eps"].toDouble();
     auto [dh, dscale, dgamma, dbeta] = op.call(dy, h, mean, invstd, scale, optional(s[6]), eps);
-    linear_grads(dh, x, weight, need[0], need[1], out);
+    linear_grads(dh, x, weight, need[0], need[1], ctx, out);
     if (need[2]) out[2] = at::zeros({weight.size(0)}, weight.options().dtype(static_cast<at::ScalarType>(dtypes.get(0))));
     if (need[3]) out[3] = dscale;
     if (need[4]) out[4] = dgamma;
@@ -131,6 +140,7 @@ struct EvalFunction : torch::autograd::Function<EvalFunction> {
     auto y = op.call(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, eps, family);
     ctx->save_for_backward({x, weight, saved(bias), scale, saved(bn_weight), running_mean, running_var});
     ctx->saved_data["eps"] = eps;
+    ctx->saved_data["family"] = std::string(family);
     ctx->saved_data["dtypes"] = c10::List<int64_t>({dtype_of(bn_bias)});
     return {y};
   }
@@ -146,7 +156,7 @@ struct EvalFunction : torch::autograd::Function<EvalFunction> {
     auto invstd = (running_var.to(at::kFloat) + ctx->saved_data["eps"].toDouble()).rsqrt();
     auto g = bn_weight.defined() ? invstd * bn_weight.to(at::kFloat) : invstd;
     auto dh = (dyf * (scale.to(at::kFloat) * g)).to(grads[0].scalar_type());
-    linear_grads(dh, x, weight, need[0], need[1], out);
+    linear_grads(dh, x, weight, need[0], need[1], ctx, out);
     if (need[2]) out[2] = dh.to(at::kFloat).sum(0).to(bias.scalar_type());
     if (need[3] || need[4]) {
       // h is not kept by the eval forward; it is recomputed only when asked for.

@@ -105,6 +105,9 @@ TORCH_LIBRARY(cutlass_fused, m) {
   m.def(
       "linear_scale_batch_norm_eval(Tensor x, Tensor weight, Tensor? bias, Tensor scale, Tensor? bn_weight,"
       " Tensor? bn_bias, Tensor running_mean, Tensor running_var, float eps, str family) -> Tensor");
+  // a @ b in the precision of the layer's forward for `family` (3xTF32 for fp32
+  // without TF32 on sm90; torch.mm otherwise): the backward's dX and dW GEMMs.
+  m.def("matmul(Tensor a, Tensor b, str family) -> Tensor");
   m.def("kernel_names() -> str[]", &kernel_names);
 }
 

@@ -111,9 +111,12 @@ at::Tensor linear_scale_batch_norm_eval_cpu(at::Tensor const& x, at::Tensor cons
   return (linear_acc(x, weight, bias) * a.to(acc) + c.to(acc)).to(x.scalar_type()).contiguous();
 }
 
+at::Tensor matmul_cpu(at::Tensor const& a, at::Tensor const& b, c10::string_view) { return at::mm(a, b); }
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(cutlass_fused, CPU, m) {
+  m.impl("matmul", &matmul_cpu);
   m.impl("linear_stats", &linear_stats_cpu);
   m.impl("batch_norm_finalize", &batch_norm_finalize_cpu);
   m.impl("update_running_stats", &update_running_stats_cpu);

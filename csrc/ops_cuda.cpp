@@ -13,6 +13,7 @@
 #include "kernels/batch_norm.h"
 #include "kernels/gemm_evt.h"
 #include "ops.h"
+#include "tf32x3_cuda.h"
 
 namespace cutlass_fused {
 namespace {
@@ -46,15 +47,21 @@ char const* pick_family(c10::string_view requested, char const* dtype, at::Devic
   std::string req(requested.data(), requested.size());
   TORCH_CHECK(req == "auto" || req == "sm90" || req == "sm80", "cutlass_fused: expected family to be 'auto', ",
               "'sm90' or 'sm80', but got '", req, "'");
-  // sm90a code runs on compute capability 9.0 only; 3xTF32 exists in the sm80 family only.
-  bool sm90_ok = cc == 90 && std::string(dtype) != "f32x3";
+  // sm90a code runs on compute capability 9.0 only. fp32 without TF32 is
+  // 3xTF32 in both families: in-kernel on sm80 (mma.sync), over split operands
+  // through the TF32 kernel on sm90 (csrc/kernels/tf32x3.h).
   if (req == "sm90") {
     TORCH_CHECK(cc == 90, "cutlass_fused: family 'sm90' needs compute capability 9.0, but ", device, " has ",
                 prop->major, ".", prop->minor);
-    return sm90_ok ? "sm90" : "sm80";
+    return "sm90";
   }
   if (req == "sm80") return "sm80";
-  return sm90_ok ? "sm90" : "sm80";
+  return cc == 90 ? "sm90" : "sm80";
+}
+
+// The sm90 family has no 3xTF32 kernel: its TF32 kernel runs over split operands.
+bool split_tf32x3(char const* family, char const* dtype) {
+  return std::string(family) == "sm90" && std::string(dtype) == "f32x3";
 }
 
 KernelInfo const& lookup(char const* family, char const* dtype, char const* mode, int m, int n, int k) {
@@ -96,6 +103,19 @@ at::Tensor fp32_vector(at::Tensor const& t, int64_t len) {
 at::Tensor weight_rows(at::Tensor const& w, int64_t rows) {
   auto wa = aligned_rows(w);
   return rows == wa.size(0) ? wa : at::constant_pad_nd(wa, {0, 0, 0, rows - wa.size(0)});
+}
+
+// The GEMM's operands: x and w as they are (16-byte aligned rows, w padded to
+// kn rows), or split for 3xTF32 with K tripled.
+struct Operands {
+  at::Tensor x, w;
+  int64_t k;
+};
+
+Operands operands(at::Tensor const& x, at::Tensor const& weight, int64_t kn, bool split) {
+  if (!split) return {aligned_rows(x), weight_rows(weight, kn), x.size(1)};
+  auto xs = split_input_tf32x3(x);
+  return {xs, split_weight_tf32x3(weight, kn), xs.size(1)};
 }
 
 c10::optional<at::Tensor> fp32_vector(c10::optional<at::Tensor> const& t, int64_t len) {
@@ -160,18 +180,19 @@ std::tuple<at::Tensor, at::Tensor> linear_stats_cuda(at::Tensor const& x, at::Te
   // torch.use_deterministic_algorithms it stores z with the eval kernel and
   // our ordered column_stats kernel sums it instead.
   bool separate_stats = deterministic && std::string(fam) == "sm80";
-  auto const& info = lookup(fam, dt, separate_stats ? "eval" : "train", m, n, k);
+  bool split = split_tf32x3(fam, dt);
+  auto const& info = lookup(fam, split ? "tf32" : dt, separate_stats ? "eval" : "train", m, n, k);
 
   // Both families need N to be a multiple of 16 bytes (sm80 stores whole
   // vectors, sm90's can_implement rejects D otherwise): the kernel computes kn
   // columns, from zero weight rows, into the padded rows of h.
   int64_t kn = padded_ld(n, x.scalar_type());
-  auto xa = aligned_rows(x), wa = weight_rows(weight, kn);
+  auto ops = operands(x, weight, kn, split);
   auto b = fp32_vector(bias, kn);
   auto z = empty_padded(m, n, x.options());
   poison(z);
 
-  GemmEvtArgs p = gemm_args(xa, wa, z, kn);
+  GemmEvtArgs p = gemm_args(ops.x, ops.w, z, kn);
   p.b = ptr_or_null(b);
   auto stream = at::cuda::getCurrentCUDAStream(p.device).stream();
   auto stats = at::empty({2, separate_stats ? n : kn}, x.options().dtype(at::kDouble));
@@ -339,7 +360,9 @@ at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor con
   ColVec rm = col_vec(running_mean, "running_mean", n, dev), rv = col_vec(running_var, "running_var", n, dev);
   c10::cuda::CUDAGuard guard(dev);
   char const* dt = kernel_dtype(x.scalar_type());
-  auto const& info = lookup(pick_family(family, dt, dev), dt, "eval", m, n, k);
+  char const* fam = pick_family(family, dt, dev);
+  bool split = split_tf32x3(fam, dt);
+  auto const& info = lookup(fam, split ? "tf32" : dt, "eval", m, n, k);
 
   int64_t kn = padded_ld(n, x.scalar_type());  // as in linear_stats_cuda
   auto stream = at::cuda::getCurrentCUDAStream().stream();
@@ -347,11 +370,11 @@ at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor con
   // row starts kn floats in, which keeps it 16-byte aligned for the EVT.
   auto ac = at::zeros({2, kn}, x.options().dtype(at::kFloat));
   fold_eval(static_cast<int>(n), s, w, bb, rm, rv, eps, ac[0].data_ptr<float>(), ac[1].data_ptr<float>(), stream);
-  auto xa = aligned_rows(x), wa = weight_rows(weight, kn);
+  auto ops = operands(x, weight, kn, split);
   auto b = fp32_vector(bias, kn);
   auto y = empty_padded(m, n, x.options());
   poison(y);
-  GemmEvtArgs p = gemm_args(xa, wa, y, kn);
+  GemmEvtArgs p = gemm_args(ops.x, ops.w, y, kn);
   p.b = ptr_or_null(b);
   p.a = ac[0].data_ptr<float>();
   p.c = ac[1].data_ptr<float>();
@@ -359,9 +382,25 @@ at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor con
   return y.is_contiguous() ? y : y.contiguous();
 }
 
+// The backward's GEMMs in the forward's precision: fp32 without TF32 on the
+// sm90 family is 3xTF32 there too; everything else is torch's own mm.
+at::Tensor matmul_cuda(at::Tensor const& a, at::Tensor const& b, c10::string_view family) {
+  TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0),
+              "cutlass_fused: mat1 and mat2 shapes cannot be multiplied (", a.size(0), "x", a.size(1), " and ",
+              b.size(0), "x", b.size(1), ")");
+  if (a.scalar_type() != at::kFloat || b.scalar_type() != at::kFloat || a.numel() == 0 || b.numel() == 0)
+    return at::mm(a, b);
+  check_device(b, a.device(), "mat2");
+  c10::cuda::CUDAGuard guard(a.device());
+  char const* dt = kernel_dtype(at::kFloat);
+  if (!split_tf32x3(pick_family(family, dt, a.device()), dt)) return at::mm(a, b);
+  return matmul_tf32x3(a, b);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(cutlass_fused, CUDA, m) {
+  m.impl("matmul", &matmul_cuda);
   m.impl("linear_stats", &linear_stats_cuda);
   m.impl("batch_norm_finalize", &batch_norm_finalize_cuda);
   m.impl("update_running_stats", &update_running_stats_cuda);

@@ -9,7 +9,9 @@ flags="-std=c++17 -O3 -DNDEBUG --expt-relaxed-constexpr -Xcudafe --diag_suppress
 jobs=()
 for f in csrc/generated/sm90_*.cu; do jobs+=("$f|-gencode=arch=compute_90a,code=sm_90a"); done
 for f in csrc/generated/sm80_*.cu; do jobs+=("$f|-gencode=arch=compute_80,code=sm_80"); done
-jobs+=("csrc/kernels/batch_norm.cu|-gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90,code=sm_90")
+for f in csrc/kernels/batch_norm.cu csrc/kernels/tf32x3.cu; do
+  jobs+=("$f|-gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90,code=sm_90")
+done
 printf '%s\n' "${jobs[@]}" | xargs -P 2 -I{} bash -c '
   f=${1%%|*}; arch=${1#*|}
   nvcc '"$flags"' $arch -c "$f" -o '"$out"'/$(basename "$f").o || { echo "FAILED: $f"; exit 255; }

@@ -75,6 +75,12 @@ def test_linear_scale_batch_norm_eval(device, dtype):
     torch.library.opcheck(ops.linear_scale_batch_norm_eval, (x, w, b, s, *bn, v(), v().abs() + 1, 1e-5, "auto"))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_matmul(device):
+    a, b = torch.randn(7, 13, device=device), torch.randn(13, 10, device=device)
+    torch.library.opcheck(ops.matmul, (a, b, "auto"))
+
+
 def test_kernel_names_lists_only_built_kernels():
     names = cutlass_fused.built_kernels()
     assert all(n.startswith(("sm80_", "sm90_")) for n in names)

@@ -1,0 +1,84 @@
+#include "kernels/check.h"
+#include "kernels/tf32x3.h"
+
+namespace cutlass_fused {
+namespace {
+
+// x rounded to nearest (ties to even) TF32: 10 stored significand bits, the low
+// 13 bits zero, so the tensor core reads it exactly. Non-finite values pass
+// through; a finite value that would round up to infinity is truncated instead.
+__device__ __forceinline__ float tf32_round(float x) {
+  uint32_t u = __float_as_uint(x);
+  if ((u & 0x7f800000u) == 0x7f800000u) return x;
+  uint32_t r = (u + 0x0fffu + ((u >> 13) & 1u)) & 0xffffe000u;
+  if ((r & 0x7f800000u) == 0x7f800000u) r = u & 0xffffe000u;
+  return __uint_as_float(r);
+}
+
+struct Parts {
+  float big, small;
+};
+
+__device__ __forceinline__ Parts split(float x) {
+  float big = tf32_round(x);
+  // x - big is exact in fp32; inf - inf would be NaN, so a non-finite x keeps it all in big.
+  float small = isfinite(x) ? tf32_round(x - big) : 0.f;
+  return {big, small};
+}
+
+__global__ void split_rows_kernel(float const* __restrict__ in, int64_t rows_in, int64_t cols, int64_t ld_in,
+                                  int64_t rows_out, int64_t seg, SplitOrder order, float* __restrict__ out) {
+  int64_t groups = seg / 4, total = rows_out * groups;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
+    int64_t r = i / groups, c0 = (i - r * groups) * 4;
+    float4 big{0.f, 0.f, 0.f, 0.f}, small{0.f, 0.f, 0.f, 0.f};
+    float* b = &big.x;
+    float* s = &small.x;
+    if (r < rows_in) {
+#pragma unroll
+      for (int v = 0; v < 4; ++v) {
+        if (c0 + v < cols) {
+          Parts p = split(in[r * ld_in + c0 + v]);
+          b[v] = p.big;
+          s[v] = p.small;
+        }
+      }
+    }
+    float4* row = reinterpret_cast<float4*>(out + r * 3 * seg + c0);
+    int64_t step = seg / 4;
+    row[0] = big;
+    row[step] = order == SplitOrder::big_small_big ? small : big;
+    row[2 * step] = order == SplitOrder::big_small_big ? big : small;
+  }
+}
+
+__global__ void split_kernel(float const* __restrict__ in, int64_t n, float* __restrict__ big,
+                             float* __restrict__ small) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    Parts p = split(in[i]);
+    big[i] = p.big;
+    small[i] = p.small;
+  }
+}
+
+// Enough blocks to fill any current GPU; the loops stride over the rest.
+unsigned grid_for(int64_t work) {
+  int64_t blocks = (work + 255) / 256;
+  return static_cast<unsigned>(blocks < 4096 ? (blocks > 0 ? blocks : 1) : 4096);
+}
+
+}  // namespace
+
+void split_tf32_rows(float const* in, int64_t rows_in, int64_t cols, int64_t ld_in, int64_t rows_out, int64_t seg,
+                     SplitOrder order, float* out, cudaStream_t stream) {
+  split_rows_kernel<<<grid_for(rows_out * (seg / 4)), 256, 0, stream>>>(in, rows_in, cols, ld_in, rows_out, seg,
+                                                                        order, out);
+  check_cuda(cudaGetLastError(), "split_tf32_rows");
+}
+
+void split_tf32(float const* in, int64_t n, float* big, float* small, cudaStream_t stream) {
+  split_kernel<<<grid_for(n), 256, 0, stream>>>(in, n, big, small);
+  check_cuda(cudaGetLastError(), "split_tf32");
+}
+
+}  // namespace cutlass_fused

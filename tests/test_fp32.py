@@ -1,0 +1,95 @@
+"""fp32 without TF32 (KernelBench's setting): fp32-accurate on tensor cores (3xTF32).
+
+On sm90 the operands are split into TF32 parts and run through the TF32 kernel
+with K tripled; the weight's split is cached in forward-only loops.
+"""
+import pytest
+import torch
+
+import cutlass_fused
+from cutlass_fused.ops import ops
+from cutlass_fused.seed import SeedModel as Seed
+from common import CUDA, FAMILIES, FAMILY_IDS, max_err, needs_cuda, precision
+
+CUDA_FAMILIES = [pytest.param(d, f, id=i) for (d, f), i in zip(FAMILIES, FAMILY_IDS) if d == "cuda"]
+
+
+@needs_cuda
+@pytest.mark.parametrize("device,family", CUDA_FAMILIES)
+@pytest.mark.parametrize("shape", [(128, 1024, 512), (512, 2048, 1000)])
+def test_kernelbench_check(device, family, shape):
+    """KernelBench's correctness check: training mode under no_grad, torch.rand inputs, five
+    seeds, allclose(atol=rtol=1e-4) against the eager fp32 model, running stats included."""
+    m, k, n = shape
+    for trial in range(5):
+        torch.manual_seed(trial)
+        ref = Seed(k, n).to(device)
+        ours = cutlass_fused.LinearScaleBatchNorm1d(k, n, device=device)
+        ours.load_state_dict(ref.state_dict())
+        x = torch.rand(m, k, device=device)
+        with torch.no_grad(), precision(device, family, "f32"):
+            y_ref, y = ref(x), ours(x)
+        torch.testing.assert_close(y, y_ref, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(ours.bn.running_mean, ref.bn.running_mean, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(ours.bn.running_var, ref.bn.running_var, atol=1e-4, rtol=1e-4)
+
+
+@needs_cuda
+@pytest.mark.parametrize("device,family", CUDA_FAMILIES)
+@pytest.mark.parametrize("k", [48, 1024, 8192])
+def test_h_error_within_twice_sgemm(device, family, k):
+    """h = x W^T + b against float64: at most 2x cuBLAS SGEMM's error (plus 1e-7 relative)."""
+    torch.manual_seed(k)
+    m, n = 256, 520
+    x, w, b = torch.randn(m, k, device=device), torch.randn(n, k, device=device) / k ** 0.5, torch.randn(n, device=device)
+    ref = torch.nn.functional.linear(x.double(), w.double(), b.double())
+    with precision(device, family, "f32"):
+        h = ops.linear_stats(x, w, b, family, False)[0]
+        sgemm = torch.nn.functional.linear(x, w, b)
+    scale = ref.abs().max().item()
+    e_ours, e_sgemm = max_err(h, ref) / scale, max_err(sgemm, ref) / scale
+    assert e_ours <= 2 * e_sgemm + 1e-7, f"K={k}: relative error {e_ours:.3g} > 2 x SGEMM's {e_sgemm:.3g} + 1e-7"
+
+
+@needs_cuda
+@pytest.mark.parametrize("device,family", CUDA_FAMILIES)
+def test_weight_split_cache_follows_the_weight(device, family):
+    """A forward-only loop reuses the weight's split; in-place updates, a reloaded state
+    and a new weight of the same shape each take effect at once."""
+    torch.manual_seed(0)
+    ref = Seed(96, 40).to(device)
+    ours = cutlass_fused.LinearScaleBatchNorm1d(96, 40, device=device)
+    ours.load_state_dict(ref.state_dict())
+    ref.eval(), ours.eval()
+    x = torch.randn(33, 96, device=device)
+    with torch.no_grad(), precision(device, family, "f32"):
+        updates = [lambda m: None,
+                   lambda m: m.gemm.weight.mul_(-0.5),
+                   lambda m: m.gemm.weight.copy_(torch.randn(40, 96, device=device)),
+                   lambda m: m.load_state_dict({**m.state_dict(), "gemm.weight": torch.ones(40, 96, device=device)})]
+        for i, update in enumerate(updates):
+            torch.manual_seed(i)
+            update(ref)
+            torch.manual_seed(i)
+            update(ours)
+            assert max_err(ours(x), ref(x)) < 1e-4, f"after update {i}"
+        ours.gemm.weight = torch.nn.Parameter(torch.randn(40, 96, device=device))
+        ref.gemm.weight = torch.nn.Parameter(ours.gemm.weight.detach().clone())
+        assert max_err(ours(x), ref(x)) < 1e-4, "after a new weight"
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA else []))
+@pytest.mark.parametrize("trans", [(False, False), (True, False), (False, True)])
+def test_matmul_matches_float64(device, trans):
+    """The backward's GEMM op: a @ b in the forward's precision, any dense layout."""
+    torch.manual_seed(1)
+    a, b = torch.randn(70, 300, device=device), torch.randn(300, 90, device=device)
+    a = a.t().contiguous().t() if trans[0] else a
+    b = b.t().contiguous().t() if trans[1] else b
+    for family in ("auto", "sm80"):
+        with precision(device, family, "f32"):
+            out = ops.matmul(a, b, family)
+            sgemm = a @ b
+        ref = a.double() @ b.double()
+        assert out.shape == (70, 90) and out.dtype == torch.float32
+        assert max_err(out, ref) <= 2 * max_err(sgemm, ref) + 1e-6
