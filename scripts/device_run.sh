@@ -21,7 +21,7 @@ echo "build rc=$rc in $(( $(date +%s) - start )) s"
 [ $rc -eq 0 ] || { tail -60 "$OUT/build.log"; exit $rc; }
 if [ -z "${SKIP_TESTS:-}" ]; then
   start=$(date +%s)
-  CUTLASS_FUSED_POISON=1 timeout ${TEST_TIMEOUT:-300} python3 -m pytest tests -q -rs -x ${PYTEST_ARGS:-} > "$OUT/test.log" 2>&1
+  CUTLASS_FUSED_POISON=1 timeout ${TEST_TIMEOUT:-300} python3 -m pytest tests -q -rs ${PYTEST_ARGS:-} > "$OUT/test.log" 2>&1
   echo "pytest rc=$? in $(( $(date +%s) - start )) s: $(tail -1 "$OUT/test.log")"
   grep -E "^(FAILED|ERROR)|Error|assert" "$OUT/test.log" | head -20
 fi
