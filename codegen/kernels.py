@@ -5,7 +5,8 @@ performance work is one line plus `python -m codegen.generate`.
 
 Fields
   family   "sm90" (TMA warp-specialized, sm90a) or "sm80" (mma.sync, runs on sm80+)
-  dtype    "bf16", "f16", "tf32" (fp32 in/out, TF32 math), "f32x3" (fp32, 3xTF32 math)
+  dtype    "bf16", "f16", "tf32" (fp32 in/out, TF32 math), "f32x3" (fp32, 3xTF32 math:
+           in-kernel on sm80; on sm90 TF32 math over split operands, with promotion)
   mode     "train"  Z = (acc + b)*a + c, store Z, plus fp64 column sums of Z and Z^2:
                     sm90: per-CTA partials (ceil(M/tile_m) x round_up(N, tile_n)) that
                           our reduce kernel sums in a fixed order (deterministic);
@@ -58,6 +59,15 @@ _SM90 = [
     Kernel("sm90", dt, mode, (128, 256, 32 if dt == "tf32" else 64), (1, 2, 1),
            epi_tile=(128, 64) if mode == "train" else None)
     for dt in ("bf16", "f16", "tf32")
+    for mode in ("train", "eval")
+]
+
+# sm90 fp32 without TF32: the TF32 kernel run over operands split for 3xTF32
+# (the binding splits them, K tripled) with accumulator promotion
+# (csrc/kernels/promoted_mainloop.h). Promotion keeps a second accumulator, so
+# the CTA tile is halved to 128x128 to stay within the register budget.
+_SM90 += [
+    Kernel("sm90", "f32x3", mode, (128, 128, 32), (1, 2, 1), epi_tile=(128, 64) if mode == "train" else None)
     for mode in ("train", "eval")
 ]
 

@@ -114,7 +114,7 @@ struct Operands {
 
 Operands operands(at::Tensor const& x, at::Tensor const& weight, int64_t kn, bool split) {
   if (!split) return {aligned_rows(x), weight_rows(weight, kn), x.size(1)};
-  auto xs = split_input_tf32x3(x);
+  auto xs = split_tf32x3(x, x.size(0), SplitOrder::big_small_big);
   return {xs, split_weight_tf32x3(weight, kn), xs.size(1)};
 }
 
@@ -181,7 +181,7 @@ std::tuple<at::Tensor, at::Tensor> linear_stats_cuda(at::Tensor const& x, at::Te
   // our ordered column_stats kernel sums it instead.
   bool separate_stats = deterministic && std::string(fam) == "sm80";
   bool split = split_tf32x3(fam, dt);
-  auto const& info = lookup(fam, split ? "tf32" : dt, separate_stats ? "eval" : "train", m, n, k);
+  auto const& info = lookup(fam, dt, separate_stats ? "eval" : "train", m, n, k);
 
   // Both families need N to be a multiple of 16 bytes (sm80 stores whole
   // vectors, sm90's can_implement rejects D otherwise): the kernel computes kn
@@ -362,7 +362,7 @@ at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor con
   char const* dt = kernel_dtype(x.scalar_type());
   char const* fam = pick_family(family, dt, dev);
   bool split = split_tf32x3(fam, dt);
-  auto const& info = lookup(fam, split ? "tf32" : dt, "eval", m, n, k);
+  auto const& info = lookup(fam, dt, "eval", m, n, k);
 
   int64_t kn = padded_ld(n, x.scalar_type());  // as in linear_stats_cuda
   auto stream = at::cuda::getCurrentCUDAStream().stream();
@@ -383,7 +383,8 @@ at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor con
 }
 
 // The backward's GEMMs in the forward's precision: fp32 without TF32 on the
-// sm90 family is 3xTF32 there too; everything else is torch's own mm.
+// sm90 family is 3xTF32 there too (cuBLAS's TF32 GEMMs drift like unpromoted
+// ones: csrc/kernels/promoted_mainloop.h); everything else is torch's own mm.
 at::Tensor matmul_cuda(at::Tensor const& a, at::Tensor const& b, c10::string_view family) {
   TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0),
               "cutlass_fused: mat1 and mat2 shapes cannot be multiplied (", a.size(0), "x", a.size(1), " and ",
@@ -394,7 +395,16 @@ at::Tensor matmul_cuda(at::Tensor const& a, at::Tensor const& b, c10::string_vie
   c10::cuda::CUDAGuard guard(a.device());
   char const* dt = kernel_dtype(at::kFloat);
   if (!split_tf32x3(pick_family(family, dt, a.device()), dt)) return at::mm(a, b);
-  return matmul_tf32x3(a, b);
+  // out = A' B'^T through the eval kernel with no epilogue vectors: A' from a's
+  // rows, B' from b's columns (b^T's rows, read transposed), both split.
+  int64_t m = a.size(0), n = b.size(1), kn = padded_ld(n, at::kFloat);
+  auto const& info = lookup("sm90", dt, "eval", m, n, a.size(1));
+  auto as = split_tf32x3(a, m, SplitOrder::big_small_big), bs = split_tf32x3(b.t(), kn, SplitOrder::big_big_small);
+  auto out = empty_padded(m, n, a.options());
+  poison(out);
+  GemmEvtArgs p = gemm_args(as, bs, out, kn);
+  run(info, p, a);
+  return out.is_contiguous() ? out : out.contiguous();
 }
 
 }  // namespace

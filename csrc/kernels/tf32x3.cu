@@ -52,12 +52,25 @@ __global__ void split_rows_kernel(float const* __restrict__ in, int64_t rows_in,
   }
 }
 
-__global__ void split_kernel(float const* __restrict__ in, int64_t n, float* __restrict__ big,
-                             float* __restrict__ small) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    Parts p = split(in[i]);
-    big[i] = p.big;
-    small[i] = p.small;
+// The same split of a transposed input (stride_r == 1): 32 x 32 tiles through
+// shared memory, so that both the reads and the writes are coalesced.
+__global__ void split_transposed_kernel(float const* __restrict__ in, int64_t rows_in, int64_t cols, int64_t stride_c,
+                                        int64_t rows_out, int64_t seg, SplitOrder order, float* __restrict__ out) {
+  __shared__ float tile[32][33];
+  int64_t c_base = blockIdx.x * int64_t{32}, r_base = blockIdx.y * int64_t{32};
+  for (int j = threadIdx.y; j < 32; j += 8) {
+    int64_t r = r_base + threadIdx.x, c = c_base + j;
+    tile[j][threadIdx.x] = r < rows_in && c < cols ? in[r + c * stride_c] : 0.f;
+  }
+  __syncthreads();
+  for (int j = threadIdx.y; j < 32; j += 8) {
+    int64_t r = r_base + j, c = c_base + threadIdx.x;
+    if (r >= rows_out || c >= seg) continue;
+    Parts p = split(tile[threadIdx.x][j]);
+    float* row = out + r * 3 * seg + c;
+    row[0] = p.big;
+    row[seg] = order == SplitOrder::big_small_big ? p.small : p.big;
+    row[2 * seg] = order == SplitOrder::big_small_big ? p.big : p.small;
   }
 }
 
@@ -69,16 +82,16 @@ unsigned grid_for(int64_t work) {
 
 }  // namespace
 
-void split_tf32_rows(float const* in, int64_t rows_in, int64_t cols, int64_t ld_in, int64_t rows_out, int64_t seg,
-                     SplitOrder order, float* out, cudaStream_t stream) {
-  split_rows_kernel<<<grid_for(rows_out * (seg / 4)), 256, 0, stream>>>(in, rows_in, cols, ld_in, rows_out, seg,
-                                                                        order, out);
+void split_tf32_rows(float const* in, int64_t rows_in, int64_t cols, int64_t stride_r, int64_t stride_c,
+                     int64_t rows_out, int64_t seg, SplitOrder order, float* out, cudaStream_t stream) {
+  if (stride_c == 1) {
+    split_rows_kernel<<<grid_for(rows_out * (seg / 4)), 256, 0, stream>>>(in, rows_in, cols, stride_r, rows_out, seg,
+                                                                          order, out);
+  } else {
+    dim3 grid(static_cast<unsigned>((seg + 31) / 32), static_cast<unsigned>((rows_out + 31) / 32));
+    split_transposed_kernel<<<grid, dim3(32, 8), 0, stream>>>(in, rows_in, cols, stride_c, rows_out, seg, order, out);
+  }
   check_cuda(cudaGetLastError(), "split_tf32_rows");
-}
-
-void split_tf32(float const* in, int64_t n, float* big, float* small, cudaStream_t stream) {
-  split_kernel<<<grid_for(n), 256, 0, stream>>>(in, n, big, small);
-  check_cuda(cudaGetLastError(), "split_tf32");
 }
 
 }  // namespace cutlass_fused

@@ -6,8 +6,7 @@
 // dropped small·small term is ~2^-22 relative). Three TF32 products cost three
 // TF32 passes, still far faster than SIMT fp32 on Hopper, where CUTLASS has no
 // 3xTF32 kernel: the forward's statistics GEMM (sm90, TF32) runs over operands
-// split and concatenated along K, and the backward's GEMMs run as three cuBLAS
-// TF32 GEMMs over the parts (csrc/tf32x3_cuda.cpp).
+// split and concatenated along K, as do the backward's GEMMs.
 #pragma once
 
 #include <cstdint>
@@ -21,13 +20,12 @@ namespace cutlass_fused {
 // K-concatenated dot product is big·big + small·big + big·small.
 enum class SplitOrder { big_small_big, big_big_small };
 
-// out (rows_out x 3 seg, row-major, 16-byte aligned, seg % 4 == 0) from in
-// (rows_in x cols, row stride ld_in): each row's three segments in `order`,
-// each `seg` long with zeros past `cols`, and zero rows past rows_in.
-void split_tf32_rows(float const* in, int64_t rows_in, int64_t cols, int64_t ld_in, int64_t rows_out, int64_t seg,
-                     SplitOrder order, float* out, cudaStream_t stream);
-
-// big[i], small[i] for i < n: the same split, elementwise.
-void split_tf32(float const* in, int64_t n, float* big, float* small, cudaStream_t stream);
+// out (rows_out x 3 seg, row-major, 16-byte aligned, seg % 4 == 0) from the
+// logical rows_in x cols matrix whose element (r, c) is in[r * stride_r + c * stride_c]:
+// each row's three segments in `order`, each `seg` long with zeros past
+// `cols`, and zero rows past rows_in. Either stride must be 1: stride_c == 1
+// reads rows, stride_r == 1 reads a transposed matrix through shared-memory tiles.
+void split_tf32_rows(float const* in, int64_t rows_in, int64_t cols, int64_t stride_r, int64_t stride_c,
+                     int64_t rows_out, int64_t seg, SplitOrder order, float* out, cudaStream_t stream);
 
 }  // namespace cutlass_fused
