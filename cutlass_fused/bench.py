@@ -190,8 +190,11 @@ def check(case, family):
 
 def meta(argv, device):
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent, timeout=10).stdout.strip() or "unknown"
+        git = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True, cwd=Path(__file__).parent,
+                                        timeout=10).stdout.strip()
+        commit = git("rev-parse", "--short", "HEAD") or "unknown"
+        if git("status", "--porcelain", "--untracked-files=no"):
+            commit += "+dirty"  # the numbers are of a working tree that differs from that commit
     except (OSError, subprocess.SubprocessError):
         commit = "unknown"
     return {"gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -388,6 +391,7 @@ def plot(result, path, sweep):
             ax.set_ylabel("TFLOP/s")
         else:
             ax.axhline(1.0, color="k", lw=0.8)
+            ax.set_yscale("log")  # small shapes run tens of times the floor; large ones near it
             ax.set_xticks([i + 0.4 - 0.4 / len(impls) for i in range(len(shapes))])
             ax.set_xticklabels(["x".join(map(str, s)) for s in shapes], fontsize=7)
             ax.set_ylabel("time / torch.mm" + (" (x3)" if mode == "fwdbwd" else "") + ", lower is better")
