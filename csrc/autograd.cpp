@@ -155,7 +155,8 @@ struct EvalFunction : torch::autograd::Function<EvalFunction> {
     at::Tensor dyf = grads[0].to(at::kFloat);
     auto invstd = (running_var.to(at::kFloat) + ctx->saved_data["eps"].toDouble()).rsqrt();
     auto g = bn_weight.defined() ? invstd * bn_weight.to(at::kFloat) : invstd;
-    auto dh = (dyf * (scale.to(at::kFloat) * g)).to(grads[0].scalar_type());
+    // dh in x's dtype, for the GEMMs with x and weight (y may be wider: see output_dtype).
+    auto dh = (dyf * (scale.to(at::kFloat) * g)).to(x.scalar_type());
     linear_grads(dh, x, weight, need[0], need[1], ctx, out);
     if (need[2]) out[2] = dh.to(at::kFloat).sum(0).to(bias.scalar_type());
     if (need[3] || need[4]) {

@@ -19,6 +19,10 @@ inline at::Tensor empty_padded(int64_t m, int64_t n, at::TensorOptions opts) {
   return at::empty({m, padded_ld(n, opts.dtype().toScalarType())}, opts).narrow(1, 0, n);
 }
 
+// The dtype of y: h (or x) times scale, promoted as PyTorch promotes `h * scale`
+// in the unfused model (bf16 h and an fp32 scale give fp32, as under autocast).
+inline at::ScalarType output_dtype(at::ScalarType h, at::ScalarType scale) { return at::promote_types(h, scale); }
+
 void check_linear_args(at::Tensor const& x, at::Tensor const& weight, c10::optional<at::Tensor> const& bias,
                        c10::optional<at::Tensor> const& scale);
 void check_vector(c10::optional<at::Tensor> const& t, char const* name, int64_t n);

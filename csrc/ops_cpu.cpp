@@ -57,7 +57,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_finalize_cpu(
   auto acc = acc_type(h.scalar_type());
   auto mul = scale.to(at::kDouble) * invstd * opt64(weight, 1.0);
   auto y = (h.to(acc) - mo.mean_h.to(acc)) * mul.to(acc) + opt64(bias, 0.0).to(acc);
-  return {y.to(h.scalar_type()).contiguous(), mo.mean_h, invstd};
+  return {y.to(output_dtype(h.scalar_type(), scale.scalar_type())).contiguous(), mo.mean_h, invstd};
 }
 
 void update_running_stats_cpu(at::Tensor const& stats, at::Tensor const& scale, int64_t count,
@@ -108,7 +108,9 @@ at::Tensor linear_scale_batch_norm_eval_cpu(at::Tensor const& x, at::Tensor cons
   auto a = scale.to(at::kDouble) * g;
   auto c = opt64(bn_bias, 0.0) - running_mean.to(at::kDouble) * g;
   auto acc = acc_type(x.scalar_type());
-  return (linear_acc(x, weight, bias) * a.to(acc) + c.to(acc)).to(x.scalar_type()).contiguous();
+  // Rounded to x's dtype first, as the CUDA kernel stores it, then widened where y's dtype is wider.
+  auto y = (linear_acc(x, weight, bias) * a.to(acc) + c.to(acc)).to(x.scalar_type());
+  return y.to(output_dtype(x.scalar_type(), scale.scalar_type())).contiguous();
 }
 
 at::Tensor matmul_cpu(at::Tensor const& a, at::Tensor const& b, c10::string_view) { return at::mm(a, b); }

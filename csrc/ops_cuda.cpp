@@ -270,11 +270,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_finalize_cuda(
   a.scale = col_vec(scale, "scale", n, h.device());
   a.weight = col_vec(weight, "bn_weight", n, h.device());
   a.bias = col_vec(bias, "bn_bias", n, h.device());
-  auto y = at::empty({m, n}, h.options());
+  auto y = at::empty({m, n}, h.options().dtype(output_dtype(h.scalar_type(), scale.scalar_type())));
   poison(y);
   auto mean = at::empty({n}, h.options().dtype(at::kDouble));
   auto invstd = at::empty({n}, h.options().dtype(at::kDouble));
   a.dt = dtype_of(h.scalar_type(), "h");
+  a.dt_y = dtype_of(y.scalar_type(), "h * scale");
+  TORCH_CHECK(a.dt_y == a.dt || a.dt_y == DType::f32, "cutlass_fused: expected h * scale to promote to h's dtype ",
+              h.scalar_type(), " or to float32, but got ", y.scalar_type());
   a.h = h.data_ptr();
   a.ldh = h.stride(0);
   a.y = y.data_ptr();
@@ -316,9 +319,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_c
     at::Tensor const& dy_in, at::Tensor const& h, at::Tensor const& mean, at::Tensor const& invstd,
     at::Tensor const& scale, c10::optional<at::Tensor> const& weight, double eps) {
   int64_t m = h.size(0), n = h.size(1);
-  TORCH_CHECK(dy_in.sizes() == h.sizes() && dy_in.scalar_type() == h.scalar_type(),
-              "cutlass_fused: expected the gradient to match h (", h.sizes(), " ", h.scalar_type(), "), but got ",
-              dy_in.sizes(), " ", dy_in.scalar_type());
+  TORCH_CHECK(dy_in.sizes() == h.sizes() && (dy_in.scalar_type() == h.scalar_type() || dy_in.scalar_type() == at::kFloat),
+              "cutlass_fused: expected the gradient to have h's shape ", h.sizes(), " and h's dtype ", h.scalar_type(),
+              " or float32 (y's dtype), but got ", dy_in.sizes(), " ", dy_in.scalar_type());
   TORCH_CHECK(h.stride(1) == 1, "cutlass_fused: expected h to have unit column stride");
   check_device(dy_in, h.device(), "grad");
   c10::cuda::CUDAGuard guard(h.device());
@@ -333,6 +336,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_c
   auto ws = at::empty({static_cast<int64_t>(batch_norm_backward_workspace(static_cast<int>(m), static_cast<int>(n)))},
                       h.options().dtype(at::kByte));
   g.dt = dtype_of(h.scalar_type(), "h");
+  g.dt_dy = dtype_of(dy.scalar_type(), "grad");
   g.dy = dy.data_ptr();
   g.h = h.data_ptr();
   g.ldh = h.stride(0);
@@ -383,6 +387,10 @@ at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor con
   p.a = ac[0].data_ptr<float>();
   p.c = ac[1].data_ptr<float>();
   run(info, p, x);
+  // The kernel stores x's dtype; where h * scale promotes (a 16-bit layer with an
+  // fp32 scale, as under autocast) y widens to match the unfused model's dtype.
+  auto out = output_dtype(x.scalar_type(), scale.scalar_type());
+  if (out != y.scalar_type()) return y.to(out);
   return y.is_contiguous() ? y : y.contiguous();
 }
 

@@ -121,10 +121,12 @@ def graphed(fn):
 class Case:
     """One shape and precision: the models, the inputs and a callable per (impl, mode)."""
 
-    def __init__(self, shape, dtype_name, device):
+    def __init__(self, shape, dtype_name, device, autocast=None):
         m, k, n = shape
         self.shape, self.dtype_name, self.device = shape, dtype_name, device
-        dt = DTYPES[dtype_name]
+        # Under autocast the models and inputs stay fp32, as in a mixed-precision training loop.
+        self.autocast = autocast
+        dt = torch.float32 if autocast else DTYPES[dtype_name]
         torch.manual_seed(0)
         self.seed = SeedModel(k, n).to(device, dt)
         self.ours = cutlass_fused.LinearScaleBatchNorm1d(k, n, device=device, dtype=dt)
@@ -141,12 +143,28 @@ class Case:
             return self.ours
         if impl not in self.compiled:
             mode = "max-autotune-no-cudagraphs" if impl == "compile-max-autotune" else "default"
-            model = SeedModel(*self.shape[1:]).to(self.device, DTYPES[self.dtype_name])
+            model = SeedModel(*self.shape[1:]).to(self.device, self.seed.gemm.weight.dtype)
             model.load_state_dict(self.seed.state_dict())
             self.compiled[impl] = (model, torch.compile(model, mode=mode, dynamic=False))
         return self.compiled[impl]
 
     def fn(self, impl, mode):
+        if impl == "torch.mm" and self.autocast:
+            # The floor stays the bare GEMM in the autocast dtype, without the casts.
+            dt = DTYPES[self.dtype_name]
+            x, w = self.x.to(dt), self.seed.gemm.weight.detach().to(dt)
+            return lambda: torch.mm(x, w.t())
+        fn = self._fn(impl, mode)
+        if not self.autocast:
+            return fn
+        dt = DTYPES[self.dtype_name]
+
+        def under_autocast():
+            with torch.autocast(self.device.type, dtype=dt):
+                return fn()
+        return under_autocast
+
+    def _fn(self, impl, mode):
         if impl == "torch.mm":
             w = self.seed.gemm.weight.detach()
             return lambda: torch.mm(self.x, w.t())
@@ -177,10 +195,13 @@ def check(case, family):
         for mod in (case.seed, case.ours, ref):
             mod.train(train)
             mod.load_state_dict(state)
+        amp = torch.autocast(case.device.type, dtype=DTYPES[case.dtype_name], enabled=bool(case.autocast))
         with torch.no_grad(), cutlass_fused.use_kernel_family(family):
             y64 = ref(case.x.double())
-            e_ours = (case.ours(case.x).double() - y64).abs().max().item()
-            e_eager = (case.seed(case.x).double() - y64).abs().max().item()
+            with amp:
+                y_ours, y_eager = case.ours(case.x), case.seed(case.x)
+            e_ours = (y_ours.double() - y64).abs().max().item()
+            e_eager = (y_eager.double() - y64).abs().max().item()
         for mod in (case.seed, case.ours):
             mod.load_state_dict(state)
         ok = e_ours <= 2 * e_eager + FLOOR[case.dtype_name]
@@ -219,6 +240,10 @@ def run(args, argv):
         if args.dtype not in (None, "bf16", "f32"):
             raise SystemExit(f"cutlass_fused.bench: --dtype {args.dtype} needs a GPU; the CPU runs bf16 and f32")
     args.dtype = args.dtype or ("bf16" if cuda else "f32")
+    if args.autocast and args.dtype not in ("bf16", "f16"):
+        raise SystemExit("cutlass_fused.bench: --autocast needs --dtype bf16 or f16")
+    if args.autocast and not cuda and args.dtype != "bf16":
+        raise SystemExit("cutlass_fused.bench: CPU autocast runs bf16")
     torch.backends.cuda.matmul.allow_tf32 = args.dtype == "tf32"
     shapes = args.shape or (SHAPES if cuda else [(128, 1024, 512)])
     if args.sweep:
@@ -240,7 +265,7 @@ def run(args, argv):
         bar = None
     for shape in shapes:
         torch._dynamo.reset()
-        case = Case(shape, args.dtype, device)
+        case = Case(shape, args.dtype, device, args.autocast)
         res = check(case, args.family)
         for mode, (e_ours, e_eager, ok) in res.items():
             checks.append({"shape": list(shape), "dtype": args.dtype, "mode": mode, "err_ours": e_ours,
@@ -318,7 +343,8 @@ def measure(case, impl, mode, use_graph, args, out_dir, cuda):
               file=sys.stderr)
         return None
     flops = GEMMS[mode] * 2 * m * n * k
-    row = {"shape": [m, k, n], "dtype": case.dtype_name, "mode": mode, "impl": impl, "graphs": use_graph,
+    dtype = f"{case.dtype_name}-autocast" if case.autocast else case.dtype_name
+    row = {"shape": [m, k, n], "dtype": dtype, "mode": mode, "impl": impl, "graphs": use_graph,
            "ms": ms, "tflops": flops / ms / 1e9, "ratio_to_mm": None, **extra}
     return row
 
@@ -412,6 +438,8 @@ def main(argv=None):
     ap.add_argument("--dtype", choices=DTYPES, help="f32 = fp32 with TF32 disallowed (default: bf16 on a GPU, f32 on the CPU)")
     ap.add_argument("--mode", choices=MODES, action="append", help="repeatable; default: all three")
     ap.add_argument("--family", choices=("auto", "sm90", "sm80"), default="auto")
+    ap.add_argument("--autocast", action="store_true",
+                    help="fp32 models and inputs under torch.autocast(dtype=--dtype), which must be bf16 or f16")
     ap.add_argument("--impl", choices=IMPLS, action="append", help="repeatable; default: all")
     ap.add_argument("--graphs", action="store_true", help="add rows with each call captured in a CUDA graph")
     ap.add_argument("--sweep", action="store_true", help="batch 128..16384 at 8192 -> 8192")

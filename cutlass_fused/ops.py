@@ -32,7 +32,8 @@ def _linear_stats(x, weight, bias, family, deterministic):
 def _finalize(h, stats, scale, count, weight, bias, eps):
     n = h.shape[1]
     # mean and invstd are fp64 for every dtype: the backward's h - mean cancels.
-    return h.new_empty(h.shape), h.new_empty((n,), dtype=torch.float64), h.new_empty((n,), dtype=torch.float64)
+    y = h.new_empty(h.shape, dtype=torch.promote_types(h.dtype, scale.dtype))  # as h * scale promotes
+    return y, h.new_empty((n,), dtype=torch.float64), h.new_empty((n,), dtype=torch.float64)
 
 
 @torch.library.register_fake("cutlass_fused::linear_scale_batch_norm_train")
@@ -59,7 +60,7 @@ def _(dy, h, mean, invstd, scale, weight, eps):
 @torch.library.register_fake("cutlass_fused::linear_scale_batch_norm_eval")
 def _(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, eps, family):
     torch._check(x.shape[1] == weight.shape[1], lambda: "cutlass_fused: mat1 and mat2 shapes cannot be multiplied")
-    return x.new_empty((x.shape[0], weight.shape[0]))
+    return x.new_empty((x.shape[0], weight.shape[0]), dtype=torch.promote_types(x.dtype, scale.dtype))
 
 
 @torch.library.register_fake("cutlass_fused::matmul")

@@ -46,7 +46,8 @@ def run_steps(device, family, mode, shape, training, momentum, steps, affine=Tru
                 x, ours["weight"], ours["bias"], ours["scale"], ours["bn_weight"], ours["bn_bias"],
                 ours["running_mean"], ours["running_var"], training, momentum, 1e-5, nbt)
             h = ops.linear_stats(x, ours["weight"], ours["bias"], family, False)[0]
-        assert y.shape == (m, n) and y.dtype == dtype and y.is_contiguous()
+        # y has h * scale's promoted dtype, as in the unfused model (fp32 for a 16-bit h and fp32 scale).
+        assert y.shape == (m, n) and y.dtype == torch.promote_types(dtype, ours["scale"].dtype) and y.is_contiguous()
         mom = momentum if momentum is not None else 1.0 / (step + 1)
         bn = lambda zz, key: batch_norm(zz, p64 if zz.dtype == torch.float64 else p, run[key], training, mom)
         z64 = reference_z(x.double().cpu(), p64)

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <stdexcept>
 #include <initializer_list>
 #include <type_traits>
 
@@ -29,6 +30,18 @@ void dispatch(DType dt, F&& f) {
     case DType::f16: f(__half{}); break;
     case DType::f32: f(float{}); break;
   }
+}
+
+// T and a second dtype that is either T or fp32: the (h, y) and (h, dy) pairs.
+template <class F>
+void dispatch_pair(DType dt, DType dt2, F&& f) {
+  if (dt2 != dt && dt2 != DType::f32) throw std::runtime_error("cutlass_fused: unsupported dtype pair");
+  dispatch(dt, [&](auto t) {
+    if (dt2 == dt)
+      f(t, t);
+    else
+      f(t, float{});
+  });
 }
 
 // Element c of a per-column vector as fp64; `none` where the vector is absent.
@@ -131,13 +144,13 @@ struct SumSquares {
 };
 
 // (dy, h) -> (dy, dy (h - mean_h)): the backward's sums.
-template <class T>
+template <class T, class TY>
 struct GradSums {
-  T const* dy; T const* h; int64_t ldh; int n; double const* mean_h;
+  TY const* dy; T const* h; int64_t ldh; int n; double const* mean_h;
   __device__ double center(int c) const { return mean_h[c]; }
   template <int V>
   __device__ void add(int64_t r, int c0, double const (&mu)[V], double (&a)[V], double (&b)[V]) const {
-    auto g = load_group<T, V>(dy + r * n + c0);
+    auto g = load_group<TY, V>(dy + r * n + c0);
     auto x = load_group<T, V>(h + r * ldh + c0);
 #pragma unroll
     for (int v = 0; v < V; ++v) {
@@ -268,7 +281,7 @@ __device__ void block_columns(int n, Col (&col)[V], Make&& make) {
 
 // Block: 32 column groups of V columns x 8 row lanes; each lane takes R rows
 // at a time, 8 apart, issuing their loads before any of their math.
-template <class T, int V, int R>
+template <class T, class TO, int V, int R>
 __global__ void finalize_normalize_kernel(FinalizeArgs a) {
   using A = Acc<T>;
   Column<A> col[V];
@@ -276,7 +289,7 @@ __global__ void finalize_normalize_kernel(FinalizeArgs a) {
   int c0 = (blockIdx.x * 32 + threadIdx.x) * V;  // n % V == 0 when V > 1: groups are whole
   if (c0 >= a.n) return;
   auto const* h = static_cast<T const*>(a.h);
-  auto* y = static_cast<T*>(a.y);
+  auto* y = static_cast<TO*>(a.y);
   for (int64_t r0 = blockIdx.y * 8 * R + threadIdx.y; r0 < a.m; r0 += int64_t{gridDim.y} * 8 * R) {
     Group<T, V> in[R];
 #pragma unroll
@@ -286,11 +299,11 @@ __global__ void finalize_normalize_kernel(FinalizeArgs a) {
 #pragma unroll
     for (int i = 0; i < R; ++i) {
       if (r0 + 8 * i >= a.m) break;
-      Group<T, V> out;
+      Group<TO, V> out;
 #pragma unroll
       for (int v = 0; v < V; ++v)
-        out.v[v] = from_float<T>((A(to_float(in[i].v[v])) - col[v].mean_h) * col[v].mul + col[v].b);
-      store_group<T, V>(y + (r0 + 8 * i) * a.n + c0, out);
+        out.v[v] = from_float<TO>((A(to_float(in[i].v[v])) - col[v].mean_h) * col[v].mul + col[v].b);
+      store_group<TO, V>(y + (r0 + 8 * i) * a.n + c0, out);
     }
   }
 }
@@ -318,23 +331,24 @@ __device__ GradColumn<A> grad_column(BackwardArgs const& g, double const* sums, 
           static_cast<A>(-a * sdy / count)};
 }
 
-template <class T, int V, int R>
+template <class T, class TY, int V, int R>
 __global__ void grad_input_kernel(BackwardArgs g, double const* __restrict__ sums) {
   using A = Acc<T>;
   GradColumn<A> col[V];
   block_columns<V>(g.n, col, [&](int c) { return grad_column<A>(g, sums, c); });
   int c0 = (blockIdx.x * 32 + threadIdx.x) * V;
   if (c0 >= g.n) return;
-  auto const* dy = static_cast<T const*>(g.dy);
+  auto const* dy = static_cast<TY const*>(g.dy);
   auto const* h = static_cast<T const*>(g.h);
   auto* dh = static_cast<T*>(g.dh);
   for (int64_t r0 = blockIdx.y * 8 * R + threadIdx.y; r0 < g.m; r0 += int64_t{gridDim.y} * 8 * R) {
-    Group<T, V> in_dy[R], in_h[R];
+    Group<TY, V> in_dy[R];
+    Group<T, V> in_h[R];
 #pragma unroll
     for (int i = 0; i < R; ++i) {
       int64_t r = r0 + 8 * i;
       if (r < g.m) {
-        in_dy[i] = load_group<T, V>(dy + r * g.n + c0);
+        in_dy[i] = load_group<TY, V>(dy + r * g.n + c0);
         in_h[i] = load_group<T, V>(h + r * g.ldh + c0);
       }
     }
@@ -401,10 +415,11 @@ void column_stats(DType dt, void const* h, int m, int n, int64_t ldh, double* st
 }
 
 void finalize_normalize(FinalizeArgs const& a, cudaStream_t stream) {
-  dispatch(a.dt, [&](auto t) {
+  dispatch_pair(a.dt, a.dt_y, [&](auto t, auto to) {
     using T = decltype(t);
+    using TO = decltype(to);
     launch_rows<T, 4>(a.m, a.n, a.ldh, {a.h, a.y}, 4096, [&](auto v, dim3 grid) {
-      finalize_normalize_kernel<T, decltype(v)::value, 4><<<grid, dim3(32, 8), 0, stream>>>(a);
+      finalize_normalize_kernel<T, TO, decltype(v)::value, 4><<<grid, dim3(32, 8), 0, stream>>>(a);
     });
   });
   check_cuda(cudaGetLastError(), "finalize_normalize");
@@ -417,12 +432,13 @@ size_t batch_norm_backward_workspace(int m, int n) {
 void batch_norm_backward(BackwardArgs const& g, cudaStream_t stream) {
   auto* sums = static_cast<double*>(g.workspace);
   auto* partials = sums + 2 * static_cast<int64_t>(g.n);
-  dispatch(g.dt, [&](auto t) {
+  dispatch_pair(g.dt, g.dt_dy, [&](auto t, auto ty) {
     using T = decltype(t);
-    GradSums<T> terms{static_cast<T const*>(g.dy), static_cast<T const*>(g.h), g.ldh, g.n, g.mean_h};
+    using TY = decltype(ty);
+    GradSums<T, TY> terms{static_cast<TY const*>(g.dy), static_cast<T const*>(g.h), g.ldh, g.n, g.mean_h};
     column_sums<T>(terms, g.m, g.n, g.ldh, {g.dy, g.h}, sums, partials, stream);
     launch_rows<T, 1>(g.m, g.n, g.ldh, {g.h, g.dy, g.dh}, 1024, [&](auto v, dim3 grid) {
-      grad_input_kernel<T, decltype(v)::value, 1><<<grid, dim3(32, 8), 0, stream>>>(g, sums);
+      grad_input_kernel<T, TY, decltype(v)::value, 1><<<grid, dim3(32, 8), 0, stream>>>(g, sums);
     });
   });
   check_cuda(cudaGetLastError(), "batch_norm_backward");

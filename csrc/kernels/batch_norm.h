@@ -43,7 +43,8 @@ void column_stats(DType dt, void const* z, int m, int n, int64_t ldz, double* st
                   cudaStream_t stream);
 
 struct FinalizeArgs {
-  DType dt;                       // of h and y
+  DType dt;                       // of h
+  DType dt_y;                     // of y: dt, or f32 (PyTorch promotes bf16/f16 h times an fp32 scale to fp32)
   void const* h;  int64_t ldh;    // m x n
   void* y;                        // m x n, contiguous
   int m, n;
@@ -69,7 +70,8 @@ void update_running_stats(int n, double const* stats, ColVec scale, double count
                           cudaStream_t stream);
 
 struct BackwardArgs {
-  DType dt;                       // of dy, h and dh
+  DType dt;                       // of h and dh
+  DType dt_dy;                    // of dy: dt, or f32 (y's dtype, see FinalizeArgs::dt_y)
   void const* dy;                 // m x n, contiguous
   void const* h;  int64_t ldh;    // m x n
   void* dh;                       // m x n, contiguous

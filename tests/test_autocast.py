@@ -1,0 +1,84 @@
+"""The layer under torch.autocast behaves like the unfused model under autocast: the GEMM in
+the autocast dtype, statistics and running stats in fp32, y and gradients in the same dtypes,
+and errors against float64 within 2x the unfused autocast model's plus the dtype's floor."""
+import pytest
+import torch
+
+import cutlass_fused
+from cutlass_fused.seed import SeedModel as Seed
+from common import FAMILIES, FAMILY_IDS, FLOOR, assert_close_rule, assert_close_rule_scaled
+
+CASES = [pytest.param(d, f, dt, id=f"{i}-{dt}") for (d, f), i in zip(FAMILIES, FAMILY_IDS)
+         for dt in (["bf16", "f16"] if d == "cuda" else ["bf16"])]
+DT = {"bf16": torch.bfloat16, "f16": torch.float16}
+
+
+def models(device, k=96, n=72):
+    torch.manual_seed(0)
+    seed = Seed(k, n).to(device)
+    ours = cutlass_fused.LinearScaleBatchNorm1d(k, n, device=device)
+    ours.load_state_dict(seed.state_dict())
+    ref = Seed(k, n).double()
+    ref.load_state_dict(seed.state_dict())
+    return seed, ours, ref
+
+
+@pytest.mark.parametrize("device,family,dt", CASES)
+@pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
+def test_forward_and_backward_match_unfused_autocast(device, family, dt, train):
+    seed, ours, ref = models(device)
+    for mod in (seed, ours, ref):
+        mod.train(train)
+    x = torch.randn(128, 96)
+    dy = torch.randn(128, 72)
+    xs = {k: x.to(device).clone().requires_grad_() for k in ("seed", "ours")}
+    x64 = x.double().requires_grad_()
+    with cutlass_fused.use_kernel_family(family):
+        with torch.autocast(device, dtype=DT[dt]):
+            y_seed, y_ours = seed(xs["seed"]), ours(xs["ours"])
+        (y_seed.float() * dy.to(device)).sum().backward()
+        (y_ours.float() * dy.to(device)).sum().backward()
+    y64 = ref(x64)
+    (y64 * dy.double()).sum().backward()
+    assert y_ours.dtype == y_seed.dtype == torch.float32
+    assert_close_rule(y_ours.cpu(), y_seed.cpu(), y64.detach(), dt, "y")
+    if train:
+        for name in ("running_mean", "running_var"):
+            a, b = getattr(ours.bn, name), getattr(seed.bn, name)
+            assert a.dtype == b.dtype == torch.float32
+            assert_close_rule(a.cpu(), b.cpu(), getattr(ref.bn, name).detach(), dt, name)
+    grads = [("x", xs["ours"].grad, xs["seed"].grad, x64.grad)]
+    for (name, p), q, r in zip(ours.named_parameters(), seed.parameters(), ref.parameters()):
+        grads.append((name, p.grad, q.grad, r.grad))
+    for name, g_ours, g_seed, g_ref in grads:
+        if g_ref is None or (not train and name == "gemm.bias" and g_seed is None):
+            continue
+        assert g_ours is not None and g_ours.dtype == g_seed.dtype, name
+        assert_close_rule_scaled(g_ours, g_seed, g_ref, dt, f"d{name}")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("family", [f for d, f in FAMILIES if d == "cuda"])
+def test_grad_scaler_fp16_steps(family):
+    """A few fp16 mixed-precision SGD steps with a GradScaler track the unfused model."""
+    seed, ours, _ = models("cuda", 64, 48)
+    opt = {k: torch.optim.SGD(m.parameters(), lr=0.05) for k, m in (("seed", seed), ("ours", ours))}
+    scaler = {k: torch.amp.GradScaler("cuda") for k in opt}
+    target = torch.randn(96, 48, device="cuda")
+    losses = {k: [] for k in opt}
+    with cutlass_fused.use_kernel_family(family):
+        for _ in range(5):
+            x = torch.randn(96, 64, device="cuda")
+            for k, m in (("seed", seed), ("ours", ours)):
+                opt[k].zero_grad()
+                with torch.autocast("cuda", dtype=torch.float16):
+                    loss = ((m(x) - target) ** 2).mean()
+                scaler[k].scale(loss).backward()
+                scaler[k].step(opt[k])
+                scaler[k].update()
+                losses[k].append(loss.item())
+    for a, b in zip(losses["ours"], losses["seed"]):
+        assert abs(a - b) <= 2e-2 * max(1.0, abs(b)), (losses["ours"], losses["seed"])
+    for (name, p), q in zip(ours.named_parameters(), seed.parameters()):
+        assert p.dtype == torch.float32
+        assert (p - q).abs().max().item() <= 2e-2, name
