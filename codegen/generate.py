@@ -70,7 +70,8 @@ def _emit(cg, k: Kernel) -> tuple[str, list[str]]:
     M, N = 256, 512
     T = cg.Tensor
     ex = {"accum": T(element=f32, shape=(M, N), layout_tag=LayoutType.RowMajor),
-          "b": T(element=f32, shape=(1, N), layout_tag=LayoutType.RowMajor),
+          # The linear bias in the input dtype, as the layer holds it: no cast per call.
+          "b": T(element=el, shape=(1, N), layout_tag=LayoutType.RowMajor),
           "a": T(element=f32, shape=(1, N), layout_tag=LayoutType.RowMajor),
           "c": T(element=f32, shape=(1, N), layout_tag=LayoutType.RowMajor),
           "D": T(element=el, shape=(M, N), layout_tag=LayoutType.RowMajor)}
@@ -150,7 +151,8 @@ def _patch(k: Kernel, src: str) -> tuple[str, str]:
 # Leaf arguments of the EVT nodes our epilogues use. `{}` value-initialises a
 # node: the 0.0 literals become zero scalars, and Accum/Compute take nothing.
 _LEAVES = {
-    "A": "{p.a, 1.f}", "B": "{p.b}", "C": "{p.c}",   # row broadcasts; nullptr reads 1 (A) or 0
+    "A": "{p.a, 1.f}", "C": "{p.c}",   # row broadcasts; nullptr reads 1 (A) or 0
+    "B": "{static_cast<ElementOut const*>(p.b)}",   # the bias, in the input dtype
     "ColSum": "{p.col_sum}", "ColSumsq": "{p.col_sumsq}",
     "D": "{static_cast<ElementOut*>(p.out), {p.ldo, cute::_1{}, cute::_0{}}}",  # sm80 stores D in the EVT
 }

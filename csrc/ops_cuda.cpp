@@ -93,9 +93,12 @@ at::Tensor aligned_rows(at::Tensor const& t) {
   return c;
 }
 
-// fp32, 16-byte aligned, zero-padded to `len` (the kernel's N) for the EVT's row broadcasts.
-at::Tensor fp32_vector(at::Tensor const& t, int64_t len) {
-  auto v = t.to(at::kFloat).contiguous();
+// The bias as the EVT's row broadcast reads it: in the kernel's input dtype
+// (a cast only where the bias's own dtype differs), 16-byte aligned, and
+// zero-padded to `len` (the kernel's N) only where N is unaligned.
+c10::optional<at::Tensor> bias_vector(c10::optional<at::Tensor> const& t, at::ScalarType dt, int64_t len) {
+  if (!t.has_value()) return c10::nullopt;
+  auto v = t->to(dt).contiguous();
   if (len != v.size(0)) return at::constant_pad_nd(v, {0, len - v.size(0)});
   return reinterpret_cast<uintptr_t>(v.data_ptr()) % kAlignBytes ? v.clone() : v;
 }
@@ -118,13 +121,7 @@ Operands operands(at::Tensor const& x, at::Tensor const& weight, int64_t kn, boo
   return {xs, split_weight_tf32x3(weight, kn), xs.size(1)};
 }
 
-c10::optional<at::Tensor> fp32_vector(c10::optional<at::Tensor> const& t, int64_t len) {
-  return t.has_value() ? c10::optional<at::Tensor>(fp32_vector(*t, len)) : c10::nullopt;
-}
-
-float const* ptr_or_null(c10::optional<at::Tensor> const& t) {
-  return t.has_value() ? t->data_ptr<float>() : nullptr;
-}
+void const* ptr_or_null(c10::optional<at::Tensor> const& t) { return t.has_value() ? t->data_ptr() : nullptr; }
 
 void check_device(at::Tensor const& t, at::Device d, char const* name) {
   TORCH_CHECK(t.device() == d, "cutlass_fused: expected ", name, " to be on ", d, " like input, but got ", t.device());
@@ -176,15 +173,20 @@ std::tuple<at::Tensor, at::Tensor> linear_stats_cuda(at::Tensor const& x, at::Te
   int64_t m = x.size(0), n = weight.size(0), k = x.size(1);
   char const* dt = kernel_dtype(x.scalar_type());
   char const* fam = pick_family(family, dt, x.device());
-  // sm80's fp64 atomics are not bitwise reproducible; under
-  // torch.use_deterministic_algorithms it stores h with the eval kernel and
-  // our ordered column_stats kernel sums it instead.
+  // The statistics: by default the eval kernel stores h and our ordered
+  // column_stats kernel sums it (deterministic on both families). Summing them
+  // in the GEMM's epilogue (the train kernels' fp64 EVT) measured slower on an
+  // H100: the fp64 row reduction spills and cost 5-25% of the GEMM, where
+  // reading h once costs 1-5% (benchmarks/NOTES.md). CUTLASS_FUSED_EPILOGUE_STATS=1
+  // selects the epilogue kernels, for that comparison; sm80's fp64 atomics are
+  // not reproducible, so deterministic mode and 3xTF32 on sm90 (no train kernel:
+  // promotion leaves no registers) always take the pass.
+  static bool const epilogue_stats = [] {
+    char const* v = std::getenv("CUTLASS_FUSED_EPILOGUE_STATS");
+    return v != nullptr && std::string(v) == "1";
+  }();
   bool split = split_tf32x3(fam, dt);
-  // The sm90 3xTF32 kernel also stores h with the eval kernel and sums it
-  // separately: its promotion's second accumulator leaves no registers for the
-  // fp64 statistics (1.6 KB of spills), which cost 18% of the GEMM on an H100,
-  // where reading h once costs ~1%.
-  bool separate_stats = (deterministic && std::string(fam) == "sm80") || split;
+  bool separate_stats = !epilogue_stats || (deterministic && std::string(fam) == "sm80") || split;
   auto const& info = lookup(fam, dt, separate_stats ? "eval" : "train", m, n, k);
 
   // Both families need N to be a multiple of 16 bytes (sm80 stores whole
@@ -192,7 +194,7 @@ std::tuple<at::Tensor, at::Tensor> linear_stats_cuda(at::Tensor const& x, at::Te
   // columns, from zero weight rows, into the padded rows of h.
   int64_t kn = padded_ld(n, x.scalar_type());
   auto ops = operands(x, weight, kn, split);
-  auto b = fp32_vector(bias, kn);
+  auto b = bias_vector(bias, x.scalar_type(), kn);
   auto z = empty_padded(m, n, x.options());
   poison(z);
 
@@ -379,7 +381,7 @@ at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor con
   auto ac = at::zeros({2, kn}, x.options().dtype(at::kFloat));
   fold_eval(static_cast<int>(n), s, w, bb, rm, rv, eps, ac[0].data_ptr<float>(), ac[1].data_ptr<float>(), stream);
   auto ops = operands(x, weight, kn, split);
-  auto b = fp32_vector(bias, kn);
+  auto b = bias_vector(bias, x.scalar_type(), kn);
   auto y = empty_padded(m, n, x.options());
   poison(y);
   GemmEvtArgs p = gemm_args(ops.x, ops.w, y, kn);

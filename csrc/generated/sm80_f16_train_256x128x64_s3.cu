@@ -31,7 +31,7 @@ using A = cutlass::epilogue::threadblock::VisitorRowBroadcast<
 using Accum = cutlass::epilogue::threadblock::VisitorAccFetch;
 
 using B = cutlass::epilogue::threadblock::VisitorRowBroadcast<
-    OutputTileThreadMap, float,
+    OutputTileThreadMap, cutlass::half_t,
     cute::Stride<cute::Int<0>, cute::Int<1>, cute::Int<0>>
 >;
 
@@ -168,7 +168,7 @@ struct cutlass_tensorop_f16_s16816gemm_f16_256x128_64x3_tn_align8_type :
 using Kernel = cutlass_tensorop_f16_s16816gemm_f16_256x128_64x3_tn_align8_type;
 
 inline sm80::Fusion<Kernel> fusion_args(GemmEvtArgs const& p) {
-  return { { { { { { {}, {p.b}, {} }, {p.a, 1.f}, {} }, {p.c}, {} }, {p.col_sum} }, {}, {}, {}, {p.col_sumsq}, {}, {} }, {static_cast<cutlass::half_t*>(p.out), {p.ldo, cute::_1{}, cute::_0{}}} };
+  return { { { { { { {}, {static_cast<cutlass::half_t const*>(p.b)}, {} }, {p.a, 1.f}, {} }, {p.c}, {} }, {p.col_sum} }, {}, {}, {}, {p.col_sumsq}, {}, {} }, {static_cast<cutlass::half_t*>(p.out), {p.ldo, cute::_1{}, cute::_0{}}} };
 }
 
 inline char const* name() { return "sm80_f16_train_256x128x64_s3"; }

@@ -107,7 +107,7 @@ struct cutlass_tensorop_s1688tf32gemm_256x128_32x3_tn_align4_type :
 using Kernel = cutlass_tensorop_s1688tf32gemm_256x128_32x3_tn_align4_type;
 
 inline sm80::Fusion<Kernel> fusion_args(GemmEvtArgs const& p) {
-  return { { { { {}, {p.b}, {} }, {p.a, 1.f}, {} }, {p.c}, {} }, {static_cast<float*>(p.out), {p.ldo, cute::_1{}, cute::_0{}}} };
+  return { { { { {}, {static_cast<float const*>(p.b)}, {} }, {p.a, 1.f}, {} }, {p.c}, {} }, {static_cast<float*>(p.out), {p.ldo, cute::_1{}, cute::_0{}}} };
 }
 
 inline char const* name() { return "sm80_tf32_eval_256x128x32_s3"; }

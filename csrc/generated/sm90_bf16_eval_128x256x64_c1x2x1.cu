@@ -30,7 +30,7 @@ using A = cutlass::epilogue::fusion::Sm90RowBroadcast<
 using Accum = cutlass::epilogue::fusion::Sm90AccFetch;
 
 using B = cutlass::epilogue::fusion::Sm90RowBroadcast<
-    0 /*Stages*/, typename EpilogueDescriptor::TileShape, float, float,
+    0 /*Stages*/, typename EpilogueDescriptor::TileShape, cutlass::bfloat16_t, cutlass::bfloat16_t,
     cute::Stride<cute::Int<0>, cute::Int<1>, cute::Int<0>>
 >;
 
@@ -116,7 +116,7 @@ struct cutlass3x_sm90_tensorop_s0x0x0gemm_bf16_bf16_f32_bf16_bf16_128x512x64_1x2
 using Kernel = cutlass3x_sm90_tensorop_s0x0x0gemm_bf16_bf16_f32_bf16_bf16_128x512x64_1x2x1_0_tnt_align8_warpspecialized_cooperative_epi_tma_type;
 
 inline sm90::Fusion<Kernel> fusion_args(GemmEvtArgs const& p) {
-  return { { { {}, {p.b}, {} }, {p.a, 1.f}, {} }, {p.c}, {} };
+  return { { { {}, {static_cast<cutlass::bfloat16_t const*>(p.b)}, {} }, {p.a, 1.f}, {} }, {p.c}, {} };
 }
 
 inline char const* name() { return "sm90_bf16_eval_128x256x64_c1x2x1"; }

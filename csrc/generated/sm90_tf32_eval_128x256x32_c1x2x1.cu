@@ -116,7 +116,7 @@ struct cutlass3x_sm90_tensorop_s0x0x0tf32gemm_f32_f32_f32_f32_f32_128x512x32_1x2
 using Kernel = cutlass3x_sm90_tensorop_s0x0x0tf32gemm_f32_f32_f32_f32_f32_128x512x32_1x2x1_0_tnt_align4_warpspecialized_cooperative_epi_tma_type;
 
 inline sm90::Fusion<Kernel> fusion_args(GemmEvtArgs const& p) {
-  return { { { {}, {p.b}, {} }, {p.a, 1.f}, {} }, {p.c}, {} };
+  return { { { {}, {static_cast<float const*>(p.b)}, {} }, {p.a, 1.f}, {} }, {p.c}, {} };
 }
 
 inline char const* name() { return "sm90_tf32_eval_128x256x32_c1x2x1"; }
