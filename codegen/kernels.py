@@ -55,11 +55,15 @@ class Kernel:
 # sm90: CTA 128x256, cluster 1x2, cooperative was the best EVT tile in the
 # 2026-11-21 probe (notes/cutlass-evt-facts.md). TF32 halves the K tile so a
 # stage costs the same shared memory as the 16-bit one.
+#
+# Only eval-mode kernels (no statistics) are built: training stores h with them
+# and sums it in our ordered column-statistics pass, which measured faster on an
+# H100 than the fp64 statistics EVT at every large shape (3-11%; NOTES.md,
+# v0.7). The generator still emits train kernels (mode="train") for the work on
+# a cheaper statistics epilogue.
 _SM90 = [
-    Kernel("sm90", dt, mode, (128, 256, 32 if dt == "tf32" else 64), (1, 2, 1),
-           epi_tile=(128, 64) if mode == "train" else None)
+    Kernel("sm90", dt, "eval", (128, 256, 32 if dt == "tf32" else 64), (1, 2, 1))
     for dt in ("bf16", "f16", "tf32")
-    for mode in ("train", "eval")
 ]
 
 # sm90 fp32 without TF32: the TF32 kernel run over operands split for 3xTF32
@@ -74,11 +78,10 @@ _SM90 += [Kernel("sm90", "f32x3", "eval", (128, 128, 32), (1, 2, 1))]
 # of 64x64, 3 stages), known to run correctly on Hopper too. fp32 kernels use
 # K=32 for the same shared-memory budget.
 _SM80 = [
-    Kernel("sm80", dt, mode,
+    Kernel("sm80", dt, "eval",
            (256, 128, 32 if dt in ("tf32", "f32x3") else 64),
            warps=(4, 2, 1), stages=3)
     for dt in ("bf16", "f16", "tf32", "f32x3")
-    for mode in ("train", "eval")
 ]
 
 KERNELS = _SM90 + _SM80

@@ -173,21 +173,13 @@ std::tuple<at::Tensor, at::Tensor> linear_stats_cuda(at::Tensor const& x, at::Te
   int64_t m = x.size(0), n = weight.size(0), k = x.size(1);
   char const* dt = kernel_dtype(x.scalar_type());
   char const* fam = pick_family(family, dt, x.device());
-  // The statistics: by default the eval kernel stores h and our ordered
-  // column_stats kernel sums it (deterministic on both families). Summing them
-  // in the GEMM's epilogue (the train kernels' fp64 EVT) measured slower on an
-  // H100: the fp64 row reduction spills and cost 5-25% of the GEMM, where
-  // reading h once costs 1-5% (benchmarks/NOTES.md). CUTLASS_FUSED_EPILOGUE_STATS=1
-  // selects the epilogue kernels, for that comparison; sm80's fp64 atomics are
-  // not reproducible, so deterministic mode and 3xTF32 on sm90 (no train kernel:
-  // promotion leaves no registers) always take the pass.
-  static bool const epilogue_stats = [] {
-    char const* v = std::getenv("CUTLASS_FUSED_EPILOGUE_STATS");
-    return v != nullptr && std::string(v) == "1";
-  }();
+  // The eval kernel stores h (no epilogue vectors but the bias) and our
+  // ordered column_stats kernel sums it: deterministic on both families, and
+  // faster than the fp64 statistics EVT (benchmarks/NOTES.md, v0.7).
+  // `deterministic` is kept in the schema: every mode is deterministic now.
+  (void)deterministic;
   bool split = split_tf32x3(fam, dt);
-  bool separate_stats = !epilogue_stats || (deterministic && std::string(fam) == "sm80") || split;
-  auto const& info = lookup(fam, dt, separate_stats ? "eval" : "train", m, n, k);
+  auto const& info = lookup(fam, dt, "eval", m, n, k);
 
   // Both families need N to be a multiple of 16 bytes (sm80 stores whole
   // vectors, sm90's can_implement rejects D otherwise): the kernel computes kn
@@ -195,36 +187,19 @@ std::tuple<at::Tensor, at::Tensor> linear_stats_cuda(at::Tensor const& x, at::Te
   int64_t kn = padded_ld(n, x.scalar_type());
   auto ops = operands(x, weight, kn, split);
   auto b = bias_vector(bias, x.scalar_type(), kn);
-  auto z = empty_padded(m, n, x.options());
-  poison(z);
+  auto h = empty_padded(m, n, x.options());
+  poison(h);
 
-  GemmEvtArgs p = gemm_args(ops.x, ops.w, z, kn);
+  GemmEvtArgs p = gemm_args(ops.x, ops.w, h, kn);
   p.b = ptr_or_null(b);
   auto stream = at::cuda::getCurrentCUDAStream(p.device).stream();
-  auto stats = at::empty({2, separate_stats ? n : kn}, x.options().dtype(at::kDouble));
+  auto stats = at::empty({2, n}, x.options().dtype(at::kDouble));
   poison(stats);
-  if (separate_stats) {
-    run(info, p, x);
-    auto ws = at::empty({static_cast<int64_t>(column_stats_workspace(m, n))}, x.options().dtype(at::kByte));
-    column_stats(dtype_of(x.scalar_type(), "input"), z.data_ptr(), m, n, z.stride(0), stats.data_ptr<double>(),
-                 ws.data_ptr(), stream);
-    return {z, stats};
-  }
-  if (std::string(info.stats) == "partial") {
-    int64_t rows = (m + info.tile_m - 1) / info.tile_m;
-    int64_t ld = (kn + info.tile_n - 1) / info.tile_n * info.tile_n;
-    auto partial = at::empty({2, rows, ld}, x.options().dtype(at::kDouble));
-    p.col_sum = partial[0].data_ptr<double>();
-    p.col_sumsq = partial[1].data_ptr<double>();
-    run(info, p, x);
-    reduce_partials(p.col_sum, p.col_sumsq, static_cast<int>(rows), ld, static_cast<int>(kn),
-                    stats.data_ptr<double>(), stream);
-  } else {
-    p.col_sum = stats[0].data_ptr<double>();
-    p.col_sumsq = stats[1].data_ptr<double>();
-    run(info, p, x);
-  }
-  return {z, kn == n ? stats : stats.narrow(1, 0, n).contiguous()};
+  run(info, p, x);
+  auto ws = at::empty({static_cast<int64_t>(column_stats_workspace(m, n))}, x.options().dtype(at::kByte));
+  column_stats(dtype_of(x.scalar_type(), "input"), h.data_ptr(), m, n, h.stride(0), stats.data_ptr<double>(),
+               ws.data_ptr(), stream);
+  return {h, stats};
 }
 
 // A per-column vector for csrc/kernels, read in its own dtype (no cast).

@@ -263,6 +263,7 @@ def run(args, argv):
                    dynamic_ncols=True)
     except ImportError:
         bar = None
+    name = "sweep.json" if args.sweep else "results.json"
     for shape in shapes:
         torch._dynamo.reset()
         case = Case(shape, args.dtype, device, args.autocast)
@@ -301,11 +302,11 @@ def run(args, argv):
                     if row is not None:
                         row["ratio_to_mm"] = row["ms"] / (GEMMS[mode] * mm[g]["ms"])
                         rows.append(row)
+        # Written after every shape, so that a run cut short keeps what it measured.
+        result = {"meta": meta(argv, device), "rows": rows, "checks": checks}
+        (out_dir / name).write_text(json.dumps(result, indent=1) + "\n")
     if bar:
         bar.close()
-    result = {"meta": meta(argv, device), "rows": rows, "checks": checks}
-    name = "sweep.json" if args.sweep else "results.json"
-    (out_dir / name).write_text(json.dumps(result, indent=1) + "\n")
     print(table(result))
     for c in checks:
         print(f"check {c['mode']:5s} {'x'.join(map(str, c['shape']))} {c['dtype']}: max|y - float64| "
