@@ -66,6 +66,13 @@ _SM90 = [
     for dt in ("bf16", "f16", "tf32")
 ]
 
+# bf16 candidates for tuning (python -m cutlass_fused.tune), after the default
+# above: cuBLAS's own choice here is 256x128, cluster 1x2, cooperative.
+_SM90 += [
+    Kernel("sm90", "bf16", "eval", tile, cluster)
+    for tile, cluster in (((256, 128, 64), (1, 2, 1)), ((128, 256, 64), (2, 1, 1)), ((256, 128, 64), (2, 1, 1)))
+]
+
 # sm90 fp32 without TF32: the TF32 kernel run over operands split for 3xTF32
 # (the binding splits them, K tripled) with accumulator promotion
 # (csrc/kernels/promoted_mainloop.h). Promotion keeps a second accumulator, so

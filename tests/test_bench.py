@@ -41,3 +41,16 @@ def test_bench_rejects_bad_shape():
 def test_bench_cpu_refuses_gpu_precisions(tmp_path):
     with pytest.raises(SystemExit, match="needs a GPU"):
         bench.main(["--dtype", "tf32", "--out", str(tmp_path)])
+
+
+def test_tune_times_every_candidate(tmp_path):
+    from cutlass_fused import tune
+    argv = ["--shape", "64,96,40", "--family", "sm80", "--out", str(tmp_path)]
+    if not CUDA:
+        with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+            tune.main(argv)
+        return
+    assert tune.main(argv) == 0
+    rows = json.loads((tmp_path / "tune.json").read_text())["rows"]
+    built = {n for n in __import__("cutlass_fused").built_kernels() if n.startswith("sm80_bf16_eval_")}
+    assert {r["kernel"] for r in rows} == built and all(r["eval_ms"] > 0 and r["train_ms"] > 0 for r in rows)

@@ -1,5 +1,6 @@
 // The table of compiled kernels. A family's rows exist only when CMake built
 // it (CUTLASS_FUSED_WITH_SM90 / _SM80), so lookups never reach a missing symbol.
+#include <cstdlib>
 #include <cstring>
 
 #include "kernels/gemm_evt.h"
@@ -32,11 +33,18 @@ KernelInfo const kTable[] = {
 KernelInfo const* kernels_begin() { return kTable; }
 KernelInfo const* kernels_end() { return kTable + sizeof(kTable) / sizeof(kTable[0]) - 1; }
 
+// The first row of the table for (family, dtype, mode), or the one that
+// $CUTLASS_FUSED_KERNEL names among them (python -m cutlass_fused.tune
+// measures each candidate that way; read on every call so it can switch).
 KernelInfo const* find_kernel(char const* family, char const* dtype, char const* mode, int, int, int) {
+  char const* forced = std::getenv("CUTLASS_FUSED_KERNEL");
+  KernelInfo const* first = nullptr;
   for (auto const* k = kernels_begin(); k != kernels_end(); ++k) {
-    if (!std::strcmp(k->family, family) && !std::strcmp(k->dtype, dtype) && !std::strcmp(k->mode, mode)) return k;
+    if (std::strcmp(k->family, family) || std::strcmp(k->dtype, dtype) || std::strcmp(k->mode, mode)) continue;
+    if (forced != nullptr && !std::strcmp(k->name, forced)) return k;
+    if (first == nullptr) first = k;
   }
-  return nullptr;
+  return first;
 }
 
 }  // namespace cutlass_fused

@@ -1,0 +1,60 @@
+"""python -m cutlass_fused.tune: time every built GEMM of one family and dtype on the layer.
+
+    python -m cutlass_fused.tune [--shape B,IN,OUT ...] [--dtype bf16|f16|tf32] [--family sm90|sm80] [--out DIR]
+
+Each candidate runs the layer's eval and training forward (no grad), selected through
+$CUTLASS_FUSED_KERNEL, and is reported as a ratio to torch.mm of the same shape and run.
+The kernels are codegen/kernels.py's rows; the first row of a (family, dtype) is the default.
+"""
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+import cutlass_fused
+from cutlass_fused.bench import DTYPES, SHAPES, Case, median_ms, meta, parse_shape
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(prog="python -m cutlass_fused.tune", description=__doc__.split("\n")[0])
+    ap.add_argument("--shape", type=parse_shape, action="append", help="B,IN,OUT (repeatable)")
+    ap.add_argument("--dtype", choices=("bf16", "f16", "tf32"), default="bf16")
+    ap.add_argument("--family", choices=("sm90", "sm80"), default="sm90")
+    ap.add_argument("--out", default=os.environ.get("OUT", "tune_out"))
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("cutlass_fused.tune: needs a CUDA GPU")
+    torch.backends.cuda.matmul.allow_tf32 = args.dtype == "tf32"
+    prefix = f"{args.family}_{args.dtype}_eval_"
+    names = [n for n in cutlass_fused.built_kernels() if n.startswith(prefix)]
+    if not names:
+        raise SystemExit(f"cutlass_fused.tune: this build has no {prefix}* kernels")
+    device = torch.device("cuda", torch.cuda.current_device())
+    rows = []
+    print(f"{'shape':16s} {'kernel':40s} {'eval x mm':>10s} {'train x mm':>10s}")
+    for shape in args.shape or SHAPES:
+        case = Case(shape, args.dtype, device)
+        mm = median_ms(case.fn("torch.mm", "train"), True)
+        for name in names:
+            os.environ["CUTLASS_FUSED_KERNEL"] = name
+            try:
+                with cutlass_fused.use_kernel_family(args.family):
+                    ms = {mode: median_ms(case.fn("cutlass_fused", mode), True) for mode in ("eval", "train")}
+            finally:
+                del os.environ["CUTLASS_FUSED_KERNEL"]
+            rows.append({"shape": list(shape), "dtype": args.dtype, "kernel": name, "mm_ms": mm,
+                         **{f"{m}_ms": t for m, t in ms.items()}})
+            print(f"{'x'.join(map(str, shape)):16s} {name:40s} {ms['eval'] / mm:10.3f} {ms['train'] / mm:10.3f}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "tune.json").write_text(json.dumps({"meta": meta(argv, device), "rows": rows}, indent=1) + "\n")
+    print(f"wrote {out / 'tune.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
