@@ -52,9 +52,9 @@ class Kernel:
         return f"{self.family}_{self.dtype}_{self.mode}_{t}_{tail}"
 
 
-# sm90: CTA 128x256, cluster 1x2, cooperative was the best EVT tile in the
-# 2026-11-21 probe (notes/cutlass-evt-facts.md). TF32 halves the K tile so a
-# stage costs the same shared memory as the 16-bit one.
+# sm90: cooperative, cluster 1x2. CTA 128x256 was the best statistics-EVT tile
+# in the 2026-11-21 probe (notes/cutlass-evt-facts.md). TF32 halves the K tile
+# so a stage costs the same shared memory as the 16-bit one.
 #
 # Only eval-mode kernels (no statistics) are built: training stores h with them
 # and sums it in our ordered column-statistics pass, which measured faster on an
@@ -62,15 +62,18 @@ class Kernel:
 # v0.7). The generator still emits train kernels (mode="train") for the work on
 # a cheaper statistics epilogue.
 _SM90 = [
-    Kernel("sm90", dt, "eval", (128, 256, 32 if dt == "tf32" else 64), (1, 2, 1))
-    for dt in ("bf16", "f16", "tf32")
+    # bf16: 256x128, cluster 1x2 (cuBLAS's own choice here) measured best or level
+    # on an H100 at 1024x8192^2, 16384x4096^2 and 4096^3 (python -m cutlass_fused.tune,
+    # benchmarks/NOTES.md v0.7); f16 and tf32 keep the 128x256 tile, untuned.
+    Kernel("sm90", "bf16", "eval", (256, 128, 64), (1, 2, 1)),
+    Kernel("sm90", "f16", "eval", (128, 256, 64), (1, 2, 1)),
+    Kernel("sm90", "tf32", "eval", (128, 256, 32), (1, 2, 1)),
 ]
 
-# bf16 candidates for tuning (python -m cutlass_fused.tune), after the default
-# above: cuBLAS's own choice here is 256x128, cluster 1x2, cooperative.
+# Further bf16 candidates for python -m cutlass_fused.tune (the first row of a
+# dtype is its default): the previous default, and its 2x1 cluster.
 _SM90 += [
-    Kernel("sm90", "bf16", "eval", tile, cluster)
-    for tile, cluster in (((256, 128, 64), (1, 2, 1)), ((128, 256, 64), (2, 1, 1)), ((256, 128, 64), (2, 1, 1)))
+    Kernel("sm90", "bf16", "eval", (128, 256, 64), cluster) for cluster in ((1, 2, 1), (2, 1, 1))
 ]
 
 # sm90 fp32 without TF32: the TF32 kernel run over operands split for 3xTF32
