@@ -11,23 +11,20 @@
 // (this key sits above Autograd), so gradients reach fp32 parameters in fp32.
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
+
+#include "op_handles.h"
 
 namespace cutlass_fused {
 namespace {
 
-using OptTensor = c10::optional<at::Tensor>;
 using TrainOut = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
 template <c10::DeviceType device>
 TrainOut train_autocast(at::Tensor const& x, at::Tensor const& weight, OptTensor const& bias, at::Tensor const& scale,
                         OptTensor const& bn_weight, OptTensor const& bn_bias, double eps, c10::string_view family,
                         bool deterministic) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("cutlass_fused::linear_scale_batch_norm_train", "")
-                       .typed<TrainOut(at::Tensor const&, at::Tensor const&, OptTensor const&, at::Tensor const&,
-                                       OptTensor const&, OptTensor const&, double, c10::string_view, bool)>();
+  static auto op = op_handle<TrainSig>("cutlass_fused::linear_scale_batch_norm_train");
   c10::impl::ExcludeDispatchKeyGuard no_autocast(at::autocast::get_autocast_dispatch_key_from_device_type(device));
   auto dt = at::autocast::get_autocast_dtype(device);
   return op.call(at::autocast::cached_cast(dt, x, device), at::autocast::cached_cast(dt, weight, device),
@@ -38,11 +35,7 @@ template <c10::DeviceType device>
 at::Tensor eval_autocast(at::Tensor const& x, at::Tensor const& weight, OptTensor const& bias, at::Tensor const& scale,
                          OptTensor const& bn_weight, OptTensor const& bn_bias, at::Tensor const& running_mean,
                          at::Tensor const& running_var, double eps, c10::string_view family) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("cutlass_fused::linear_scale_batch_norm_eval", "")
-                       .typed<at::Tensor(at::Tensor const&, at::Tensor const&, OptTensor const&, at::Tensor const&,
-                                         OptTensor const&, OptTensor const&, at::Tensor const&, at::Tensor const&,
-                                         double, c10::string_view)>();
+  static auto op = op_handle<EvalSig>("cutlass_fused::linear_scale_batch_norm_eval");
   c10::impl::ExcludeDispatchKeyGuard no_autocast(at::autocast::get_autocast_dispatch_key_from_device_type(device));
   auto dt = at::autocast::get_autocast_dtype(device);
   return op.call(at::autocast::cached_cast(dt, x, device), at::autocast::cached_cast(dt, weight, device),

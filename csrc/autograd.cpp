@@ -14,16 +14,16 @@
 // for. The linear bias gets exactly zero: y does not change when a column of h
 // shifts. Eval: the running statistics are constants, so the layer is a linear map.
 #include <ATen/ATen.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
+
+#include "op_handles.h"
 
 namespace cutlass_fused {
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-using OptTensor = c10::optional<at::Tensor>;
 
 // Backward runs with grad mode on only when create_graph=True was asked for.
 void no_double_backward() {
@@ -66,9 +66,7 @@ int64_t dtype_of(OptTensor const& t) { return t.has_value() ? static_cast<int64_
 // go straight to torch's mm.
 void linear_grads(at::Tensor const& dh, at::Tensor const& x, at::Tensor const& weight, bool need_x, bool need_w,
                   AutogradContext* ctx, variable_list& out) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("cutlass_fused::matmul", "")
-                       .typed<at::Tensor(at::Tensor const&, at::Tensor const&, c10::string_view)>();
+  static auto op = op_handle<MatmulSig>("cutlass_fused::matmul");
   bool fp32 = dh.scalar_type() == at::kFloat;
   auto family = ctx->saved_data["family"].toStringRef();
   auto mm = [&](at::Tensor const& a, at::Tensor const& b) { return fp32 ? op.call(a, b, family) : at::mm(a, b); };
@@ -80,11 +78,7 @@ struct TrainFunction : torch::autograd::Function<TrainFunction> {
   static variable_list forward(AutogradContext* ctx, at::Tensor const& x, at::Tensor const& weight,
                                OptTensor const& bias, at::Tensor const& scale, OptTensor const& bn_weight,
                                OptTensor const& bn_bias, double eps, c10::string_view family, bool deterministic) {
-    static auto op = c10::Dispatcher::singleton()
-                         .findSchemaOrThrow("cutlass_fused::linear_scale_batch_norm_train", "")
-                         .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
-                             at::Tensor const&, at::Tensor const&, OptTensor const&, at::Tensor const&,
-                             OptTensor const&, OptTensor const&, double, c10::string_view, bool)>();
+    static auto op = op_handle<TrainSig>("cutlass_fused::linear_scale_batch_norm_train");
     save_needs(ctx, {x.requires_grad(), weight.requires_grad(), requires_grad(bias), scale.requires_grad(),
                      requires_grad(bn_weight), requires_grad(bn_bias)});
     at::AutoDispatchBelowADInplaceOrView below;
@@ -101,11 +95,7 @@ struct TrainFunction : torch::autograd::Function<TrainFunction> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     no_double_backward();
-    static auto op = c10::Dispatcher::singleton()
-                         .findSchemaOrThrow("cutlass_fused::batch_norm_backward", "")
-                         .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
-                             at::Tensor const&, at::Tensor const&, at::Tensor const&, at::Tensor const&,
-                             at::Tensor const&, OptTensor const&, double)>();
+    static auto op = op_handle<BackwardSig>("cutlass_fused::batch_norm_backward");
     variable_list out(9);
     at::Tensor const& dy = grads[0];
     if (!dy.defined()) return out;  // y did not reach the loss
@@ -129,11 +119,7 @@ struct EvalFunction : torch::autograd::Function<EvalFunction> {
                                OptTensor const& bias, at::Tensor const& scale, OptTensor const& bn_weight,
                                OptTensor const& bn_bias, at::Tensor const& running_mean,
                                at::Tensor const& running_var, double eps, c10::string_view family) {
-    static auto op = c10::Dispatcher::singleton()
-                         .findSchemaOrThrow("cutlass_fused::linear_scale_batch_norm_eval", "")
-                         .typed<at::Tensor(at::Tensor const&, at::Tensor const&, OptTensor const&, at::Tensor const&,
-                                           OptTensor const&, OptTensor const&, at::Tensor const&, at::Tensor const&,
-                                           double, c10::string_view)>();
+    static auto op = op_handle<EvalSig>("cutlass_fused::linear_scale_batch_norm_eval");
     save_needs(ctx, {x.requires_grad(), weight.requires_grad(), requires_grad(bias), scale.requires_grad(),
                      requires_grad(bn_weight), requires_grad(bn_bias)});
     at::AutoDispatchBelowADInplaceOrView below;

@@ -14,6 +14,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include "op_handles.h"
 #include "ops.h"
 #if defined(CUTLASS_FUSED_WITH_CUDA)
 #include "kernels/gemm_evt.h"
@@ -58,17 +59,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_sc
     at::Tensor const& x, at::Tensor const& weight, c10::optional<at::Tensor> const& bias, at::Tensor const& scale,
     c10::optional<at::Tensor> const& bn_weight, c10::optional<at::Tensor> const& bn_bias, double eps,
     c10::string_view family, bool deterministic) {
-  static auto stats_op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("cutlass_fused::linear_stats", "")
-                             .typed<std::tuple<at::Tensor, at::Tensor>(at::Tensor const&, at::Tensor const&,
-                                                                        c10::optional<at::Tensor> const&,
-                                                                        c10::string_view, bool)>();
-  static auto finalize_op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("cutlass_fused::batch_norm_finalize", "")
-          .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-              at::Tensor const&, at::Tensor const&, at::Tensor const&, c10::SymInt, c10::optional<at::Tensor> const&,
-              c10::optional<at::Tensor> const&, double)>();
+  static auto stats_op = op_handle<LinearStatsSig>("cutlass_fused::linear_stats");
+  static auto finalize_op = op_handle<FinalizeSig>("cutlass_fused::batch_norm_finalize");
   auto [h, stats] = stats_op.call(x, weight, bias, family, deterministic);
   auto [y, mean, invstd] = finalize_op.call(h, stats, scale, x.sym_size(0), bn_weight, bn_bias, eps);
   return {y, h, stats, mean, invstd};

@@ -1,0 +1,37 @@
+// Each op's C++ signature, written once, and typed handles to call the ops
+// through the dispatcher (so that autocast, autograd and the backends compose).
+// The schemas themselves are in csrc/ops.cpp.
+#pragma once
+
+#include <tuple>
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+namespace cutlass_fused {
+
+using OptTensor = c10::optional<at::Tensor>;
+
+using LinearStatsSig = std::tuple<at::Tensor, at::Tensor>(at::Tensor const&, at::Tensor const&, OptTensor const&,
+                                                          c10::string_view, bool);
+using FinalizeSig = std::tuple<at::Tensor, at::Tensor, at::Tensor>(at::Tensor const&, at::Tensor const&,
+                                                                   at::Tensor const&, c10::SymInt, OptTensor const&,
+                                                                   OptTensor const&, double);
+using TrainSig = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+    at::Tensor const&, at::Tensor const&, OptTensor const&, at::Tensor const&, OptTensor const&, OptTensor const&,
+    double, c10::string_view, bool);
+using BackwardSig = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+    at::Tensor const&, at::Tensor const&, at::Tensor const&, at::Tensor const&, at::Tensor const&, OptTensor const&,
+    double);
+using EvalSig = at::Tensor(at::Tensor const&, at::Tensor const&, OptTensor const&, at::Tensor const&,
+                           OptTensor const&, OptTensor const&, at::Tensor const&, at::Tensor const&, double,
+                           c10::string_view);
+using MatmulSig = at::Tensor(at::Tensor const&, at::Tensor const&, c10::string_view);
+
+// Looked up on first use; callers keep the handle in a function-local static.
+template <class Sig>
+c10::TypedOperatorHandle<Sig> op_handle(char const* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
+}
+
+}  // namespace cutlass_fused
