@@ -1,4 +1,4 @@
-# Sourced by setup.sh and device_check.sh: make sure CXX links libstdc++ as a
+# Sourced by setup.sh and device_run.sh: make sure CXX links libstdc++ as a
 # shared library, like torch. A compiler that links it statically (the GPU
 # machine's /opt/gcc/bin/g++ wrapper does, through its -B search path) gives
 # the extension its own uninitialised copy of the iostream/locale code, and
