@@ -76,6 +76,11 @@ _SM90 += [
     Kernel("sm90", "bf16", "eval", (128, 256, 64), cluster) for cluster in ((1, 2, 1), (2, 1, 1))
 ]
 
+# Smaller bf16 tiles for problems too small to fill the GPU with the default's
+# tiles (batch <= 256 at 8192 features: 64 CTAs of 256x128 on 132 SMs).
+# find_kernel switches to them by tile count (csrc/kernels/registry.cpp).
+_SM90 += [Kernel("sm90", "bf16", "eval", tile, (1, 2, 1)) for tile in ((128, 128, 64), (128, 64, 64))]
+
 # sm90 fp32 without TF32: the TF32 kernel run over operands split for 3xTF32
 # (the binding splits them, K tripled) with accumulator promotion
 # (csrc/kernels/promoted_mainloop.h). Promotion keeps a second accumulator, so

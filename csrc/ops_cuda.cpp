@@ -64,14 +64,16 @@ bool split_tf32x3(char const* family, char const* dtype) {
   return std::string(family) == "sm90" && std::string(dtype) == "f32x3";
 }
 
-KernelInfo const& lookup(char const* family, char const* dtype, char const* mode, int m, int n, int k) {
-  auto const* info = find_kernel(family, dtype, mode, m, n, k);
+int sm_count(int device) { return at::cuda::getDeviceProperties(device)->multiProcessorCount; }
+
+KernelInfo const& lookup(char const* family, char const* dtype, char const* mode, int64_t m, int64_t n, int64_t k,
+                         at::Device device) {
+  auto const* info = find_kernel(family, dtype, mode, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
+                                 sm_count(device.index()));
   TORCH_CHECK(info != nullptr, "cutlass_fused: this build has no ", family, " ", dtype, " ", mode,
               " kernel; rebuild with that architecture in CUTLASS_FUSED_CUDA_ARCHS");
   return *info;
 }
-
-int sm_count(int device) { return at::cuda::getDeviceProperties(device)->multiProcessorCount; }
 
 // Tests set CUTLASS_FUSED_POISON=1 so that every output starts as NaN and an
 // element a kernel forgot to write cannot pass as a plausible value.
@@ -179,7 +181,7 @@ std::tuple<at::Tensor, at::Tensor> linear_stats_cuda(at::Tensor const& x, at::Te
   // `deterministic` is kept in the schema: every mode is deterministic now.
   (void)deterministic;
   bool split = split_tf32x3(fam, dt);
-  auto const& info = lookup(fam, dt, "eval", m, n, k);
+  auto const& info = lookup(fam, dt, "eval", m, n, k, x.device());
 
   // Both families need N to be a multiple of 16 bytes (sm80 stores whole
   // vectors, sm90's can_implement rejects D otherwise): the kernel computes kn
@@ -347,7 +349,7 @@ at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor con
   char const* dt = kernel_dtype(x.scalar_type());
   char const* fam = pick_family(family, dt, dev);
   bool split = split_tf32x3(fam, dt);
-  auto const& info = lookup(fam, dt, "eval", m, n, k);
+  auto const& info = lookup(fam, dt, "eval", m, n, k, x.device());
 
   int64_t kn = padded_ld(n, x.scalar_type());  // as in linear_stats_cuda
   auto stream = at::cuda::getCurrentCUDAStream().stream();
@@ -387,7 +389,7 @@ at::Tensor matmul_cuda(at::Tensor const& a, at::Tensor const& b, c10::string_vie
   // out = A' B'^T through the eval kernel with no epilogue vectors: A' from a's
   // rows, B' from b's columns (b^T's rows, read transposed), both split.
   int64_t m = a.size(0), n = b.size(1), kn = padded_ld(n, at::kFloat);
-  auto const& info = lookup("sm90", dt, "eval", m, n, a.size(1));
+  auto const& info = lookup("sm90", dt, "eval", m, n, a.size(1), a.device());
   auto as = split_tf32x3(a, m, SplitOrder::big_small_big), bs = split_tf32x3(b.t(), kn, SplitOrder::big_big_small);
   auto out = empty_padded(m, n, a.options());
   poison(out);

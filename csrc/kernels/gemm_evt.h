@@ -60,9 +60,10 @@ KernelEntry const& kernel_entry();
 KernelInfo const* kernels_begin();
 KernelInfo const* kernels_end();
 
-// First built kernel for (family, dtype, mode), or nullptr. The per-shape
-// selection table of the performance work goes here.
-KernelInfo const* find_kernel(char const* family, char const* dtype, char const* mode, int m, int n, int k);
+// The built kernel for (family, dtype, mode) and an m x n x k problem on a GPU
+// with sm_count SMs, or nullptr (see registry.cpp for the rule).
+KernelInfo const* find_kernel(char const* family, char const* dtype, char const* mode, int m, int n, int k,
+                              int sm_count);
 
 // x, w and out rows (and their base pointers) must be 16-byte aligned.
 constexpr int kAlignBytes = 16;

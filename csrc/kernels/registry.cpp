@@ -1,5 +1,7 @@
 // The table of compiled kernels. A family's rows exist only when CMake built
 // it (CUTLASS_FUSED_WITH_SM90 / _SM80), so lookups never reach a missing symbol.
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -33,18 +35,31 @@ KernelInfo const kTable[] = {
 KernelInfo const* kernels_begin() { return kTable; }
 KernelInfo const* kernels_end() { return kTable + sizeof(kTable) / sizeof(kTable[0]) - 1; }
 
-// The first row of the table for (family, dtype, mode), or the one that
-// $CUTLASS_FUSED_KERNEL names among them (python -m cutlass_fused.tune
-// measures each candidate that way; read on every call so it can switch).
-KernelInfo const* find_kernel(char const* family, char const* dtype, char const* mode, int, int, int) {
+// The kernel for (family, dtype, mode) and an m x n problem: the first such
+// row of the table is the default; when its tiles would give fewer CTAs than
+// half the SMs (a small batch), the row with the largest tile that reaches
+// that many is taken instead, or, if none does, the one with the most CTAs.
+// $CUTLASS_FUSED_KERNEL names a row to take instead (python -m
+// cutlass_fused.tune measures each candidate that way; read on every call).
+KernelInfo const* find_kernel(char const* family, char const* dtype, char const* mode, int m, int n, int,
+                              int sm_count) {
   char const* forced = std::getenv("CUTLASS_FUSED_KERNEL");
+  auto ctas = [&](KernelInfo const* k) {
+    return static_cast<int64_t>((m + k->tile_m - 1) / k->tile_m) * ((n + k->tile_n - 1) / k->tile_n);
+  };
+  int64_t enough = std::max(1, sm_count / 2);
   KernelInfo const* first = nullptr;
+  KernelInfo const* best = nullptr;
   for (auto const* k = kernels_begin(); k != kernels_end(); ++k) {
     if (std::strcmp(k->family, family) || std::strcmp(k->dtype, dtype) || std::strcmp(k->mode, mode)) continue;
     if (forced != nullptr && !std::strcmp(k->name, forced)) return k;
-    if (first == nullptr) first = k;
+    if (first == nullptr) first = best = k;
+    bool fills = ctas(k) >= enough, best_fills = ctas(best) >= enough;
+    int64_t area = int64_t{k->tile_m} * k->tile_n, best_area = int64_t{best->tile_m} * best->tile_n;
+    if (fills ? (!best_fills || area > best_area) : (!best_fills && ctas(k) > ctas(best))) best = k;
   }
-  return first;
+  if (first != nullptr && ctas(first) >= enough) return first;
+  return best;
 }
 
 }  // namespace cutlass_fused
