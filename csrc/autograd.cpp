@@ -138,21 +138,27 @@ struct EvalFunction : torch::autograd::Function<EvalFunction> {
     auto const &x = s[0], &weight = s[1], &bias = s[2], &scale = s[3], &bn_weight = s[4];
     auto const &running_mean = s[5], &running_var = s[6];
     auto need = needs(ctx);
-    at::Tensor dyf = grads[0].to(at::kFloat);
-    auto invstd = (running_var.to(at::kFloat) + ctx->saved_data["eps"].toDouble()).rsqrt();
-    auto g = bn_weight.defined() ? invstd * bn_weight.to(at::kFloat) : invstd;
+    // fp32 arithmetic, or fp64 where any input is fp64: a float64 layer's
+    // gradients must not pass through fp32.
+    auto acc = at::kFloat;
+    std::initializer_list<at::Tensor const*> inputs{&x, &scale, &running_mean, &running_var, &bn_weight, &grads[0]};
+    for (at::Tensor const* t : inputs) {
+      if (t->defined()) acc = at::promote_types(acc, t->scalar_type());
+    }
+    at::Tensor dyf = grads[0].to(acc);
+    auto invstd = (running_var.to(acc) + ctx->saved_data["eps"].toDouble()).rsqrt();
+    auto g = bn_weight.defined() ? invstd * bn_weight.to(acc) : invstd;
     // dh in x's dtype, for the GEMMs with x and weight (y may be wider: see output_dtype).
-    auto dh = (dyf * (scale.to(at::kFloat) * g)).to(x.scalar_type());
+    auto dh = (dyf * (scale.to(acc) * g)).to(x.scalar_type());
     linear_grads(dh, x, weight, need[0], need[1], ctx, out);
-    if (need[2]) out[2] = dh.to(at::kFloat).sum(0).to(bias.scalar_type());
+    if (need[2]) out[2] = dh.to(acc).sum(0).to(bias.scalar_type());
     if (need[3] || need[4]) {
       // h is not kept by the eval forward; it is recomputed only when asked for.
-      auto h = at::mm(x, weight.t()).to(at::kFloat);
-      if (bias.defined()) h = h + bias.to(at::kFloat);
+      auto h = at::mm(x, weight.t()).to(acc);
+      if (bias.defined()) h = h + bias.to(acc);
       if (need[3]) out[3] = ((dyf * h).sum(0) * g).to(scale.scalar_type());
       if (need[4]) {
-        out[4] = ((dyf * (h * scale.to(at::kFloat) - running_mean.to(at::kFloat))).sum(0) * invstd)
-                     .to(bn_weight.scalar_type());
+        out[4] = ((dyf * (h * scale.to(acc) - running_mean.to(acc))).sum(0) * invstd).to(bn_weight.scalar_type());
       }
     }
     if (need[5]) out[5] = as_dtype(dyf.sum(0), ctx->saved_data["dtypes"].toIntList()[0]);
