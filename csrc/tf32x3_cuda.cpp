@@ -65,19 +65,20 @@ at::Tensor split_weight_tf32x3(at::Tensor const& w, int64_t rows_out) {
   if (!cacheable) return split_tf32x3(w, rows_out, SplitOrder::big_big_small);
   std::lock_guard<std::mutex> lock(cache_mutex);
   auto& c = cache();
+  // Splits of weights that no longer exist are dropped on every call, so their
+  // memory goes back to the allocator at the next call after the model dies.
+  c.erase(std::remove_if(c.begin(), c.end(), [](Entry const& e) { return e.owner.expired(); }), c.end());
   for (auto& e : c) {
     if (matches(e, w, rows_out)) {
-      // Made on another stream: keep the allocator from reusing it while this one reads it.
-      if (e.split.device() == w.device()) e.split.record_stream(stream);
+      // It may have been made on another stream: keep the allocator from
+      // reusing its memory while this stream still reads it.
+      e.split.record_stream(stream);
       return e.split;
     }
   }
   auto split = split_tf32x3(w, rows_out, SplitOrder::big_big_small);
   c.erase(std::remove_if(c.begin(), c.end(),
-                         [&](Entry const& e) {
-                           auto owner = e.owner.lock();
-                           return !owner || owner.get() == w.unsafeGetTensorImpl();
-                         }),
+                         [&](Entry const& e) { return e.owner.lock().get() == w.unsafeGetTensorImpl(); }),
           c.end());
   if (c.size() >= kCacheEntries) c.erase(c.begin());
   c.push_back({c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(w.getIntrusivePtr()), w._version(),
