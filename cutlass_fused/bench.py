@@ -126,6 +126,7 @@ class Case:
         self.shape, self.dtype_name, self.device = shape, dtype_name, device
         # Under autocast the models and inputs stay fp32, as in a mixed-precision training loop.
         self.autocast = autocast
+        self.label = f"{dtype_name}-autocast" if autocast else dtype_name  # the rows' "dtype"
         dt = torch.float32 if autocast else DTYPES[dtype_name]
         torch.manual_seed(0)
         self.seed = SeedModel(k, n).to(device, dt)
@@ -254,12 +255,12 @@ def run(args, argv):
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows, checks = [], []
-    per_shape = [(mode, impl, g) for mode in modes for impl in impls for g in graph_opts if impl != "torch.mm"]
+    per_shape = len(modes) * len([i for i in impls if i != "torch.mm"]) * len(graph_opts)
     # torch.mm is measured once per shape (and graph option): a mode's torch.mm row is
     # GEMMS[mode] of it, the floor of that mode, so its ratio is 1 by definition.
     try:
         from tqdm import tqdm
-        bar = tqdm(total=len(shapes) * (len(per_shape) + len(graph_opts)), desc="bench", file=sys.stderr,
+        bar = tqdm(total=len(shapes) * (per_shape + len(graph_opts)), desc="bench", file=sys.stderr,
                    dynamic_ncols=True)
     except ImportError:
         bar = None
@@ -269,7 +270,7 @@ def run(args, argv):
         case = Case(shape, args.dtype, device, args.autocast)
         res = check(case, args.family)
         for mode, (e_ours, e_eager, ok) in res.items():
-            checks.append({"shape": list(shape), "dtype": args.dtype, "mode": mode, "err_ours": e_ours,
+            checks.append({"shape": list(shape), "dtype": case.label, "mode": mode, "err_ours": e_ours,
                            "err_eager": e_eager, "ok": ok})
             if not ok:
                 raise SystemExit(f"cutlass_fused.bench: {mode} {shape} {args.dtype}: error {e_ours:.3g} exceeds "
@@ -344,8 +345,7 @@ def measure(case, impl, mode, use_graph, args, out_dir, cuda):
               file=sys.stderr)
         return None
     flops = GEMMS[mode] * 2 * m * n * k
-    dtype = f"{case.dtype_name}-autocast" if case.autocast else case.dtype_name
-    row = {"shape": [m, k, n], "dtype": dtype, "mode": mode, "impl": impl, "graphs": use_graph,
+    row = {"shape": [m, k, n], "dtype": case.label, "mode": mode, "impl": impl, "graphs": use_graph,
            "ms": ms, "tflops": flops / ms / 1e9, "ratio_to_mm": None, **extra}
     return row
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 import cutlass_fused
-from cutlass_fused.bench import DTYPES, SHAPES, Case, median_ms, meta, parse_shape
+from cutlass_fused.bench import SHAPES, Case, median_ms, meta, parse_shape
 
 
 def main(argv=None):
@@ -28,7 +28,15 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("cutlass_fused.tune: needs a CUDA GPU")
+    old_tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = args.dtype == "tf32"
+    try:
+        return run(args, argv)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old_tf32
+
+
+def run(args, argv):
     prefix = f"{args.family}_{args.dtype}_eval_"
     names = [n for n in cutlass_fused.built_kernels() if n.startswith(prefix)]
     if not names:

@@ -6,7 +6,7 @@ import torch
 
 import cutlass_fused
 from cutlass_fused.seed import SeedModel as Seed
-from common import FAMILIES, FAMILY_IDS, FLOOR, assert_close_rule, assert_close_rule_scaled
+from common import FAMILIES, FAMILY_IDS, assert_close_rule, assert_close_rule_scaled
 
 CASES = [pytest.param(d, f, dt, id=f"{i}-{dt}") for (d, f), i in zip(FAMILIES, FAMILY_IDS)
          for dt in (["bf16", "f16"] if d == "cuda" else ["bf16"])]

@@ -2,7 +2,6 @@
 import json
 
 import pytest
-import torch
 
 from cutlass_fused import bench
 from common import CUDA
