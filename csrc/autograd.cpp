@@ -77,12 +77,25 @@ void linear_grads(at::Tensor const& dh, at::Tensor const& x, at::Tensor const& w
 struct TrainFunction : torch::autograd::Function<TrainFunction> {
   static variable_list forward(AutogradContext* ctx, at::Tensor const& x, at::Tensor const& weight,
                                OptTensor const& bias, at::Tensor const& scale, OptTensor const& bn_weight,
-                               OptTensor const& bn_bias, double eps, c10::string_view family, bool deterministic) {
+                               OptTensor const& bn_bias, OptTensor const& running_mean, OptTensor const& running_var,
+                               OptTensor const& num_batches_tracked, c10::optional<double> momentum, double eps,
+                               c10::string_view family, bool deterministic) {
     static auto op = op_handle<TrainSig>("cutlass_fused::linear_scale_batch_norm_train");
     save_needs(ctx, {x.requires_grad(), weight.requires_grad(), requires_grad(bias), scale.requires_grad(),
                      requires_grad(bn_weight), requires_grad(bn_bias)});
-    at::AutoDispatchBelowADInplaceOrView below;
-    auto [y, h, stats, mean, invstd] = op.call(x, weight, bias, scale, bn_weight, bn_bias, eps, family, deterministic);
+    at::Tensor y, h, stats, mean, invstd;
+    {
+      at::AutoDispatchBelowADInplaceOrView below;
+      std::tie(y, h, stats, mean, invstd) = op.call(x, weight, bias, scale, bn_weight, bn_bias, running_mean,
+                                                    running_var, num_batches_tracked, momentum, eps, family,
+                                                    deterministic);
+    }
+    // Below ADInplaceOrView nothing counts the writes: bump the buffers'
+    // versions as nn.BatchNorm1d's update does, so that a graph which saved
+    // them (an eval forward's) refuses to backward through stale values.
+    for (OptTensor const* t : {&running_mean, &running_var, &num_batches_tracked}) {
+      if (t->has_value() && !(*t)->is_inference()) torch::autograd::impl::bump_version(**t);
+    }
     ctx->save_for_backward({x, weight, h, mean, invstd, scale, saved(bn_weight)});
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["family"] = std::string(family);
@@ -96,7 +109,7 @@ struct TrainFunction : torch::autograd::Function<TrainFunction> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     no_double_backward();
     static auto op = op_handle<BackwardSig>("cutlass_fused::batch_norm_backward");
-    variable_list out(9);
+    variable_list out(13);  // one per forward argument
     at::Tensor const& dy = grads[0];
     if (!dy.defined()) return out;  // y did not reach the loss
     auto s = ctx->get_saved_variables();
@@ -166,10 +179,12 @@ struct EvalFunction : torch::autograd::Function<EvalFunction> {
   }
 };
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> train_autograd(
-    at::Tensor const& x, at::Tensor const& weight, OptTensor const& bias, at::Tensor const& scale,
-    OptTensor const& bn_weight, OptTensor const& bn_bias, double eps, c10::string_view family, bool deterministic) {
-  auto out = TrainFunction::apply(x, weight, bias, scale, bn_weight, bn_bias, eps, family, deterministic);
+TrainOut train_autograd(at::Tensor const& x, at::Tensor const& weight, OptTensor const& bias, at::Tensor const& scale,
+                        OptTensor const& bn_weight, OptTensor const& bn_bias, OptTensor const& running_mean,
+                        OptTensor const& running_var, OptTensor const& num_batches_tracked,
+                        c10::optional<double> momentum, double eps, c10::string_view family, bool deterministic) {
+  auto out = TrainFunction::apply(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var,
+                                  num_batches_tracked, momentum, eps, family, deterministic);
   return {out[0], out[1], out[2], out[3], out[4]};
 }
 

@@ -8,18 +8,15 @@
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include "ops.h"
+
 namespace cutlass_fused {
 
 using OptTensor = c10::optional<at::Tensor>;
 
-using LinearStatsSig = std::tuple<at::Tensor, at::Tensor>(at::Tensor const&, at::Tensor const&, OptTensor const&,
-                                                          c10::string_view, bool);
-using FinalizeSig = std::tuple<at::Tensor, at::Tensor, at::Tensor>(at::Tensor const&, at::Tensor const&,
-                                                                   at::Tensor const&, c10::SymInt, OptTensor const&,
-                                                                   OptTensor const&, double);
-using TrainSig = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+using TrainSig = TrainOut(
     at::Tensor const&, at::Tensor const&, OptTensor const&, at::Tensor const&, OptTensor const&, OptTensor const&,
-    double, c10::string_view, bool);
+    OptTensor const&, OptTensor const&, OptTensor const&, c10::optional<double>, double, c10::string_view, bool);
 using BackwardSig = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
     at::Tensor const&, at::Tensor const&, at::Tensor const&, at::Tensor const&, at::Tensor const&, OptTensor const&,
     double);

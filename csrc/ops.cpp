@@ -5,16 +5,17 @@
 //    that SyncBatchNorm can all-reduce them before batch_norm_finalize, which
 //    applies scale: z = h * scale is never stored, and h is what the backward
 //    needs (d scale = sum dz * h, with no division by scale).
-//  * update_running_stats mutates the running stats; they are marked (a!)/(b!).
+//  * linear_scale_batch_norm_train updates the running stats and
+//    num_batches_tracked in place (marked (a!), (b!), (c!)), so that on CUDA
+//    the whole step after the GEMM is one kernel; update_running_stats does
+//    the same for the split ops' path (SyncBatchNorm).
 //  * `family` is a string ("auto", "sm90", "sm80"): a compile-time constant
 //    for torch.compile, chosen in Python (cutlass_fused.use_kernel_family).
 #include <Python.h>
 
 #include <ATen/ATen.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
-#include "op_handles.h"
 #include "ops.h"
 #if defined(CUTLASS_FUSED_WITH_CUDA)
 #include "kernels/gemm_evt.h"
@@ -51,20 +52,20 @@ void check_linear_args(at::Tensor const& x, at::Tensor const& weight, c10::optio
   check_vector(scale, "scale", weight.size(0));
 }
 
-namespace {
-
-// The training forward is the two steps, whatever the backend; autograd sees
-// it as one node (csrc/autograd.cpp).
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_scale_batch_norm_train(
-    at::Tensor const& x, at::Tensor const& weight, c10::optional<at::Tensor> const& bias, at::Tensor const& scale,
-    c10::optional<at::Tensor> const& bn_weight, c10::optional<at::Tensor> const& bn_bias, double eps,
-    c10::string_view family, bool deterministic) {
-  static auto stats_op = op_handle<LinearStatsSig>("cutlass_fused::linear_stats");
-  static auto finalize_op = op_handle<FinalizeSig>("cutlass_fused::batch_norm_finalize");
-  auto [h, stats] = stats_op.call(x, weight, bias, family, deterministic);
-  auto [y, mean, invstd] = finalize_op.call(h, stats, scale, x.sym_size(0), bn_weight, bn_bias, eps);
-  return {y, h, stats, mean, invstd};
+void check_batch(int64_t count, int64_t n) {
+  TORCH_CHECK(count > 1, "Expected more than 1 value per channel when training, got input size [", count, ", ", n,
+              "]");
 }
+
+void check_running_args(c10::optional<at::Tensor> const& running_mean, c10::optional<at::Tensor> const& running_var,
+                        c10::optional<at::Tensor> const& num_batches_tracked, c10::optional<double> momentum) {
+  TORCH_CHECK(running_mean.has_value() == running_var.has_value(),
+              "cutlass_fused: running_mean and running_var must both be given or both be None");
+  TORCH_CHECK(momentum.has_value() || !running_mean.has_value() || num_batches_tracked.has_value(),
+              "cutlass_fused: momentum=None (a cumulative average) needs num_batches_tracked");
+}
+
+namespace {
 
 std::vector<std::string> kernel_names() {
   std::vector<std::string> out;
@@ -82,11 +83,12 @@ TORCH_LIBRARY(cutlass_fused, m) {
   m.def(
       "batch_norm_finalize(Tensor h, Tensor stats, Tensor scale, SymInt count, Tensor? weight, Tensor? bias, float eps)"
       " -> (Tensor y, Tensor mean, Tensor invstd)");
-  // Both steps as one functional op: the unit autograd is registered on
-  // (csrc/autograd.cpp); the running-stats update stays a separate mutating op.
+  // Both steps and the running-stats update as one op: the unit autograd is
+  // registered on (csrc/autograd.cpp). momentum=None is the cumulative average.
   m.def(
       "linear_scale_batch_norm_train(Tensor x, Tensor weight, Tensor? bias, Tensor scale, Tensor? bn_weight,"
-      " Tensor? bn_bias, float eps, str family, bool deterministic)"
+      " Tensor? bn_bias, Tensor(a!)? running_mean, Tensor(b!)? running_var, Tensor(c!)? num_batches_tracked,"
+      " float? momentum, float eps, str family, bool deterministic)"
       " -> (Tensor y, Tensor h, Tensor stats, Tensor mean, Tensor invstd)");
   m.def(
       "update_running_stats(Tensor stats, Tensor scale, SymInt count, Tensor(a!) running_mean, Tensor(b!) running_var,"
@@ -101,10 +103,6 @@ TORCH_LIBRARY(cutlass_fused, m) {
   // without TF32 on sm90; torch.mm otherwise): the backward's dX and dW GEMMs.
   m.def("matmul(Tensor a, Tensor b, str family) -> Tensor");
   m.def("kernel_names() -> str[]", &kernel_names);
-}
-
-TORCH_LIBRARY_IMPL(cutlass_fused, CompositeExplicitAutograd, m) {
-  m.impl("linear_scale_batch_norm_train", &linear_scale_batch_norm_train);
 }
 
 }  // namespace cutlass_fused

@@ -23,8 +23,16 @@ inline at::Tensor empty_padded(int64_t m, int64_t n, at::TensorOptions opts) {
 // in the unfused model (bf16 h and an fp32 scale give fp32, as under autocast).
 inline at::ScalarType output_dtype(at::ScalarType h, at::ScalarType scale) { return at::promote_types(h, scale); }
 
+using TrainOut = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
 void check_linear_args(at::Tensor const& x, at::Tensor const& weight, c10::optional<at::Tensor> const& bias,
                        c10::optional<at::Tensor> const& scale);
 void check_vector(c10::optional<at::Tensor> const& t, char const* name, int64_t n);
+// Training needs a batch of at least two rows (count rows behind n columns).
+void check_batch(int64_t count, int64_t n);
+// The training op's running-statistics arguments, as nn.BatchNorm1d pairs them:
+// both running stats or neither; momentum=None (cumulative) needs num_batches_tracked.
+void check_running_args(c10::optional<at::Tensor> const& running_mean, c10::optional<at::Tensor> const& running_var,
+                        c10::optional<at::Tensor> const& num_batches_tracked, c10::optional<double> momentum);
 
 }  // namespace cutlass_fused

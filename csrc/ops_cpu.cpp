@@ -66,14 +66,37 @@ void update_running_stats_cpu(at::Tensor const& stats, at::Tensor const& scale, 
   int64_t n = stats.size(1);
   check_vector(running_mean, "running_mean", n);
   check_vector(running_var, "running_var", n);
-  TORCH_CHECK(count > 1, "Expected more than 1 value per channel when training, got input size [", count, ", ", n,
-              "]");
+  check_batch(count, n);
   auto mo = moments(stats, scale, count);
   double m = momentum;
   if (num_batches_tracked.has_value()) m = 1.0 / num_batches_tracked->item<double>();  // a CPU tensor: no sync
   auto unbiased = mo.var_z * (static_cast<double>(count) / static_cast<double>(count - 1));
   running_mean.copy_(running_mean.to(at::kDouble) * (1 - m) + mo.mean_z * m);
   running_var.copy_(running_var.to(at::kDouble) * (1 - m) + unbiased * m);
+}
+
+// The three steps in order, as the CUDA kernel does them in one.
+TrainOut linear_scale_batch_norm_train_cpu(at::Tensor const& x, at::Tensor const& weight,
+                                           c10::optional<at::Tensor> const& bias, at::Tensor const& scale,
+                                           c10::optional<at::Tensor> const& bn_weight,
+                                           c10::optional<at::Tensor> const& bn_bias,
+                                           c10::optional<at::Tensor> const& running_mean,
+                                           c10::optional<at::Tensor> const& running_var,
+                                           c10::optional<at::Tensor> const& num_batches_tracked,
+                                           c10::optional<double> momentum, double eps, c10::string_view family,
+                                           bool deterministic) {
+  check_linear_args(x, weight, bias, scale);
+  check_batch(x.size(0), weight.size(0));
+  check_running_args(running_mean, running_var, num_batches_tracked, momentum);
+  auto [h, stats] = linear_stats_cpu(x, weight, bias, family, deterministic);
+  auto [y, mean, invstd] = batch_norm_finalize_cpu(h, stats, scale, x.size(0), bn_weight, bn_bias, eps);
+  if (num_batches_tracked.has_value()) num_batches_tracked->add_(1);
+  if (running_mean.has_value()) {
+    at::Tensor rm = *running_mean, rv = *running_var;
+    update_running_stats_cpu(stats, scale, x.size(0), rm, rv, momentum ? c10::nullopt : num_batches_tracked,
+                             momentum.value_or(0.0));
+  }
+  return {y, h, stats, mean, invstd};
 }
 
 // dh = a dy + b (h - mean_h) + c per column, from sum dy and sum dy (h - mean_h);
@@ -120,6 +143,7 @@ at::Tensor matmul_cpu(at::Tensor const& a, at::Tensor const& b, c10::string_view
 TORCH_LIBRARY_IMPL(cutlass_fused, CPU, m) {
   m.impl("matmul", &matmul_cpu);
   m.impl("linear_stats", &linear_stats_cpu);
+  m.impl("linear_scale_batch_norm_train", &linear_scale_batch_norm_train_cpu);
   m.impl("batch_norm_finalize", &batch_norm_finalize_cpu);
   m.impl("update_running_stats", &update_running_stats_cpu);
   m.impl("batch_norm_backward", &batch_norm_backward_cpu);

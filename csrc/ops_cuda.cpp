@@ -167,19 +167,15 @@ void check_gemm_inputs(at::Tensor const& x, at::Tensor const& weight, c10::optio
   if (bias.has_value()) check_device(*bias, x.device(), "bias");
 }
 
-std::tuple<at::Tensor, at::Tensor> linear_stats_cuda(at::Tensor const& x, at::Tensor const& weight,
-                                                     c10::optional<at::Tensor> const& bias, c10::string_view family,
-                                                     bool deterministic) {
-  check_gemm_inputs(x, weight, bias, c10::nullopt);
-  c10::cuda::CUDAGuard guard(x.device());
+// h = x W^T + b through the eval kernel with no epilogue vectors but the bias.
+// Its statistics are our ordered column pass over h: deterministic on both
+// families, and faster than the fp64 statistics EVT (benchmarks/NOTES.md, v0.7).
+// The caller holds a device guard and has checked the inputs.
+at::Tensor linear_h(at::Tensor const& x, at::Tensor const& weight, c10::optional<at::Tensor> const& bias,
+                    c10::string_view family) {
   int64_t m = x.size(0), n = weight.size(0), k = x.size(1);
   char const* dt = kernel_dtype(x.scalar_type());
   char const* fam = pick_family(family, dt, x.device());
-  // The eval kernel stores h (no epilogue vectors but the bias) and our
-  // ordered column_stats kernel sums it: deterministic on both families, and
-  // faster than the fp64 statistics EVT (benchmarks/NOTES.md, v0.7).
-  // `deterministic` is kept in the schema: every mode is deterministic now.
-  (void)deterministic;
   bool split = split_tf32x3(fam, dt);
   auto const& info = lookup(fam, dt, "eval", m, n, k, x.device());
 
@@ -194,10 +190,21 @@ std::tuple<at::Tensor, at::Tensor> linear_stats_cuda(at::Tensor const& x, at::Te
 
   GemmEvtArgs p = gemm_args(ops.x, ops.w, h, kn);
   p.b = ptr_or_null(b);
-  auto stream = at::cuda::getCurrentCUDAStream(p.device).stream();
+  run(info, p, x);
+  return h;
+}
+
+// `deterministic` stays in the schemas: every mode is deterministic now.
+std::tuple<at::Tensor, at::Tensor> linear_stats_cuda(at::Tensor const& x, at::Tensor const& weight,
+                                                     c10::optional<at::Tensor> const& bias, c10::string_view family,
+                                                     bool /*deterministic*/) {
+  check_gemm_inputs(x, weight, bias, c10::nullopt);
+  c10::cuda::CUDAGuard guard(x.device());
+  int64_t m = x.size(0), n = weight.size(0);
+  auto h = linear_h(x, weight, bias, family);
+  auto stream = at::cuda::getCurrentCUDAStream().stream();
   auto stats = at::empty({2, n}, x.options().dtype(at::kDouble));
   poison(stats);
-  run(info, p, x);
   auto ws = at::empty({static_cast<int64_t>(column_stats_workspace(m, n))}, x.options().dtype(at::kByte));
   column_stats(dtype_of(x.scalar_type(), "input"), h.data_ptr(), m, n, h.stride(0), stats.data_ptr<double>(),
                ws.data_ptr(), stream);
@@ -213,7 +220,7 @@ ColVec col_vec(c10::optional<at::Tensor> const& t, char const* name, int64_t n, 
   return {t->data_ptr(), dtype_of(t->scalar_type(), name)};
 }
 
-ColOut col_out(at::Tensor& t, char const* name, int64_t n, at::Device device) {
+ColOut col_out(at::Tensor const& t, char const* name, int64_t n, at::Device device) {
   ColVec v = col_vec(t, name, n, device);
   return {t.data_ptr(), v.dt};
 }
@@ -237,14 +244,17 @@ at::Tensor saved_vector(at::Tensor const& t, char const* name, int64_t n, at::De
   return t.to(at::kDouble).contiguous();
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_finalize_cuda(
-    at::Tensor const& h, at::Tensor const& stats, at::Tensor const& scale, int64_t count,
-    c10::optional<at::Tensor> const& weight, c10::optional<at::Tensor> const& bias, double eps) {
+// y = BN(h * scale) and the saved mean/invstd, allocated, with the kernel
+// arguments that produce them (all but the statistics).
+struct Normalized {
+  at::Tensor y, mean, invstd;
+  FinalizeArgs a{};
+};
+
+Normalized normalized(at::Tensor const& h, at::Tensor const& scale, int64_t count,
+                      c10::optional<at::Tensor> const& weight, c10::optional<at::Tensor> const& bias, double eps) {
   TORCH_CHECK(h.dim() == 2 && h.stride(1) == 1, "cutlass_fused: expected h to be 2-D with unit column stride");
   int64_t m = h.size(0), n = h.size(1);
-  check_stats(stats, n);
-  check_device(stats, h.device(), "stats");
-  c10::cuda::CUDAGuard guard(h.device());
   FinalizeArgs a{};
   a.scale = col_vec(scale, "scale", n, h.device());
   a.weight = col_vec(weight, "bn_weight", n, h.device());
@@ -262,13 +272,30 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_finalize_cuda(
   a.y = y.data_ptr();
   a.m = static_cast<int>(m);
   a.n = static_cast<int>(n);
-  a.stats = stats.data_ptr<double>();
   a.count = static_cast<double>(count);
   a.eps = eps;
   a.save_mean = mean.data_ptr<double>();
   a.save_invstd = invstd.data_ptr<double>();
-  finalize_normalize(a, at::cuda::getCurrentCUDAStream().stream());
-  return {y, mean, invstd};
+  return {y, mean, invstd, a};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_finalize_cuda(
+    at::Tensor const& h, at::Tensor const& stats, at::Tensor const& scale, int64_t count,
+    c10::optional<at::Tensor> const& weight, c10::optional<at::Tensor> const& bias, double eps) {
+  check_stats(stats, h.size(1));
+  check_device(stats, h.device(), "stats");
+  c10::cuda::CUDAGuard guard(h.device());
+  auto out = normalized(h, scale, count, weight, bias, eps);
+  out.a.stats = stats.data_ptr<double>();
+  finalize_normalize(out.a, at::cuda::getCurrentCUDAStream().stream());
+  return {out.y, out.mean, out.invstd};
+}
+
+void check_num_batches_tracked(c10::optional<at::Tensor> const& t, at::Device dev) {
+  if (!t.has_value()) return;
+  check_device(*t, dev, "num_batches_tracked");
+  TORCH_CHECK(t->scalar_type() == at::kLong && t->numel() == 1,
+              "cutlass_fused: expected num_batches_tracked to be a one-element int64 tensor");
 }
 
 void update_running_stats_cuda(at::Tensor const& stats, at::Tensor const& scale, int64_t count,
@@ -276,20 +303,54 @@ void update_running_stats_cuda(at::Tensor const& stats, at::Tensor const& scale,
                                c10::optional<at::Tensor> const& num_batches_tracked, double momentum) {
   int64_t n = stats.size(1);
   check_stats(stats, n);
-  TORCH_CHECK(count > 1, "Expected more than 1 value per channel when training, got input size [", count, ", ", n,
-              "]");
+  check_batch(count, n);
   auto dev = stats.device();
   ColVec s = col_vec(scale, "scale", n, dev);
   ColOut rm = col_out(running_mean, "running_mean", n, dev), rv = col_out(running_var, "running_var", n, dev);
-  if (num_batches_tracked.has_value()) {
-    check_device(*num_batches_tracked, dev, "num_batches_tracked");
-    TORCH_CHECK(num_batches_tracked->scalar_type() == at::kLong && num_batches_tracked->numel() == 1,
-                "cutlass_fused: expected num_batches_tracked to be a one-element int64 tensor");
-  }
+  check_num_batches_tracked(num_batches_tracked, dev);
   c10::cuda::CUDAGuard guard(dev);
   update_running_stats(static_cast<int>(n), stats.data_ptr<double>(), s, static_cast<double>(count), rm, rv,
                        num_batches_tracked ? num_batches_tracked->data_ptr<int64_t>() : nullptr, momentum,
                        at::cuda::getCurrentCUDAStream().stream());
+}
+
+// The training forward: the GEMM, then one kernel for everything after it
+// (csrc/kernels/batch_norm.h, batch_norm_train).
+TrainOut linear_scale_batch_norm_train_cuda(at::Tensor const& x, at::Tensor const& weight,
+                                            c10::optional<at::Tensor> const& bias, at::Tensor const& scale,
+                                            c10::optional<at::Tensor> const& bn_weight,
+                                            c10::optional<at::Tensor> const& bn_bias,
+                                            c10::optional<at::Tensor> const& running_mean,
+                                            c10::optional<at::Tensor> const& running_var,
+                                            c10::optional<at::Tensor> const& num_batches_tracked,
+                                            c10::optional<double> momentum, double eps, c10::string_view family,
+                                            bool /*deterministic*/) {
+  check_gemm_inputs(x, weight, bias, scale);
+  int64_t m = x.size(0), n = weight.size(0);
+  check_batch(m, n);
+  auto dev = x.device();
+  check_running_args(running_mean, running_var, num_batches_tracked, momentum);
+  TrainArgs t{};
+  if (running_mean.has_value()) {
+    t.running_mean = col_out(*running_mean, "running_mean", n, dev);
+    t.running_var = col_out(*running_var, "running_var", n, dev);
+  }
+  check_num_batches_tracked(num_batches_tracked, dev);
+  c10::cuda::CUDAGuard guard(dev);
+  auto h = linear_h(x, weight, bias, family);
+  auto out = normalized(h, scale, m, bn_weight, bn_bias, eps);
+  auto stats = at::empty({2, n}, x.options().dtype(at::kDouble));
+  poison(stats);
+  auto ws = at::empty({static_cast<int64_t>(batch_norm_train_workspace(m, n))}, x.options().dtype(at::kByte));
+  t.norm = out.a;
+  t.stats = stats.data_ptr<double>();
+  t.num_batches_tracked = num_batches_tracked ? num_batches_tracked->data_ptr<int64_t>() : nullptr;
+  t.cumulative = !momentum.has_value();
+  t.momentum = momentum.value_or(0.0);
+  t.workspace = ws.data_ptr();
+  t.sm_count = sm_count(dev.index());
+  batch_norm_train(t, at::cuda::getCurrentCUDAStream().stream());
+  return {out.y, h, stats, out.mean, out.invstd};
 }
 
 // dscale comes back in scale's dtype, dweight and dbias in weight's (fp32
@@ -403,6 +464,7 @@ at::Tensor matmul_cuda(at::Tensor const& a, at::Tensor const& b, c10::string_vie
 TORCH_LIBRARY_IMPL(cutlass_fused, CUDA, m) {
   m.impl("matmul", &matmul_cuda);
   m.impl("linear_stats", &linear_stats_cuda);
+  m.impl("linear_scale_batch_norm_train", &linear_scale_batch_norm_train_cuda);
   m.impl("batch_norm_finalize", &batch_norm_finalize_cuda);
   m.impl("update_running_stats", &update_running_stats_cuda);
   m.impl("batch_norm_backward", &batch_norm_backward_cuda);

@@ -25,17 +25,13 @@ def linear_scale_batch_norm(x, weight, bias, scale, bn_weight, bn_bias, running_
         raise ValueError(f"Expected more than 1 value per channel when training, got input size {x.shape}")
     if (running_mean is None) != (running_var is None):
         raise ValueError("cutlass_fused: running_mean and running_var must both be given or both be None")
-    cumulative = None
-    if running_mean is not None:
-        if num_batches_tracked is not None:
-            num_batches_tracked.add_(1)
-        if momentum is None:
-            if num_batches_tracked is None:
-                raise ValueError("cutlass_fused: momentum=None (a cumulative average) needs num_batches_tracked")
-            cumulative = num_batches_tracked
-    y, _, stats, _, _ = ops.linear_scale_batch_norm_train(x, weight, bias, scale, bn_weight, bn_bias, eps, family,
-                                                          torch.are_deterministic_algorithms_enabled())
-    if running_mean is not None:
-        ops.update_running_stats(stats, scale.detach(), x.shape[0], running_mean, running_var, cumulative,
-                                 0.0 if momentum is None else float(momentum))
+    if running_mean is None:
+        num_batches_tracked = None  # as nn.BatchNorm1d: counted only where running stats are kept
+    elif momentum is None and num_batches_tracked is None:
+        raise ValueError("cutlass_fused: momentum=None (a cumulative average) needs num_batches_tracked")
+    # One op updates the running stats and num_batches_tracked in place (on CUDA
+    # in the same kernel that normalizes).
+    y, _, _, _, _ = ops.linear_scale_batch_norm_train(
+        x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked,
+        None if momentum is None else float(momentum), eps, family, torch.are_deterministic_algorithms_enabled())
     return y

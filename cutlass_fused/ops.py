@@ -37,8 +37,9 @@ def _finalize(h, stats, scale, count, weight, bias, eps):
 
 
 @torch.library.register_fake("cutlass_fused::linear_scale_batch_norm_train")
-def _(x, weight, bias, scale, bn_weight, bn_bias, eps, family, deterministic):
-    # The two steps, as the composite in csrc/ops.cpp runs them.
+def _(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, momentum, eps,
+      family, deterministic):
+    # The split ops' outputs; the running stats are updated in place.
     h, stats = _linear_stats(x, weight, bias, family, deterministic)
     y, mean, invstd = _finalize(h, stats, scale, x.shape[0], bn_weight, bn_bias, eps)
     return y, h, stats, mean, invstd

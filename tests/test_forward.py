@@ -1,4 +1,6 @@
 """Forward results against a float64 reference of the unfused model."""
+import os
+
 import pytest
 import torch
 
@@ -151,3 +153,51 @@ def test_cpu_matches_reference_float64():
                                               p["running_mean"], p["running_var"], True)
     assert max_err(y, y_ref) < 1e-12
     assert max_err(p["running_mean"], rm_ref) < 1e-12 and max_err(p["running_var"], rv_ref) < 1e-12
+
+
+# The training op runs the statistics, normalization and running-stat update
+# in one kernel on CUDA; the split ops (SyncBatchNorm's path) run them as
+# separate kernels in the same order of summation, so both must agree to the
+# bit. The shapes make the fused kernel's grid smaller than its work (5125
+# unaligned columns), take 32 row chunks (16384 rows), or a single chunk.
+FUSED_SHAPES = [(1000, 96, 5125), (16384, 64, 256), (2, 40, 24), (333, 128, 130)]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("shape", FUSED_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("momentum", [0.1, None])
+def test_fused_train_matches_split_ops(shape, dtype, momentum):
+    m, k, n = shape
+    p = params(k, n, "cuda", dtype, seed=m)
+    x = torch.randn(m, k, device="cuda").to(dtype)
+    rm, rv = p["running_mean"].clone(), p["running_var"].clone()
+    nbt = torch.tensor(4, device="cuda")
+    y, h, stats, mean, invstd = ops.linear_scale_batch_norm_train(
+        x, p["weight"], p["bias"], p["scale"], p["bn_weight"], p["bn_bias"], rm, rv, nbt, momentum, 1e-5, "auto", False)
+    h2, stats2 = ops.linear_stats(x, p["weight"], p["bias"], "auto", False)
+    y2, mean2, invstd2 = ops.batch_norm_finalize(h2, stats2, p["scale"], m, p["bn_weight"], p["bn_bias"], 1e-5)
+    rm2, rv2, nbt2 = p["running_mean"].clone(), p["running_var"].clone(), torch.tensor(5, device="cuda")
+    ops.update_running_stats(stats2, p["scale"], m, rm2, rv2, nbt2 if momentum is None else None, momentum or 0.0)
+    for name, a, b in [("h", h, h2), ("stats", stats, stats2), ("y", y, y2), ("mean", mean, mean2),
+                       ("invstd", invstd, invstd2), ("running_mean", rm, rm2), ("running_var", rv, rv2),
+                       ("num_batches_tracked", nbt, nbt2)]:
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("family", [f for d, f in FAMILIES if d == "cuda"])
+def test_training_forward_is_two_launches(family):
+    """The GEMM and one kernel for everything after it (bf16, aligned: no padding or casts)."""
+    layer = cutlass_fused.LinearScaleBatchNorm1d(256, 512, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(128, 256, device="cuda", dtype=torch.bfloat16)
+    with cutlass_fused.use_kernel_family(family), torch.no_grad():
+        layer(x)
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            layer(x)
+            torch.cuda.synchronize()
+    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    if os.environ.get("CUTLASS_FUSED_POISON") == "1":  # the test-only NaN fills of each output
+        kernels = [k for k in kernels if "FillFunctor" not in k]
+    assert len(kernels) == 2, kernels

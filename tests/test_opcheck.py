@@ -52,19 +52,29 @@ def grad_inputs(device, dtype, affine=True):
     return leaf(x), leaf(w), leaf(v()), leaf(v()), bn, v
 
 
+def running(device, v, tracked, momentum):
+    """(running_mean, running_var, num_batches_tracked, momentum) for the train op."""
+    if not tracked:
+        return None, None, None, momentum
+    return v(), v().abs() + 1, torch.tensor(3, device=device), momentum
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("affine", [True, False])
-def test_linear_scale_batch_norm_train(device, dtype, affine):
-    x, w, b, s, bn, _ = grad_inputs(device, dtype, affine)
-    torch.library.opcheck(ops.linear_scale_batch_norm_train, (x, w, b, s, *bn, 1e-5, "auto", False))
+@pytest.mark.parametrize("tracked,momentum", [(True, 0.1), (True, None), (False, 0.1)])
+def test_linear_scale_batch_norm_train(device, dtype, affine, tracked, momentum):
+    x, w, b, s, bn, v = grad_inputs(device, dtype, affine)
+    args = (x, w, b, s, *bn, *running(device, v, tracked, momentum), 1e-5, "auto", False)
+    torch.library.opcheck(ops.linear_scale_batch_norm_train, args)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_batch_norm_backward(device, dtype):
     x, w, v = samples(device, dtype)
-    _, h, _, mean, invstd = ops.linear_scale_batch_norm_train(x, w, v(), v(), v(), v(), 1e-5, "auto", False)
+    _, h, _, mean, invstd = ops.linear_scale_batch_norm_train(x, w, v(), v(), v(), v(), None, None, None, 0.1, 1e-5,
+                                                              "auto", False)
     torch.library.opcheck(ops.batch_norm_backward, (torch.randn_like(h), h, mean, invstd, v(), v(), 1e-5))
 
 

@@ -1,8 +1,11 @@
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <stdexcept>
 #include <initializer_list>
 #include <type_traits>
 
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -161,12 +164,14 @@ struct GradSums {
   }
 };
 
+// The partial sums of column group `group` (32 V columns) over row chunk
+// `chunk`, into row `chunk` of pa and pb. Every thread of the block calls it.
 template <class Terms, int V>
-__global__ void column_partials_kernel(Terms terms, int m, int n, int rows, double* __restrict__ pa,
-                                       double* __restrict__ pb) {
+__device__ void chunk_partials(Terms const& terms, int m, int n, int rows, int group, int chunk,
+                               double* __restrict__ pa, double* __restrict__ pb) {
   __shared__ double sh[2][8][32 * V];
-  int c0 = (blockIdx.x * 32 + threadIdx.x) * V;  // n % V == 0 when V > 1: groups are whole
-  int r0 = blockIdx.y * rows;
+  int c0 = (group * 32 + threadIdx.x) * V;  // n % V == 0 when V > 1: groups are whole
+  int r0 = chunk * rows;
   int r1 = min(m, r0 + rows);
   double a[V] = {}, b[V] = {}, mu[V];
   bool live = c0 < n;
@@ -192,10 +197,17 @@ __global__ void column_partials_kernel(Terms terms, int m, int n, int rows, doub
     }
 #pragma unroll
     for (int v = 0; v < V; ++v) {
-      pa[blockIdx.y * static_cast<int64_t>(n) + c0 + v] = a[v];
-      pb[blockIdx.y * static_cast<int64_t>(n) + c0 + v] = b[v];
+      pa[chunk * static_cast<int64_t>(n) + c0 + v] = a[v];
+      pb[chunk * static_cast<int64_t>(n) + c0 + v] = b[v];
     }
   }
+  __syncthreads();  // before a caller's next item may overwrite `sh`
+}
+
+template <class Terms, int V>
+__global__ void column_partials_kernel(Terms terms, int m, int n, int rows, double* __restrict__ pa,
+                                       double* __restrict__ pb) {
+  chunk_partials<Terms, V>(terms, m, n, rows, blockIdx.x, blockIdx.y, pa, pb);
 }
 
 // Both sums of `terms` over all m rows into out[0:n], out[n:2n], through
@@ -223,11 +235,21 @@ struct Moments {
   double mean_h, mean_z, var_z;
 };
 
-__device__ Moments moments(double const* stats, ColVec scale, double count, int n, int c) {
-  double mean_h = stats[c] / count;
-  double var_h = fmax(stats[n + c] / count - mean_h * mean_h, 0.0);
+// From column c's sum and sum of squares of h. Explicitly rounded operations:
+// the fused training kernel and the split ops must get the same bits, and
+// whether nvcc contracts a * b - c into an fma depends on the inlining context.
+__device__ Moments moments(double sum, double sumsq, ColVec scale, double count, int c) {
+  double mean_h = __ddiv_rn(sum, count);
+  double var_h = fmax(__dsub_rn(__ddiv_rn(sumsq, count), __dmul_rn(mean_h, mean_h)), 0.0);
   double s = load(scale, c, 1.0);
-  return {mean_h, s * mean_h, s * s * var_h};
+  return {mean_h, __dmul_rn(s, mean_h), __dmul_rn(__dmul_rn(s, s), var_h)};
+}
+
+// 1 / sqrt(var_z + eps), the same bits in every kernel (see moments).
+__device__ double inverse_std(double var_z, double eps) { return __ddiv_rn(1.0, __dsqrt_rn(__dadd_rn(var_z, eps))); }
+
+__device__ Moments moments(double const* stats, ColVec scale, double count, int n, int c) {
+  return moments(stats[c], stats[n + c], scale, count, c);
 }
 
 // Per-column constants of y = (h - mean_h) * mul + b, rounded once to A.
@@ -239,7 +261,7 @@ struct Column {
 template <class A>
 __device__ Column<A> column(FinalizeArgs const& a, int c) {
   Moments mo = moments(a.stats, a.scale, a.count, a.n, c);
-  double invstd = 1.0 / sqrt(mo.var_z + a.eps);
+  double invstd = inverse_std(mo.var_z, a.eps);
   double w = load(a.weight, c, 1.0);
   if (blockIdx.y == 0) {  // one thread a column (block_columns)
     a.save_mean[c] = mo.mean_h;
@@ -252,15 +274,19 @@ __device__ Column<A> column(FinalizeArgs const& a, int c) {
   return col;
 }
 
+// running = (1 - m) running + m batch; the variance unbiased, as nn.BatchNorm1d keeps it.
+__device__ void update_running(Moments mo, double count, double m, ColOut rm, ColOut rv, int c) {
+  double unbiased = __ddiv_rn(__dmul_rn(mo.var_z, count), count - 1);  // explicit: see moments
+  store(rm, c, __dadd_rn(__dmul_rn(1 - m, load({rm.p, rm.dt}, c, 0.0)), __dmul_rn(m, mo.mean_z)));
+  store(rv, c, __dadd_rn(__dmul_rn(1 - m, load({rv.p, rv.dt}, c, 0.0)), __dmul_rn(m, unbiased)));
+}
+
 __global__ void update_running_kernel(int n, double const* __restrict__ stats, ColVec scale, double count, ColOut rm,
                                       ColOut rv, int64_t const* nbt, double momentum) {
   int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= n) return;
-  Moments mo = moments(stats, scale, count, n, c);
-  double unbiased = mo.var_z * count / (count - 1);
   double m = nbt ? 1.0 / static_cast<double>(*nbt) : momentum;
-  store(rm, c, (1 - m) * load({rm.p, rm.dt}, c, 0.0) + m * mo.mean_z);
-  store(rv, c, (1 - m) * load({rv.p, rv.dt}, c, 0.0) + m * unbiased);
+  update_running(moments(stats, scale, count, n, c), count, m, rm, rv, c);
 }
 
 // The per-column constants of a block's 32 V columns: each computed once, by
@@ -268,43 +294,102 @@ __global__ void update_running_kernel(int n, double const* __restrict__ stats, C
 // enough that all 8 row lanes computing them cost more than the data pass),
 // then shared. Every thread of the block must call it.
 template <int V, class Col, class Make>
-__device__ void block_columns(int n, Col (&col)[V], Make&& make) {
+__device__ void block_columns(int n, int group, Col (&col)[V], Make&& make) {
   __shared__ Col shared[32 * V];
-  int base = blockIdx.x * 32 * V;
+  int base = group * 32 * V;
   for (int i = threadIdx.y * 32 + threadIdx.x; i < 32 * V; i += 256) {
     if (base + i < n) shared[i] = make(base + i);
   }
   __syncthreads();
 #pragma unroll
   for (int v = 0; v < V; ++v) col[v] = shared[threadIdx.x * V + v];
+  __syncthreads();  // before a caller's next group may overwrite `shared`
 }
 
 // Block: 32 column groups of V columns x 8 row lanes; each lane takes R rows
 // at a time, 8 apart, issuing their loads before any of their math.
-template <class T, class TO, int V, int R>
-__global__ void finalize_normalize_kernel(FinalizeArgs a) {
-  using A = Acc<T>;
-  Column<A> col[V];
-  block_columns<V>(a.n, col, [&](int c) { return column<A>(a, c); });
-  int c0 = (blockIdx.x * 32 + threadIdx.x) * V;  // n % V == 0 when V > 1: groups are whole
-  if (c0 >= a.n) return;
+// y = (h - mean_h) * mul + b for rows [begin, end) of columns c0 .. c0 + V,
+// this thread's row lane taking R rows at a time, 8 apart, `step` rows per round.
+template <class T, class TO, int V, int R, class A>
+__device__ void normalize_rows(FinalizeArgs const& a, int c0, Column<A> const (&col)[V], int64_t begin, int64_t end,
+                               int64_t step) {
   auto const* h = static_cast<T const*>(a.h);
   auto* y = static_cast<TO*>(a.y);
-  for (int64_t r0 = blockIdx.y * 8 * R + threadIdx.y; r0 < a.m; r0 += int64_t{gridDim.y} * 8 * R) {
+  for (int64_t r0 = begin + threadIdx.y; r0 < end; r0 += step) {
     Group<T, V> in[R];
 #pragma unroll
     for (int i = 0; i < R; ++i) {
-      if (r0 + 8 * i < a.m) in[i] = load_group<T, V>(h + (r0 + 8 * i) * a.ldh + c0);
+      if (r0 + 8 * i < end) in[i] = load_group<T, V>(h + (r0 + 8 * i) * a.ldh + c0);
     }
 #pragma unroll
     for (int i = 0; i < R; ++i) {
-      if (r0 + 8 * i >= a.m) break;
+      if (r0 + 8 * i >= end) break;
       Group<TO, V> out;
 #pragma unroll
       for (int v = 0; v < V; ++v)
         out.v[v] = from_float<TO>((A(to_float(in[i].v[v])) - col[v].mean_h) * col[v].mul + col[v].b);
       store_group<TO, V>(y + (r0 + 8 * i) * a.n + c0, out);
     }
+  }
+}
+
+template <class T, class TO, int V, int R>
+__global__ void finalize_normalize_kernel(FinalizeArgs a) {
+  using A = Acc<T>;
+  Column<A> col[V];
+  block_columns<V>(a.n, blockIdx.x, col, [&](int c) { return column<A>(a, c); });
+  int c0 = (blockIdx.x * 32 + threadIdx.x) * V;  // n % V == 0 when V > 1: groups are whole
+  if (c0 >= a.n) return;
+  normalize_rows<T, TO, V, R>(a, c0, col, blockIdx.y * 8 * R, a.m, int64_t{gridDim.y} * 8 * R);
+}
+
+// Work items are (column group, row chunk), column groups fastest so that the
+// blocks in flight read neighbouring columns of the same rows; each block
+// takes the same items in both phases, so phase 2 mostly re-reads h from L2.
+template <class T, class TO, int V, int R>
+__global__ void __launch_bounds__(256, 4) batch_norm_train_kernel(TrainArgs a, int rows, int chunks, int groups) {
+  using A = Acc<T>;
+  FinalizeArgs const& f = a.norm;
+  auto* pa = static_cast<double*>(a.workspace);
+  auto* pb = pa + static_cast<int64_t>(chunks) * f.n;
+  int items = groups * chunks;
+  SumSquares<T> terms{static_cast<T const*>(f.h), f.ldh};
+  for (int item = blockIdx.x; item < items; item += gridDim.x)
+    chunk_partials<SumSquares<T>, V>(terms, f.m, f.n, rows, item % groups, item / groups, pa, pb);
+  if (a.num_batches_tracked != nullptr && blockIdx.x == 0 && threadIdx.x == 0 && threadIdx.y == 0)
+    *a.num_batches_tracked += 1;  // read by every block after the barrier (cumulative momentum)
+  cooperative_groups::this_grid().sync();
+
+  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+    int group = item % groups, chunk = item / groups;
+    Column<A> col[V];
+    block_columns<V>(f.n, group, col, [&](int c) {
+      // In chunk order, as reduce_partials adds them; unrolled so that the
+      // loads, which come from L2 at ~1 us each, are in flight together.
+      double s = 0, q = 0;
+#pragma unroll 8
+      for (int r = 0; r < chunks; ++r) {
+        s += pa[r * static_cast<int64_t>(f.n) + c];
+        q += pb[r * static_cast<int64_t>(f.n) + c];
+      }
+      Moments mo = moments(s, q, f.scale, f.count, c);
+      double invstd = inverse_std(mo.var_z, f.eps);
+      if (chunk == 0) {
+        a.stats[c] = s;
+        a.stats[f.n + c] = q;
+        f.save_mean[c] = mo.mean_h;
+        f.save_invstd[c] = invstd;
+        if (a.running_mean.p != nullptr) {
+          double m = a.cumulative ? 1.0 / static_cast<double>(*a.num_batches_tracked) : a.momentum;
+          update_running(mo, f.count, m, a.running_mean, a.running_var, c);
+        }
+      }
+      return Column<A>{static_cast<A>(mo.mean_h), static_cast<A>(load(f.scale, c, 1.0) * invstd * load(f.weight, c, 1.0)),
+                       static_cast<A>(load(f.bias, c, 0.0))};
+    });
+    int c0 = (group * 32 + threadIdx.x) * V;
+    int64_t begin = static_cast<int64_t>(chunk) * rows, end = begin + rows;
+    if (c0 < f.n) normalize_rows<T, TO, V, R>(f, c0, col, begin, end < f.m ? end : f.m, 8 * R);
   }
 }
 
@@ -335,7 +420,7 @@ template <class T, class TY, int V, int R>
 __global__ void grad_input_kernel(BackwardArgs g, double const* __restrict__ sums) {
   using A = Acc<T>;
   GradColumn<A> col[V];
-  block_columns<V>(g.n, col, [&](int c) { return grad_column<A>(g, sums, c); });
+  block_columns<V>(g.n, blockIdx.x, col, [&](int c) { return grad_column<A>(g, sums, c); });
   int c0 = (blockIdx.x * 32 + threadIdx.x) * V;
   if (c0 >= g.n) return;
   auto const* dy = static_cast<TY const*>(g.dy);
@@ -423,6 +508,42 @@ void finalize_normalize(FinalizeArgs const& a, cudaStream_t stream) {
     });
   });
   check_cuda(cudaGetLastError(), "finalize_normalize");
+}
+
+size_t batch_norm_train_workspace(int m, int n) { return column_stats_workspace(m, n); }
+
+// A cooperative launch: all blocks resident at once, as the grid barrier needs,
+// so the grid is at most what the occupancy calculator fits on the device.
+void batch_norm_train(TrainArgs const& a, cudaStream_t stream) {
+  FinalizeArgs const& f = a.norm;
+  int rows = stat_rows(f.m), chunks = stat_chunks(f.m);
+  dispatch_pair(f.dt, f.dt_y, [&](auto t, auto to) {
+    using T = decltype(t);
+    using TO = decltype(to);
+    constexpr int V = 16 / sizeof(T);
+    auto launch = [&](auto kernel, int v) {
+      // Blocks per SM, asked once per device (devices of different archs may differ).
+      static std::array<std::atomic<int>, 64> per_sm{};
+      int device = 0;
+      check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+      int fit = device < 64 ? per_sm[device].load() : 0;
+      if (fit == 0) {
+        check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, 256, 0), "batch_norm_train occupancy");
+        if (device < 64) per_sm[device] = fit;
+      }
+      int groups = static_cast<int>(blocks(f.n, 32 * v));
+      int grid = std::max(1, std::min(groups * chunks, fit * a.sm_count));
+      TrainArgs args = a;
+      void* params[] = {&args, &rows, &chunks, &groups};
+      check_cuda(cudaLaunchCooperativeKernel(reinterpret_cast<void const*>(kernel), dim3(grid), dim3(32, 8), params, 0,
+                                             stream),
+                 "batch_norm_train");
+    };
+    if (can_vectorize<T>(f.n, f.ldh, {f.h, f.y}))
+      launch(batch_norm_train_kernel<T, TO, V, 2>, V);
+    else
+      launch(batch_norm_train_kernel<T, TO, 1, 2>, 1);
+  });
 }
 
 size_t batch_norm_backward_workspace(int m, int n) {

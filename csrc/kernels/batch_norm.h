@@ -63,6 +63,26 @@ struct FinalizeArgs {
 // mean/invstd from stats and y = (h - mean(h)) * (scale * invstd * w) + b = BN(z).
 void finalize_normalize(FinalizeArgs const& a, cudaStream_t stream);
 
+// The training forward after the GEMM, in one cooperative kernel: the column
+// sums of h (per row chunk, in column_stats's order), one grid-wide barrier,
+// then each block takes its columns' statistics from the partials (in
+// reduce_partials's order, so every block and every path gets the same bits),
+// normalizes its rows, and, for the first row chunk, writes stats, the saved
+// mean/invstd and the running stats. One launch instead of five: at
+// 1024 x 8192 the four small kernels and the nbt add cost more than their work.
+struct TrainArgs {
+  FinalizeArgs norm;              // norm.stats is unused: the sums go to `stats`
+  double* stats;                  // 2 x n, out
+  ColOut running_mean, running_var;  // p == nullptr: not tracked
+  int64_t* num_batches_tracked;   // or nullptr; incremented by one
+  double momentum;                // of the running stats, unless cumulative
+  bool cumulative;                // momentum = 1 / num_batches_tracked (after its increment)
+  void* workspace;                // batch_norm_train_workspace(m, n) bytes
+  int sm_count;                   // of the device: the grid must be co-resident
+};
+size_t batch_norm_train_workspace(int m, int n);
+void batch_norm_train(TrainArgs const& a, cudaStream_t stream);
+
 // running = (1 - m) running + m batch, for z's mean and unbiased variance;
 // m = 1 / *num_batches_tracked when that is given (PyTorch's momentum=None).
 void update_running_stats(int n, double const* stats, ColVec scale, double count, ColOut running_mean,
