@@ -83,19 +83,11 @@ struct TrainFunction : torch::autograd::Function<TrainFunction> {
     static auto op = op_handle<TrainSig>("cutlass_fused::linear_scale_batch_norm_train");
     save_needs(ctx, {x.requires_grad(), weight.requires_grad(), requires_grad(bias), scale.requires_grad(),
                      requires_grad(bn_weight), requires_grad(bn_bias)});
-    at::Tensor y, h, stats, mean, invstd;
-    {
-      at::AutoDispatchBelowADInplaceOrView below;
-      std::tie(y, h, stats, mean, invstd) = op.call(x, weight, bias, scale, bn_weight, bn_bias, running_mean,
-                                                    running_var, num_batches_tracked, momentum, eps, family,
-                                                    deterministic);
-    }
-    // Below ADInplaceOrView nothing counts the writes: bump the buffers'
-    // versions as nn.BatchNorm1d's update does, so that a graph which saved
-    // them (an eval forward's) refuses to backward through stale values.
-    for (OptTensor const* t : {&running_mean, &running_var, &num_batches_tracked}) {
-      if (t->has_value() && !(*t)->is_inference()) torch::autograd::impl::bump_version(**t);
-    }
+    // Below Autograd only, so that ADInplaceOrView (in_place below) counts the
+    // running stats' update.
+    at::AutoDispatchBelowAutograd below;
+    auto [y, h, stats, mean, invstd] = op.call(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var,
+                                               num_batches_tracked, momentum, eps, family, deterministic);
     ctx->save_for_backward({x, weight, h, mean, invstd, scale, saved(bn_weight)});
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["family"] = std::string(family);
@@ -195,7 +187,50 @@ at::Tensor eval_autograd(at::Tensor const& x, at::Tensor const& weight, OptTenso
   return EvalFunction::apply(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, eps, family)[0];
 }
 
+void bump_versions(std::initializer_list<OptTensor const*> ts) {
+  for (OptTensor const* t : ts) {
+    if (t->has_value() && !(*t)->is_inference()) torch::autograd::impl::bump_version(**t);
+  }
+}
+
+// The ops that update running stats bump their versions, as nn.BatchNorm1d's
+// in-place update does (also under inference_mode, which skips Autograd but
+// not this key): a graph that saved them (an eval forward's) then refuses to
+// backward through stale values, and the caches keyed on versions
+// (tensor_stamp.h: the eval fold) see the change.
+TrainOut train_in_place(at::Tensor const& x, at::Tensor const& weight, OptTensor const& bias, at::Tensor const& scale,
+                        OptTensor const& bn_weight, OptTensor const& bn_bias, OptTensor const& running_mean,
+                        OptTensor const& running_var, OptTensor const& num_batches_tracked,
+                        c10::optional<double> momentum, double eps, c10::string_view family, bool deterministic) {
+  static auto op = op_handle<TrainSig>("cutlass_fused::linear_scale_batch_norm_train");
+  TrainOut out;
+  {
+    at::AutoDispatchBelowADInplaceOrView below;
+    out = op.call(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, momentum,
+                  eps, family, deterministic);
+  }
+  bump_versions({&running_mean, &running_var, &num_batches_tracked});
+  return out;
+}
+
+void update_running_in_place(at::Tensor const& stats, at::Tensor const& scale, c10::SymInt count,
+                             at::Tensor& running_mean, at::Tensor& running_var,
+                             OptTensor const& num_batches_tracked, double momentum) {
+  static auto op = op_handle<UpdateRunningSig>("cutlass_fused::update_running_stats");
+  {
+    at::AutoDispatchBelowADInplaceOrView below;
+    op.call(stats, scale, count, running_mean, running_var, num_batches_tracked, momentum);
+  }
+  OptTensor rm = running_mean, rv = running_var;
+  bump_versions({&rm, &rv});
+}
+
 }  // namespace
+
+TORCH_LIBRARY_IMPL(cutlass_fused, ADInplaceOrView, m) {
+  m.impl("linear_scale_batch_norm_train", &train_in_place);
+  m.impl("update_running_stats", &update_running_in_place);
+}
 
 TORCH_LIBRARY_IMPL(cutlass_fused, Autograd, m) {
   m.impl("linear_scale_batch_norm_train", &train_autograd);

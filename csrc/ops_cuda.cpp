@@ -12,6 +12,7 @@
 
 #include "kernels/batch_norm.h"
 #include "kernels/gemm_evt.h"
+#include "eval_fold_cuda.h"
 #include "ops.h"
 #include "tf32x3_cuda.h"
 
@@ -403,21 +404,21 @@ at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor con
   check_gemm_inputs(x, weight, bias, scale);
   int64_t m = x.size(0), n = weight.size(0), k = x.size(1);
   auto dev = x.device();
-  ColVec s = col_vec(scale, "scale", n, dev), w = col_vec(bn_weight, "bn_weight", n, dev);
-  ColVec bb = col_vec(bn_bias, "bn_bias", n, dev);
-  ColVec rm = col_vec(running_mean, "running_mean", n, dev), rv = col_vec(running_var, "running_var", n, dev);
+  col_vec(scale, "scale", n, dev);  // the checks eval_fold relies on
+  col_vec(bn_weight, "bn_weight", n, dev);
+  col_vec(bn_bias, "bn_bias", n, dev);
+  col_vec(running_mean, "running_mean", n, dev);
+  col_vec(running_var, "running_var", n, dev);
   c10::cuda::CUDAGuard guard(dev);
   char const* dt = kernel_dtype(x.scalar_type());
   char const* fam = pick_family(family, dt, dev);
   bool split = split_tf32x3(fam, dt);
   auto const& info = lookup(fam, dt, "eval", m, n, k, x.device());
 
-  int64_t kn = padded_ld(n, x.scalar_type());  // as in linear_stats_cuda
-  auto stream = at::cuda::getCurrentCUDAStream().stream();
-  // One allocation, zeroed so the padded columns read a = c = 0; the second
-  // row starts kn floats in, which keeps it 16-byte aligned for the EVT.
-  auto ac = at::zeros({2, kn}, x.options().dtype(at::kFloat));
-  fold_eval(static_cast<int>(n), s, w, bb, rm, rv, eps, ac[0].data_ptr<float>(), ac[1].data_ptr<float>(), stream);
+  int64_t kn = padded_ld(n, x.scalar_type());  // as in linear_h
+  // One (2, kn) allocation: its second row starts kn floats in, which keeps it
+  // 16-byte aligned for the EVT.
+  auto ac = eval_fold(scale, bn_weight, bn_bias, running_mean, running_var, eps, kn);
   auto ops = operands(x, weight, kn, split);
   auto b = bias_vector(bias, x.scalar_type(), kn);
   auto y = empty_padded(m, n, x.options());

@@ -11,21 +11,16 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include "kernels/tf32x3.h"
+#include "tensor_stamp.h"
 
 namespace cutlass_fused {
 namespace {
 
 // A forward-only loop (KernelBench's, or inference) multiplies by the same
 // weight again and again; its split (3x the weight's memory) is then made
-// once. An entry is used only while the weight is the same live tensor, with
-// the same storage, layout and version counter; in-place updates (optimizer
-// steps, load_state_dict, copy_) bump the version. Writes through `.data`
-// bypass the version counter, as they bypass autograd.
+// once, and used while the weight's stamp matches (tensor_stamp.h).
 struct Entry {
-  c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> owner;
-  int64_t version = 0;
-  void const* data = nullptr;
-  std::vector<int64_t> sizes, strides;
+  TensorStamp weight;
   int64_t rows = 0;
   at::Tensor split;
 };
@@ -37,11 +32,6 @@ std::vector<Entry>& cache() {
   return *c;
 }
 
-bool matches(Entry const& e, at::Tensor const& w, int64_t rows) {
-  auto owner = e.owner.lock();
-  return owner.get() == w.unsafeGetTensorImpl() && e.version == w._version() && e.data == w.data_ptr() &&
-         e.rows == rows && e.sizes == w.sizes().vec() && e.strides == w.strides().vec();
-}
 
 }  // namespace
 
@@ -67,9 +57,9 @@ at::Tensor split_weight_tf32x3(at::Tensor const& w, int64_t rows_out) {
   auto& c = cache();
   // Splits of weights that no longer exist are dropped on every call, so their
   // memory goes back to the allocator at the next call after the model dies.
-  c.erase(std::remove_if(c.begin(), c.end(), [](Entry const& e) { return e.owner.expired(); }), c.end());
+  c.erase(std::remove_if(c.begin(), c.end(), [](Entry const& e) { return e.weight.expired(); }), c.end());
   for (auto& e : c) {
-    if (matches(e, w, rows_out)) {
+    if (e.rows == rows_out && e.weight.matches(w)) {
       // It may have been made on another stream: keep the allocator from
       // reusing its memory while this stream still reads it.
       e.split.record_stream(stream);
@@ -78,11 +68,10 @@ at::Tensor split_weight_tf32x3(at::Tensor const& w, int64_t rows_out) {
   }
   auto split = split_tf32x3(w, rows_out, SplitOrder::big_big_small);
   c.erase(std::remove_if(c.begin(), c.end(),
-                         [&](Entry const& e) { return e.owner.lock().get() == w.unsafeGetTensorImpl(); }),
+                         [&](Entry const& e) { return e.weight.is(w); }),
           c.end());
   if (c.size() >= kCacheEntries) c.erase(c.begin());
-  c.push_back({c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(w.getIntrusivePtr()), w._version(),
-               w.data_ptr(), w.sizes().vec(), w.strides().vec(), rows_out, split});
+  c.push_back({TensorStamp::of(w), rows_out, split});
   return split;
 }
 

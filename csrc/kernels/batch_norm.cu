@@ -124,9 +124,10 @@ bool can_vectorize(int n, int64_t ld, std::initializer_list<void const*> ptrs) {
 // Column reductions: chunks of rows, 32 column groups x 8 row lanes a block;
 // each lane walks its rows of a chunk in order and the lanes are combined in
 // order, then reduce_partials adds the chunks in order, so results are
-// bitwise stable. The chunk size depends on m only (at least 64 rows, at most
-// 32 chunks, which bounds the fp64 partials at 64 n doubles).
-int stat_rows(int m) { return std::max(64, (m + 32 * 8 - 1) / (32 * 8) * 8); }
+// bitwise stable. The chunk size depends on m only: at most 32 chunks, which
+// bounds the fp64 partials at 64 n doubles, of at least 64 rows, or 16 for
+// m <= 256, where there are few blocks and each lane's rows are latency.
+int stat_rows(int m) { return std::max(m <= 256 ? 16 : 64, (m + 32 * 8 - 1) / (32 * 8) * 8); }
 int stat_chunks(int m) { return (m + stat_rows(m) - 1) / stat_rows(m); }
 
 // h -> (h, h^2): the forward statistics.
@@ -311,11 +312,10 @@ __device__ void block_columns(int n, int group, Col (&col)[V], Make&& make) {
 // y = (h - mean_h) * mul + b for rows [begin, end) of columns c0 .. c0 + V,
 // this thread's row lane taking R rows at a time, 8 apart, `step` rows per round.
 template <class T, class TO, int V, int R, class A>
-__device__ void normalize_rows(FinalizeArgs const& a, int c0, Column<A> const (&col)[V], int64_t begin, int64_t end,
-                               int64_t step) {
+__device__ void normalize_round(FinalizeArgs const& a, int c0, Column<A> const (&col)[V], int64_t r0, int64_t end) {
   auto const* h = static_cast<T const*>(a.h);
   auto* y = static_cast<TO*>(a.y);
-  for (int64_t r0 = begin + threadIdx.y; r0 < end; r0 += step) {
+  {
     Group<T, V> in[R];
 #pragma unroll
     for (int i = 0; i < R; ++i) {
@@ -331,6 +331,12 @@ __device__ void normalize_rows(FinalizeArgs const& a, int c0, Column<A> const (&
       store_group<TO, V>(y + (r0 + 8 * i) * a.n + c0, out);
     }
   }
+}
+
+template <class T, class TO, int V, int R, class A>
+__device__ void normalize_rows(FinalizeArgs const& a, int c0, Column<A> const (&col)[V], int64_t begin, int64_t end,
+                               int64_t step) {
+  for (int64_t r0 = begin + threadIdx.y; r0 < end; r0 += step) normalize_round<T, TO, V, R>(a, c0, col, r0, end);
 }
 
 template <class T, class TO, int V, int R>
@@ -389,7 +395,13 @@ __global__ void __launch_bounds__(256, 4) batch_norm_train_kernel(TrainArgs a, i
     });
     int c0 = (group * 32 + threadIdx.x) * V;
     int64_t begin = static_cast<int64_t>(chunk) * rows, end = begin + rows;
-    if (c0 < f.n) normalize_rows<T, TO, V, R>(f, c0, col, begin, end < f.m ? end : f.m, 8 * R);
+    if (end > f.m) end = f.m;
+    // Last rows first: phase 1 read them last, so more of them are still in
+    // L2 when h exceeds it (2.5% less time at 16384 x 4096, H100).
+    if (c0 < f.n) {
+      for (int64_t k = (end - begin - 1) / (8 * R); k >= 0; --k)
+        normalize_round<T, TO, V, R>(f, c0, col, begin + k * 8 * R + threadIdx.y, end);
+    }
   }
 }
 
@@ -469,10 +481,14 @@ void launch_rows(int m, int n, int64_t ld, std::initializer_list<void const*> pt
     launch(std::integral_constant<int, 1>{}, grid);
 }
 
-__global__ void fold_eval_kernel(int n, ColVec scale, ColVec w, ColVec b, ColVec rm, ColVec rv, double eps,
+__global__ void fold_eval_kernel(int n, int kn, ColVec scale, ColVec w, ColVec b, ColVec rm, ColVec rv, double eps,
                                  float* __restrict__ out_a, float* __restrict__ out_c) {
   int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= n) return;
+  if (c >= kn) return;
+  if (c >= n) {
+    out_a[c] = out_c[c] = 0.0f;
+    return;
+  }
   double g = load(w, c, 1.0) / sqrt(load(rv, c, 1.0) + eps);
   out_a[c] = static_cast<float>(load(scale, c, 1.0) * g);
   out_c[c] = static_cast<float>(load(b, c, 0.0) - load(rm, c, 0.0) * g);
@@ -539,6 +555,8 @@ void batch_norm_train(TrainArgs const& a, cudaStream_t stream) {
                                              stream),
                  "batch_norm_train");
     };
+    // R = 2: with 4 rows in flight the kernel spills under its 64 registers
+    // and ran 30-40% slower (H100, benchmarks/NOTES.md v0.8).
     if (can_vectorize<T>(f.n, f.ldh, {f.h, f.y}))
       launch(batch_norm_train_kernel<T, TO, V, 2>, V);
     else
@@ -573,10 +591,10 @@ void update_running_stats(int n, double const* stats, ColVec scale, double count
   check_cuda(cudaGetLastError(), "update_running_stats");
 }
 
-void fold_eval(int n, ColVec scale, ColVec weight, ColVec bias, ColVec running_mean, ColVec running_var, double eps,
-               float* out_a, float* out_c, cudaStream_t stream) {
-  fold_eval_kernel<<<blocks(n, 256), 256, 0, stream>>>(n, scale, weight, bias, running_mean, running_var, eps, out_a,
-                                                       out_c);
+void fold_eval(int n, int kn, ColVec scale, ColVec weight, ColVec bias, ColVec running_mean, ColVec running_var,
+               double eps, float* out_a, float* out_c, cudaStream_t stream) {
+  fold_eval_kernel<<<blocks(kn, 256), 256, 0, stream>>>(n, kn, scale, weight, bias, running_mean, running_var, eps,
+                                                        out_a, out_c);
   check_cuda(cudaGetLastError(), "fold_eval");
 }
 

@@ -114,8 +114,9 @@ size_t batch_norm_backward_workspace(int m, int n);
 void batch_norm_backward(BackwardArgs const& a, cudaStream_t stream);
 
 // Eval-mode folding: out_a = scale * w * invstd, out_c = b - running_mean * w * invstd,
-// with invstd = 1 / sqrt(running_var + eps), into fp32 vectors for the EVT.
-void fold_eval(int n, ColVec scale, ColVec weight, ColVec bias, ColVec running_mean, ColVec running_var, double eps,
+// with invstd = 1 / sqrt(running_var + eps), into fp32 vectors for the EVT;
+// zero in columns n .. kn, the padding the GEMM computes.
+void fold_eval(int n, int kn, ColVec scale, ColVec weight, ColVec bias, ColVec running_mean, ColVec running_var, double eps,
                float* out_a, float* out_c, cudaStream_t stream);
 
 }  // namespace cutlass_fused

@@ -1,0 +1,15 @@
+// The eval epilogue's per-column vectors, cached (csrc/eval_fold_cuda.cpp).
+#pragma once
+
+#include <ATen/ATen.h>
+
+namespace cutlass_fused {
+
+// (2, kn) fp32 on scale's device: row 0 a = scale * w * invstd, row 1
+// c = b - running_mean * w * invstd (fold_eval in csrc/kernels/batch_norm.h),
+// zero in the padded columns n .. kn. The vectors are checked by the caller.
+at::Tensor eval_fold(at::Tensor const& scale, c10::optional<at::Tensor> const& bn_weight,
+                     c10::optional<at::Tensor> const& bn_bias, at::Tensor const& running_mean,
+                     at::Tensor const& running_var, double eps, int64_t kn);
+
+}  // namespace cutlass_fused
