@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# compute-sanitizer over a GPU subset of the tests: both kernel families, every
+# dtype, unaligned shapes (769, 1000, batch 3), train and eval, forward and
+# backward, and the fused training kernel's multi-item path (1000 x 5125).
+# PyTorch's caching allocator would hide out-of-bounds accesses inside its
+# blocks, so memcheck runs with it off.
+# Usage: bash scripts/sanitize.sh [memcheck] [racecheck] [synccheck]   (default: all three)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+# Test files and -k expressions, pairwise.
+FILES=(
+  "tests/test_forward.py::test_training tests/test_forward.py::test_eval"
+  "tests/test_backward.py::test_training_grads tests/test_backward.py::test_eval_grads"
+  "tests/test_forward.py::test_fused_train_matches_split_ops"
+)
+KEYS=("cuda and (3x769x1000 or 1000x1000x769)" "cuda" "1000x96x5125 or 333x128x130")
+rc=0
+tools=("$@")
+[ ${#tools[@]} -eq 0 ] && tools=(memcheck racecheck synccheck)
+for tool in "${tools[@]}"; do
+  log="$OUT/sanitize_$tool.log"
+  : > "$log"
+  for i in "${!FILES[@]}"; do
+    read -r -a files <<< "${FILES[$i]}"
+    extra=()
+    [ "$tool" = memcheck ] && extra=(env PYTORCH_NO_CUDA_MEMORY_CACHING=1)
+    "${extra[@]}" env CUTLASS_FUSED_POISON=1 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+      python3 -m pytest -q -p no:cacheprovider "${files[@]}" -k "${KEYS[$i]}" >> "$log" 2>&1 || rc=1
+  done
+  echo "$tool: $(grep -c 'ERROR SUMMARY: 0 errors' "$log") clean summaries, $(grep -E 'ERROR SUMMARY: [1-9]' "$log" | head -1); pytest: $(grep -E '(passed|failed)' "$log" | tr '\n' ' ')"
+done
+exit $rc
