@@ -3,7 +3,7 @@ __version__ = "0.2.0"
 
 from ._family import use_kernel_family
 from .functional import linear_scale_batch_norm
-from .module import LinearScaleBatchNorm1d
+from .module import LinearScaleBatchNorm1d, convert_sync_batchnorm
 from .ops import ops
 
 
@@ -12,4 +12,5 @@ def built_kernels() -> list[str]:
     return list(ops.kernel_names())
 
 
-__all__ = ["linear_scale_batch_norm", "LinearScaleBatchNorm1d", "use_kernel_family", "built_kernels"]
+__all__ = ["linear_scale_batch_norm", "LinearScaleBatchNorm1d", "convert_sync_batchnorm", "use_kernel_family",
+           "built_kernels"]

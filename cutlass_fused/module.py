@@ -3,25 +3,36 @@ import torch
 from torch import nn
 
 from .functional import linear_scale_batch_norm
+from .sync_batch_norm import should_sync, sync_linear_scale_batch_norm
 
 
 class LinearScaleBatchNorm1d(nn.Module):
     """`BatchNorm1d(Linear(x) * scale)`; parameters live in `gemm`, `scale` and `bn`, as in the
-    unfused model, so checkpoints load either way."""
+    unfused model, so checkpoints load either way.
+
+    `process_group`: None (the default) normalizes each process's batch alone; a
+    process group (e.g. `torch.distributed.group.WORLD`) makes training use the
+    statistics of the group's whole batch, as nn.SyncBatchNorm does, when
+    torch.distributed is initialized and the group has more than one rank
+    (cutlass_fused/sync_batch_norm.py). `convert_sync_batchnorm` sets it on a model.
+    """
 
     def __init__(self, in_features, out_features, bias=True, eps=1e-5, momentum=0.1, affine=True,
-                 track_running_stats=True, device=None, dtype=None):
+                 track_running_stats=True, device=None, dtype=None, process_group=None):
         super().__init__()
         kw = {"device": device, "dtype": dtype}
         self.gemm = nn.Linear(in_features, out_features, bias=bias, **kw)
         self.scale = nn.Parameter(torch.randn(out_features, **kw))
         self.bn = nn.BatchNorm1d(out_features, eps=eps, momentum=momentum, affine=affine,
                                  track_running_stats=track_running_stats, **kw)
+        self.process_group = process_group
 
     @classmethod
-    def from_modules(cls, linear: nn.Linear, scale: nn.Parameter, bn: nn.BatchNorm1d) -> "LinearScaleBatchNorm1d":
+    def from_modules(cls, linear: nn.Linear, scale: nn.Parameter, bn: nn.BatchNorm1d,
+                     process_group=None) -> "LinearScaleBatchNorm1d":
         """A layer that shares `linear`'s, `scale`'s and `bn`'s parameters and buffers."""
-        if not isinstance(linear, nn.Linear) or not isinstance(bn, nn.BatchNorm1d):
+        # nn.SyncBatchNorm too: nn.SyncBatchNorm.convert_sync_batchnorm may have replaced our bn.
+        if not isinstance(linear, nn.Linear) or not isinstance(bn, (nn.BatchNorm1d, nn.SyncBatchNorm)):
             raise TypeError("cutlass_fused: from_modules expects (nn.Linear, nn.Parameter, nn.BatchNorm1d)")
         if scale.shape != (linear.out_features,) or bn.num_features != linear.out_features:
             raise ValueError(f"cutlass_fused: expected scale and bn of size {linear.out_features}, but got "
@@ -29,6 +40,7 @@ class LinearScaleBatchNorm1d(nn.Module):
         self = cls.__new__(cls)
         nn.Module.__init__(self)
         self.gemm, self.scale, self.bn = linear, scale, bn
+        self.process_group = process_group
         return self
 
     def forward(self, x):
@@ -37,10 +49,35 @@ class LinearScaleBatchNorm1d(nn.Module):
         track = bn.training and bn.track_running_stats
         use_batch_stats = bn.training or (bn.running_mean is None and bn.running_var is None)
         keep_running = not bn.training or bn.track_running_stats
-        return linear_scale_batch_norm(
-            x, self.gemm.weight, self.gemm.bias, self.scale, bn.weight, bn.bias,
-            bn.running_mean if keep_running else None, bn.running_var if keep_running else None,
-            use_batch_stats, bn.momentum, bn.eps, bn.num_batches_tracked if track else None)
+        running_mean = bn.running_mean if keep_running else None
+        running_var = bn.running_var if keep_running else None
+        nbt = bn.num_batches_tracked if track else None
+        if should_sync(self.process_group, bn.training):
+            return sync_linear_scale_batch_norm(x, self.gemm.weight, self.gemm.bias, self.scale, bn.weight, bn.bias,
+                                                running_mean, running_var, bn.momentum, bn.eps, nbt,
+                                                self.process_group)
+        return linear_scale_batch_norm(x, self.gemm.weight, self.gemm.bias, self.scale, bn.weight, bn.bias,
+                                       running_mean, running_var, use_batch_stats, bn.momentum, bn.eps, nbt)
 
     def extra_repr(self):
         return f"in_features={self.gemm.in_features}, out_features={self.gemm.out_features}"
+
+
+def convert_sync_batchnorm(module: nn.Module, process_group=None) -> nn.Module:
+    """nn.SyncBatchNorm.convert_sync_batchnorm for this layer: every LinearScaleBatchNorm1d in
+    `module` becomes one that synchronizes over `process_group` (default: the whole world,
+    which needs torch.distributed initialized first), sharing its parameters and buffers.
+    Returns `module`, or a new layer when `module` itself is one. Plain BatchNorm layers are
+    left to nn.SyncBatchNorm.convert_sync_batchnorm (either order works)."""
+    if process_group is None:
+        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            raise RuntimeError("cutlass_fused: convert_sync_batchnorm needs torch.distributed initialized "
+                               "(init_process_group) or an explicit process_group")
+        process_group = torch.distributed.group.WORLD
+    if isinstance(module, LinearScaleBatchNorm1d):
+        out = LinearScaleBatchNorm1d.from_modules(module.gemm, module.scale, module.bn, process_group)
+        out.train(module.training)
+        return out  # its children are the shared Linear and BatchNorm: nothing to convert there
+    for name, child in module.named_children():
+        module.add_module(name, convert_sync_batchnorm(child, process_group))
+    return module

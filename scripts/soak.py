@@ -21,9 +21,19 @@ import cutlass_fused
 FLOOR = {torch.bfloat16: 2e-2, torch.float16: 3e-3, torch.float32: 1e-5, "tf32": 2e-3}
 
 
-def unfused(x, p, training, running, dtype):
+def tf32(t):
+    """t with the low 13 mantissa bits dropped, as TF32 tensor cores read it."""
+    return (t.float().contiguous().view(torch.int32) & ~0x1FFF).view(torch.float32)
+
+
+def unfused(x, p, training, running, dtype, round_tf32=False):
+    """The unfused model in dtype. With round_tf32, PyTorch's TF32 precision whether or
+    not cuBLAS picks a TF32 kernel for the shape (it does not at small ones)."""
     cast = lambda t: None if t is None else t.to(dtype)
-    z = F.linear(x.to(dtype), cast(p["w"]), cast(p["b"])) * cast(p["scale"])
+    x, w = x.to(dtype), cast(p["w"])
+    if round_tf32:
+        x, w = tf32(x), tf32(w)
+    z = F.linear(x, w, cast(p["b"])) * cast(p["scale"])
     rm, rv = (t.to(dtype).clone() for t in running)
     y = F.batch_norm(z, rm, rv, cast(p["g"]), cast(p["beta"]), training, 0.1, 1e-5)
     return y, rm, rv
@@ -48,7 +58,7 @@ def step(rng, device, families):
         with cutlass_fused.use_kernel_family(family):
             y = cutlass_fused.linear_scale_batch_norm(x.to(device), dev["w"].to(dtype), dev["b"], dev["scale"],
                                                       dev["g"], dev["beta"], rm, rv, training)
-        y_t, _, _ = unfused(x.to(device), dev, training, (t.to(device) for t in running), dtype)
+        y_t, _, _ = unfused(x.to(device), dev, training, (t.to(device) for t in running), dtype, mode == "tf32")
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
     y64, rm64, rv64 = unfused(x.double(), {key: v.double() for key, v in p.items()}, training,

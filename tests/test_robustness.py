@@ -36,14 +36,14 @@ def reference64(x, layer, cols, dy=None):
                     reason="needs a GPU with 60 GiB")
 @pytest.mark.parametrize("family", [f for d, f in FAMILIES if d == "cuda"])
 def test_outputs_past_two_to_the_31_elements(family):
-    """65536 x 40000 bf16 outputs (2.6e9 elements, 5.2 GB each): every index is 64-bit.
+    """65536 x 33000 bf16 outputs (2.16e9 elements, 4.3 GB each): every index is 64-bit.
 
     Columns are independent in this layer, so the float64 reference is computed
     for a sample of columns (including the last) over all rows (including rows
     whose offsets exceed 2^31), and dX from all columns in chunks.
     """
     torch.manual_seed(0)
-    m, k, n = 65536, 32, 40000
+    m, k, n = 65536, 32, 33000
     layer = cutlass_fused.LinearScaleBatchNorm1d(k, n, device="cuda", dtype=torch.bfloat16)
     with torch.no_grad():
         layer.bn.weight.uniform_(0.5, 1.5), layer.bn.bias.uniform_(-0.5, 0.5)
@@ -59,12 +59,12 @@ def test_outputs_past_two_to_the_31_elements(family):
         y.backward(dy)
         del y
         dx_ref = torch.zeros(m, k, device="cuda", dtype=torch.float64)
-        for c0 in range(0, n, 4000):
-            chunk = torch.arange(c0, min(n, c0 + 4000), device="cuda")
+        for c0 in range(0, n, 1000):  # float64 temporaries of 0.5 GB each
+            chunk = torch.arange(c0, min(n, c0 + 1000), device="cuda")
             dx_ref += reference64(x.detach(), layer, chunk, dy[:, chunk]) @ layer.gemm.weight[chunk].double()
         scale = dx_ref.abs().max().item()
         assert max_err(x.grad, dx_ref) / scale < 0.02
-        del dy
+        del dy, dx_ref
         layer.eval()
         with torch.no_grad():
             y = layer(x.detach())

@@ -1,0 +1,169 @@
+"""SyncBatchNorm for the fused layer: the batch statistics of a whole process group.
+
+Forward: linear_stats gives each rank h and its fp64 column sums; one all_gather
+of a packed fp64 row [count, mean(N), M2(N)] per rank; every rank merges the rows
+by Chan's formula in rank order (so all ranks hold the same bits, and uneven or
+single-sample batches merge exactly); then batch_norm_finalize and
+update_running_stats. Backward: one all_reduce of (sum dy, sum dy (h - mean_h))
+in fp64, then dh by grad_column's formulas (csrc/kernels/batch_norm.cu) and the
+linear GEMMs. The backward's elementwise pass is torch ops here, not yet a fused
+kernel. The parameters' gradients are this rank's sums, as the unfused model
+under nn.SyncBatchNorm gives them (DDP averages them); the linear bias's is not
+zero on one rank, only summed over all ranks.
+"""
+import torch
+import torch.distributed as dist
+
+from . import _family
+from .ops import ops
+
+
+def should_sync(process_group, training: bool) -> bool:
+    """nn.SyncBatchNorm's rule: in training, with torch.distributed up and more than one rank in the group."""
+    return (process_group is not None and training and dist.is_available() and dist.is_initialized()
+            and dist.get_world_size(process_group) > 1)
+
+
+def _gather_rows(row, group):
+    """(world, len(row)): every rank's row, in rank order, in one collective."""
+    world = dist.get_world_size(group)
+    if dist.get_backend(group) == "gloo":  # gloo has no single-tensor all_gather in older torch
+        rows = [torch.empty_like(row) for _ in range(world)]
+        dist.all_gather(rows, row, group)
+        return torch.stack(rows)
+    out = row.new_empty(world * row.numel())
+    getattr(dist, "all_gather_single", dist.all_gather_into_tensor)(out, row, group)  # the new name, where torch has it
+    return out.view(world, -1)
+
+
+def merge_stats(rows):
+    """Chan's pairwise merge of per-rank [count, mean(N), M2(N)] rows, in row order.
+
+    M2 = M2a + M2b + delta^2 na nb / n adds no cancellation, unlike sums of
+    squares, so a column whose mean is far above its spread merges exactly
+    (Chan, Golub & LeVeque). Ranks with count 0 add nothing.
+    """
+    n = (rows.shape[1] - 1) // 2
+    count, mean, m2 = rows[0, :1], rows[0, 1:n + 1], rows[0, n + 1:]
+    for row in rows[1:]:
+        nb, mean_b, m2_b = row[:1], row[1:n + 1], row[n + 1:]
+        total = count + nb
+        delta = mean_b - mean
+        frac = nb / total.clamp_min(1)
+        mean = mean + delta * frac
+        m2 = m2 + m2_b + delta * delta * count * frac
+        count = total
+    return count, mean, m2
+
+
+def _sums_for(k, mean, var):
+    """Column sums that the split ops turn back into `mean` and the biased `var` for count k.
+
+    The ops take the count as a host int, but the merged count lives on the
+    device; reading it would stall the stream once per layer and step. So
+    finalize gets k = 1 and update_running_stats k = 2 with a var chosen so
+    that its count/(count-1) correction yields the total count's unbiased var.
+    """
+    return torch.stack([k * mean, k * (var + mean * mean)])
+
+
+def _local_row(stats, m):
+    """This rank's [count, mean, M2] from its fp64 sums. M2 = Q - S mean cancels, but in fp64 it keeps
+    ~1e-10 relative at mean/std = 1e3, as the unsynced path's own moments (README, Statistics)."""
+    count = stats.new_full((1,), float(m))
+    mean = stats[0] / max(m, 1)
+    m2 = (stats[1] - stats[0] * mean).clamp_min(0)
+    return torch.cat([count, mean, m2])
+
+
+class SyncFunction(torch.autograd.Function):
+    """y = BN(h * scale) with the group's statistics; also returns the merged (count, mean_h, M2)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, scale, bn_weight, bn_bias, eps, group, family, deterministic):
+        h, stats = ops.linear_stats(x, weight, bias, family, deterministic)
+        count, mean, m2 = merge_stats(_gather_rows(_local_row(stats, x.shape[0]), group))
+        y, mean_h, invstd = ops.batch_norm_finalize(h, _sums_for(1, mean, m2 / count), scale, 1, bn_weight,
+                                                    bn_bias, eps)
+        ctx.save_for_backward(x, weight, h, mean_h, invstd, scale, bn_weight, count)
+        ctx.group, ctx.family = group, family
+        ctx.dtypes = (None if bias is None else bias.dtype, None if bn_bias is None else bn_bias.dtype)
+        ctx.mark_non_differentiable(count, mean, m2)
+        return y, count, mean, m2
+
+    @staticmethod
+    def backward(ctx, dy, *_):
+        x, weight, h, mean_h, invstd, scale, bn_weight, count = ctx.saved_tensors
+        dy64, hc = dy.double(), h.double() - mean_h
+        local = torch.stack([dy64.sum(0), (dy64 * hc).sum(0)])
+        sums = local.clone()
+        # Every rank reaches here (nn.SyncBatchNorm's rule), whichever gradients it needs.
+        dist.all_reduce(sums, group=ctx.group)
+        sdy, q = sums
+        s, istd = scale.double(), invstd
+        w = torch.ones_like(s) if bn_weight is None else bn_weight.double()
+        # grad_column: dh = a dy + b (h - mean_h) + c, constants in fp64 and the
+        # elementwise pass in h's accumulator type, as the CUDA kernel.
+        a = s * w * istd
+        b = -a * s * s * istd * istd * q / count
+        c = -a * sdy / count
+        acc = torch.float64 if h.dtype == torch.float64 else torch.float32
+        dh = (a.to(acc) * dy.to(acc) + b.to(acc) * (h.to(acc) - mean_h.to(acc)) + c.to(acc)).to(h.dtype)
+        need = ctx.needs_input_grad
+        out = [None] * 10
+        # fp32 through our matmul op, which keeps the forward's precision (csrc/autograd.cpp).
+        mm = (lambda p, r: ops.matmul(p, r, ctx.family)) if dh.dtype == torch.float32 else torch.mm
+        if need[0]:
+            out[0] = mm(dh, weight)
+        if need[1]:
+            out[1] = mm(dh.t(), x)
+        if need[2] or need[3]:
+            # dz = dh / scale, written without the division, in fp64. Its sum over
+            # the whole batch is zero (the unsynced layer's bias gradient), but
+            # not over one rank's rows: this rank's share, as the unfused model
+            # under nn.SyncBatchNorm gives it.
+            dz = w * istd * (dy64 - sdy / count - s * s * istd * istd * q / count * hc)
+            dz_sum = dz.sum(0)
+            if need[2]:
+                out[2] = (s * dz_sum).to(ctx.dtypes[0])
+            if need[3]:
+                out[3] = ((dz * hc).sum(0) + mean_h * dz_sum).to(scale.dtype)  # sum dz h, h = hc + mean_h
+        if need[4]:
+            out[4] = (istd * s * local[1]).to(bn_weight.dtype)
+        if need[5]:
+            out[5] = local[0].to(ctx.dtypes[1])
+        return tuple(out)
+
+
+def _autocast(t, device_type):
+    """t as F.linear's autocast casts it (csrc/autocast.cpp): floating, non-fp64 tensors to the autocast dtype."""
+    if t is None or not torch.is_autocast_enabled(device_type) or not t.is_floating_point() or t.dtype == torch.float64:
+        return t
+    return t.to(torch.get_autocast_dtype(device_type))
+
+
+def sync_linear_scale_batch_norm(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, momentum,
+                                 eps, num_batches_tracked, process_group):
+    """The training forward of linear_scale_batch_norm with the statistics of `process_group`'s whole batch.
+
+    Running stats (when given) take the group's mean and unbiased variance, and
+    num_batches_tracked (when given) +1, as nn.SyncBatchNorm; momentum=None is
+    the cumulative average.
+    """
+    if x.dim() != 2:
+        raise ValueError(f"cutlass_fused: expected 2-D input (batch, in_features), but got {x.dim()}-D")
+    if momentum is None and running_mean is not None and num_batches_tracked is None:
+        raise ValueError("cutlass_fused: momentum=None (a cumulative average) needs num_batches_tracked")
+    dev = x.device.type
+    x, weight, bias = (_autocast(t, dev) for t in (x, weight, bias))
+    with torch.autocast(dev, enabled=False):
+        y, count, mean, m2 = SyncFunction.apply(x, weight, bias, scale, bn_weight, bn_bias, eps, process_group,
+                                                _family.current(), torch.are_deterministic_algorithms_enabled())
+        if running_mean is not None:
+            if num_batches_tracked is not None:
+                num_batches_tracked.add_(1)
+            # The unbiased var is M2 / (count - 1); see _sums_for for the count 2.
+            ops.update_running_stats(_sums_for(2, mean, m2 / (count - 1) / 2), scale, 2, running_mean, running_var,
+                                     num_batches_tracked if momentum is None else None,
+                                     0.0 if momentum is None else float(momentum))
+    return y

@@ -1,0 +1,301 @@
+"""SyncBatchNorm for LinearScaleBatchNorm1d over 2 processes: gloo on the CPU, NCCL on 2 GPUs.
+
+References: the unfused layer in float64 in one process over the concatenated
+batch, where each rank's rows use their own copy of the parameters, so that a
+copy's gradient is that rank's local gradient (what nn.SyncBatchNorm gives
+before DDP averages). PyTorch's own fp32 error, for the 2x rule, comes from
+nn.SyncBatchNorm on the unfused model on GPUs; nn.SyncBatchNorm refuses CPU
+tensors, so on the CPU it comes from the same one-process reference in fp32.
+"""
+import datetime
+import os
+import tempfile
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import cutlass_fused
+from cutlass_fused.seed import SeedModel as Seed
+from cutlass_fused.sync_batch_norm import merge_stats
+from common import assert_close_rule, assert_close_rule_scaled, max_err
+
+WORLD = 2
+PARAMS = ("gemm.weight", "gemm.bias", "scale", "bn.weight", "bn.bias")
+BACKENDS = [pytest.param("gloo", id="gloo-cpu"),
+            pytest.param("nccl", id="nccl-cuda", marks=pytest.mark.skipif(torch.cuda.device_count() < 2,
+                                                                          reason="needs 2 GPUs"))]
+
+
+def _entry(rank, fn, backend, store, args):
+    # Each rank on its own device, passed explicitly: nothing may lean on cuda:0.
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    kw = {"device_id": device} if backend == "nccl" else {}
+    # A collective that waits longer than this raises instead of hanging.
+    dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=WORLD,
+                            timeout=datetime.timedelta(seconds=30), **kw)
+    try:
+        fn(rank, device, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def run(fn, backend, *args, limit=90):
+    """fn(rank, device, *args) on WORLD processes; a failure in any fails the test, as does a hang."""
+    with tempfile.TemporaryDirectory() as d:
+        procs = mp.start_processes(_entry, args=(fn, backend, os.path.join(d, "store"), args), nprocs=WORLD,
+                                   join=False, start_method="spawn")
+        deadline = time.monotonic() + limit
+        while not procs.join(timeout=1):
+            if time.monotonic() > deadline:
+                for p in procs.processes:
+                    p.kill()
+                pytest.fail(f"{fn.__name__} did not finish in {limit} s")
+
+
+def seed_state(k, n, robust=False, **bn):
+    torch.manual_seed(0)
+    m = Seed(k, n, **bn)
+    if robust:  # column means of h 1000x their spread (x ~ N(0, 1): the spread is |W row|)
+        with torch.no_grad():
+            m.gemm.bias.copy_(1000 * m.gemm.weight.norm(dim=1) * torch.randn(n).sign())
+    return m.state_dict()
+
+
+def rows(sizes, rank):
+    return slice(sum(sizes[:rank]), sum(sizes[:rank + 1]))
+
+
+class Reference:
+    """Training steps of the unfused layer over the concatenated batch, in one process, in `dtype`."""
+
+    def __init__(self, state, dtype, momentum=0.1, eps=1e-5):
+        self.p = {k: state[k].to(dtype) for k in PARAMS if k in state}
+        self.running = [state[k].to(dtype) for k in ("bn.running_mean", "bn.running_var") if k in state]
+        self.momentum, self.eps, self.steps = momentum, eps, 0
+
+    def step(self, x, dy, sizes):
+        """Each rank's y and local gradients; updates the running stats as nn.BatchNorm1d."""
+        dtype = self.p["scale"].dtype
+        copies = [{k: v.clone().requires_grad_() for k, v in self.p.items()} for _ in sizes]
+        xs = [t.to(dtype).requires_grad_() for t in x.split(sizes)]
+        z = torch.cat([F.linear(t, c["gemm.weight"], c["gemm.bias"]) * c["scale"] for t, c in zip(xs, copies)])
+        var, mean = torch.var_mean(z, 0, correction=0)
+        zhat = ((z - mean) * (var + self.eps).rsqrt()).split(sizes)
+        ys = [t * c["bn.weight"] + c["bn.bias"] if "bn.weight" in c else t for t, c in zip(zhat, copies)]
+        sum((y * g.to(dtype)).sum() for y, g in zip(ys, dy.split(sizes))).backward()
+        self.steps += 1
+        m = 1 / self.steps if self.momentum is None else self.momentum
+        count = z.shape[0]
+        if self.running:
+            rm, rv = self.running
+            self.running = [(1 - m) * rm + m * mean.detach(), (1 - m) * rv + m * var.detach() * count / (count - 1)]
+        grads = [{"x": t.grad, **{k: v.grad for k, v in c.items()}} for t, c in zip(xs, copies)]
+        return [y.detach() for y in ys], grads
+
+
+def local_step(module, x, dy):
+    """y and the local gradients of one training step of `module` on this rank's rows."""
+    dev = next(module.parameters()).device
+    x = x.to(dev).requires_grad_()
+    y = module(x)
+    (y * dy.to(dev)).sum().backward()
+    grads = {"x": x.grad, **{k: p.grad.clone() for k, p in module.named_parameters()}}
+    module.zero_grad()
+    return y.detach(), grads
+
+
+def same_on_all_ranks(t):
+    out = [torch.empty_like(t) for _ in range(WORLD)]
+    dist.all_gather(out, t)
+    return all(torch.equal(o, out[0]) for o in out)
+
+
+def _layer_worker(rank, device, sizes, robust, bn):
+    k, n = 12, 10
+    state = seed_state(k, n, robust, **bn)
+    ours = cutlass_fused.LinearScaleBatchNorm1d(k, n, device=device, process_group=dist.group.WORLD, **bn)
+    ours.load_state_dict(state)
+    momentum = bn.get("momentum", 0.1)
+    ref64, ref32 = Reference(state, torch.float64, momentum), Reference(state, torch.float32, momentum)
+    if device.type == "cuda":  # nn.SyncBatchNorm on the unfused model: PyTorch's fp32 error
+        same = nn.SyncBatchNorm.convert_sync_batchnorm(Seed(k, n, **bn)).to(device)
+        same.load_state_dict(state)
+    g = torch.Generator().manual_seed(1)
+    for step in range(1, 3):
+        x, dy = torch.randn(sum(sizes), k, generator=g), torch.randn(sum(sizes), n, generator=g)
+        r = rows(sizes, rank)
+        y, grads = local_step(ours, x[r], dy[r])
+        y64, g64 = (t[rank] for t in ref64.step(x, dy, sizes))
+        y32, g32 = (t[rank] for t in ref32.step(x, dy, sizes))
+        if device.type == "cuda":
+            y32, g32 = local_step(same, x[r], dy[r])
+        assert_close_rule(y.cpu(), y32.cpu(), y64, "f32", f"step {step}: y")
+        for name, g_ours in grads.items():
+            assert g_ours.dtype == g32[name].dtype, name
+            assert_close_rule_scaled(g_ours, g32[name], g64[name], "f32", f"step {step}: d{name}")
+        assert len(grads) == len(g64)
+        if not ours.bn.track_running_stats:
+            assert ours.bn.running_mean is None and ours.bn.num_batches_tracked is None
+            continue
+        running32 = [same.bn.running_mean, same.bn.running_var] if device.type == "cuda" else ref32.running
+        for name, ours_t, t32, t64 in zip(("running_mean", "running_var"), (ours.bn.running_mean, ours.bn.running_var),
+                                          running32, ref64.running):
+            assert_close_rule_scaled(ours_t, t32, t64, "f32", f"step {step}: {name}")
+            assert same_on_all_ranks(ours_t), f"{name} differs between ranks"
+        assert ours.bn.num_batches_tracked.item() == step
+        if robust:  # the judge for robust statistics: float64 to 1e-3 relative
+            assert max_err(y.cpu(), y64) <= 1e-3 * y64.abs().max()
+            assert max_err(ours.bn.running_var.cpu(), ref64.running[1]) <= 1e-3 * ref64.running[1].abs().max()
+
+
+CASES = {"even": ([4, 4], False, {}), "uneven": ([5, 3], False, {}), "single_sample": ([1, 6], False, {}),
+         "robust_variance": ([5, 3], True, {}), "momentum_none": ([5, 3], False, {"momentum": None}),
+         "affine_false_no_running_stats": ([5, 3], False, {"affine": False, "track_running_stats": False})}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", list(CASES))
+def test_layer_matches_sync_batch_norm(backend, case):
+    run(_layer_worker, backend, *CASES[case])
+
+
+def _ddp_worker(rank, device, sizes):
+    k, n, lr = 12, 10, 0.1
+    state = seed_state(k, n)
+    ours = cutlass_fused.LinearScaleBatchNorm1d(k, n, device=device, process_group=dist.group.WORLD)
+    ours.load_state_dict(state)
+    ids = [device.index] if device.type == "cuda" else None
+    distributed = {"ours": DDP(ours, device_ids=ids)}
+    whole = {"ref": Seed(k, n).double()}  # one process over the whole batch
+    if device.type == "cuda":
+        distributed["same"] = DDP(nn.SyncBatchNorm.convert_sync_batchnorm(Seed(k, n)).to(device), device_ids=ids)
+    else:
+        whole["same"] = Seed(k, n)
+    models = {**distributed, **whole}
+    for m in models.values():
+        m.load_state_dict(state) if isinstance(m, Seed) else m.module.load_state_dict(state)
+    opts = {key: torch.optim.SGD(m.parameters(), lr=lr) for key, m in models.items()}
+    g = torch.Generator().manual_seed(2)
+    r = rows(sizes, rank)
+    for step in range(4):
+        x, target = torch.randn(sum(sizes), k, generator=g), torch.randn(sum(sizes), n, generator=g)
+        for key, m in models.items():
+            opts[key].zero_grad()
+            if key in distributed:
+                loss = F.mse_loss(m(x[r].to(device)), target[r].to(device))
+            else:  # DDP averages the ranks' gradients: the mean of the ranks' losses
+                dt = next(m.parameters()).dtype
+                y = m(x.to(dt)).split(sizes)
+                loss = sum(F.mse_loss(a, b.to(dt)) for a, b in zip(y, target.split(sizes))) / WORLD
+            loss.backward()
+            opts[key].step()
+        state_of = lambda key: (models[key].module if key in distributed else models[key]).state_dict()
+        ours_s, same_s, ref_s = state_of("ours"), state_of("same"), state_of("ref")
+        for name, ref_t in ref_s.items():
+            if name.endswith("num_batches_tracked"):
+                assert ours_s[name].item() == step + 1
+                continue
+            assert_close_rule_scaled(ours_s[name], same_s[name], ref_t, "f32", f"step {step}: {name}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ddp_training_matches_unfused(backend):
+    run(_ddp_worker, backend, [6, 4])
+
+
+def _convert_worker(rank, device, sizes):
+    k, n = 12, 10
+    torch.manual_seed(0)
+    layer = cutlass_fused.LinearScaleBatchNorm1d(k, n, device=device)
+    inner = cutlass_fused.LinearScaleBatchNorm1d(n, n, device=device).eval()
+    model = nn.Sequential(layer, nn.ReLU(), nn.Sequential(inner))
+    assert cutlass_fused.convert_sync_batchnorm(model) is model
+    synced = model[0]
+    assert synced is not layer and layer.process_group is None and synced.process_group == dist.group.WORLD
+    assert synced.gemm is layer.gemm and synced.scale is layer.scale and synced.bn is layer.bn
+    assert model[2][0].process_group == dist.group.WORLD and not model[2][0].training
+
+    x = torch.randn(sum(sizes), k, generator=torch.Generator().manual_seed(3))
+    xr = x[rows(sizes, rank)].to(device)
+    y64 = Reference({key: v.cpu() for key, v in layer.state_dict().items()}, torch.float64).step(
+        x, torch.zeros(len(x), n), sizes)[0][rank]
+    with torch.no_grad():
+        y_sync, y_local = synced(xr), layer(xr)
+        assert max_err(y_sync.cpu(), y64) < 1e-4, "the converted layer must use the whole batch's statistics"
+        assert max_err(y_local.cpu(), y64) > 1e-2, "the original layer must stay unsynchronized"
+        # Eval mode and a group of one rank take the normal path, to the bit.
+        synced.eval(), layer.eval()
+        assert torch.equal(synced(xr), layer(xr))
+        groups = [dist.new_group([i]) for i in range(WORLD)]
+        alone = cutlass_fused.convert_sync_batchnorm(layer, groups[rank]).train()
+        assert torch.equal(alone(xr), layer.train()(xr))
+        # Either order with nn.SyncBatchNorm's own conversion (which also converts our bn).
+        both = nn.SyncBatchNorm.convert_sync_batchnorm(nn.Sequential(layer, nn.BatchNorm1d(n)))
+        both = cutlass_fused.convert_sync_batchnorm(both)
+        assert isinstance(both[1], nn.SyncBatchNorm) and both[0].process_group == dist.group.WORLD
+        assert max_err(both[0](xr).cpu(), y64) < 1e-4
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_convert_sync_batchnorm(backend):
+    run(_convert_worker, backend, [5, 3])
+
+
+def test_convert_needs_a_process_group():
+    assert not dist.is_initialized()
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        cutlass_fused.convert_sync_batchnorm(cutlass_fused.LinearScaleBatchNorm1d(4, 3))
+
+
+def _autocast_worker(rank, device, size):
+    """The same batch on both ranks: global statistics equal local ones, so the synchronized layer must
+    give the unsynchronized one's y and gradients, dtypes included (the GEMM in bf16, y in fp32)."""
+    k, n = 12, 10
+    state = seed_state(k, n)
+    layers = [cutlass_fused.LinearScaleBatchNorm1d(k, n, device=device, process_group=pg)
+              for pg in (dist.group.WORLD, None)]
+    out = []
+    g = torch.Generator().manual_seed(4)
+    x, dy = torch.randn(size, k, generator=g).to(device), torch.randn(size, n, generator=g).to(device)
+    for layer in layers:
+        layer.load_state_dict(state)
+        xi = x.clone().requires_grad_()
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            y = layer(xi)
+        (y * dy).sum().backward()
+        out.append((y.detach(), {"x": xi.grad, **{k: p.grad for k, p in layer.named_parameters()}}))
+    (y_sync, g_sync), (y_local, g_local) = out
+    assert y_sync.dtype == y_local.dtype == torch.float32
+    assert max_err(y_sync, y_local) < 1e-5
+    for name, a in g_sync.items():
+        b = g_local[name]
+        assert a.dtype == b.dtype, name
+        # dh is rounded to bf16 by differently ordered fp32/fp64 arithmetic: an ulp apart at most.
+        assert max_err(a, b) <= 2e-2 * max(1.0, b.abs().max().item()), name
+    assert max_err(layers[0].bn.running_mean, layers[1].bn.running_mean) < 1e-6
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_autocast_matches_unsynchronized(backend):
+    run(_autocast_worker, backend, 16)
+
+
+def test_merge_stats_is_chan():
+    """Rows of uneven, single-sample, empty and far-off-centre batches merge to float64's two-pass values."""
+    g = torch.Generator().manual_seed(5)
+    parts = [1000 + torch.randn(m, 6, generator=g, dtype=torch.float64) for m in (5, 1, 0, 9)]
+    rows_ = [torch.cat([torch.tensor([float(len(p))], dtype=torch.float64),
+                        p.mean(0) if len(p) else torch.zeros(6, dtype=torch.float64),
+                        ((p - p.mean(0)) ** 2).sum(0) if len(p) else torch.zeros(6, dtype=torch.float64)])
+             for p in parts]
+    count, mean, m2 = merge_stats(torch.stack(rows_))
+    whole = torch.cat(parts)
+    assert count.item() == len(whole)
+    assert max_err(mean, whole.mean(0)) < 1e-12
+    assert max_err(m2 / count, whole.var(0, correction=0)) < 1e-12
