@@ -29,6 +29,7 @@ for tool in "${tools[@]}"; do
     "${extra[@]}" env CUTLASS_FUSED_POISON=1 compute-sanitizer --tool "$tool" --error-exitcode 9 \
       python3 -m pytest -q -p no:cacheprovider "${files[@]}" -k "${KEYS[$i]}" >> "$log" 2>&1 || rc=1
   done
-  echo "$tool: $(grep -c 'ERROR SUMMARY: 0 errors' "$log") clean summaries, $(grep -E 'ERROR SUMMARY: [1-9]' "$log" | head -1); pytest: $(grep -E '(passed|failed)' "$log" | tr '\n' ' ')"
+  echo "$tool: $(grep -cE 'SUMMARY: 0 (errors|hazards)' "$log") of ${#FILES[@]} runs clean;" \
+    "$(grep -E 'SUMMARY: [1-9]' "$log" | head -1) pytest: $(grep -E '(passed|failed)' "$log" | tr '\n' ' ')"
 done
 exit $rc
