@@ -111,7 +111,9 @@ struct TrainFunction : torch::autograd::Function<TrainFunction> {
     double eps = ctx->saved_data["eps"].toDouble();
     auto [dh, dscale, dgamma, dbeta] = op.call(dy, h, mean, invstd, scale, optional(s[6]), eps);
     linear_grads(dh, x, weight, need[0], need[1], ctx, out);
-    if (need[2]) out[2] = at::zeros({weight.size(0)}, weight.options().dtype(static_cast<at::ScalarType>(dtypes.get(0))));
+    // Exactly zero, but NaN in a column whose statistics, scale, bn_weight or dy are not finite
+    // (dscale, w invstd^3 eps sum dy (h - mean), then is NaN or Inf), where PyTorch's sum of dh is NaN.
+    if (need[2]) out[2] = (dscale * 0).to(static_cast<at::ScalarType>(dtypes.get(0)));
     if (need[3]) out[3] = dscale;
     if (need[4]) out[4] = dgamma;
     if (need[5]) out[5] = as_dtype(dbeta, dtypes[1]);

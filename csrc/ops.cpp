@@ -48,8 +48,35 @@ void check_linear_args(at::Tensor const& x, at::Tensor const& weight, c10::optio
   TORCH_CHECK(x.scalar_type() == weight.scalar_type(),
               "cutlass_fused: expected input and weight to have the same dtype, but got ", x.scalar_type(), " and ",
               weight.scalar_type());
+  // Integer and bool layers would otherwise compute in float and truncate h on the CPU.
+  TORCH_CHECK(at::isFloatingType(x.scalar_type()), "cutlass_fused: expected input to be a floating-point tensor, ",
+              "but got ", x.scalar_type());
   check_vector(bias, "bias", weight.size(0));
   check_vector(scale, "scale", weight.size(0));
+}
+
+void check_running_stats(at::Tensor const& running_mean, at::Tensor const& running_var, int64_t n,
+                         c10::optional<at::ScalarType> z) {
+  for (auto [t, name] : {std::pair{&running_mean, "running_mean"}, std::pair{&running_var, "running_var"}}) {
+    // PyTorch's words for a wrong count; a right count in a wrong shape gets check_vector's.
+    TORCH_CHECK(t->numel() == n, name, " should contain ", n, " elements not ", t->numel());
+    check_vector(*t, name, n);
+    auto dt = t->scalar_type();
+    if (!z.has_value()) {
+      TORCH_CHECK(at::isFloatingType(dt), "cutlass_fused: expected ", name, " to have dtype Float (or another ",
+                  "floating-point dtype), but got ", dt);
+      continue;
+    }
+    // As PyTorch's batch norm takes them: in z's dtype, or float32 for a 16-bit z.
+    bool z16 = *z == at::kHalf || *z == at::kBFloat16;
+    TORCH_CHECK(dt == *z || (z16 && dt == at::kFloat), "cutlass_fused: expected ", name, " to have dtype ", *z,
+                z16 ? " or Float" : "", " (that of h * scale), but got ", dt);
+  }
+}
+
+void check_family(c10::string_view family) {
+  TORCH_CHECK(family == "auto" || family == "sm90" || family == "sm80",
+              "cutlass_fused: expected family to be 'auto', 'sm90' or 'sm80', but got '", family, "'");
 }
 
 void check_batch(int64_t count, int64_t n) {

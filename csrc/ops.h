@@ -28,6 +28,12 @@ using TrainOut = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::
 void check_linear_args(at::Tensor const& x, at::Tensor const& weight, c10::optional<at::Tensor> const& bias,
                        c10::optional<at::Tensor> const& scale);
 void check_vector(c10::optional<at::Tensor> const& t, char const* name, int64_t n);
+// running_mean and running_var: n elements each, in dtype z (h * scale's) or float32 for a 16-bit z,
+// as PyTorch's batch norm takes them; any floating dtype where z is not known (the split update).
+void check_running_stats(at::Tensor const& running_mean, at::Tensor const& running_var, int64_t n,
+                         c10::optional<at::ScalarType> z);
+// "auto", "sm90" or "sm80": checked on every device, so that the CPU path refuses what CUDA does.
+void check_family(c10::string_view family);
 // Training needs a batch of at least two rows (count rows behind n columns).
 void check_batch(int64_t count, int64_t n);
 // The training op's running-statistics arguments, as nn.BatchNorm1d pairs them:

@@ -1,6 +1,8 @@
 // CPU implementations: the same semantics as the CUDA path, in ATen. x W^T + b
 // accumulates in fp32 (fp64 for fp64 inputs) and is rounded once to the input
 // dtype; statistics are fp64 sums of h as stored.
+#include <limits>
+
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -34,10 +36,22 @@ Moments moments(at::Tensor const& stats, at::Tensor const& scale, int64_t count)
   return {mean_h, mean_h * s, var_h * s * s};
 }
 
+// The unfused model rounds z = h * scale to y's dtype. Where that is 16-bit and z overflows, its
+// batch mean is infinite and its variance NaN; ours follow from sums of h, so each overflowing
+// element adds an infinity of h's sign to sum h and to sum h^2.
+at::Tensor with_overflow(at::Tensor const& stats, at::Tensor const& h, at::Tensor const& scale) {
+  auto out = output_dtype(h.scalar_type(), scale.scalar_type());
+  if (out != at::kHalf && out != at::kBFloat16) return stats;
+  auto hf = h.to(at::kFloat);
+  auto inf = at::where(at::isinf((hf * scale.to(at::kFloat)).to(out)), std::numeric_limits<double>::infinity(), 0.0);
+  return stats + at::stack({(inf * at::sign(hf).to(at::kDouble)).sum(0), inf.sum(0)});
+}
+
 std::tuple<at::Tensor, at::Tensor> linear_stats_cpu(at::Tensor const& x, at::Tensor const& weight,
-                                                    c10::optional<at::Tensor> const& bias, c10::string_view,
+                                                    c10::optional<at::Tensor> const& bias, c10::string_view family,
                                                     bool) {
   check_linear_args(x, weight, bias, c10::nullopt);
+  check_family(family);
   auto out = linear_acc(x, weight, bias);
   auto h = empty_padded(out.size(0), out.size(1), x.options());
   h.copy_(out);
@@ -52,7 +66,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_finalize_cpu(
   check_vector(scale, "scale", n);
   check_vector(weight, "bn_weight", n);
   check_vector(bias, "bn_bias", n);
-  auto mo = moments(stats, scale, count);
+  auto mo = moments(with_overflow(stats, h, scale), scale, count);
   auto invstd = (mo.var_z + eps).rsqrt();
   auto acc = acc_type(h.scalar_type());
   auto mul = scale.to(at::kDouble) * invstd * opt64(weight, 1.0);
@@ -64,8 +78,7 @@ void update_running_stats_cpu(at::Tensor const& stats, at::Tensor const& scale, 
                               at::Tensor& running_mean, at::Tensor& running_var,
                               c10::optional<at::Tensor> const& num_batches_tracked, double momentum) {
   int64_t n = stats.size(1);
-  check_vector(running_mean, "running_mean", n);
-  check_vector(running_var, "running_var", n);
+  check_running_stats(running_mean, running_var, n, c10::nullopt);
   check_batch(count, n);
   auto mo = moments(stats, scale, count);
   double m = momentum;
@@ -88,7 +101,12 @@ TrainOut linear_scale_batch_norm_train_cpu(at::Tensor const& x, at::Tensor const
   check_linear_args(x, weight, bias, scale);
   check_batch(x.size(0), weight.size(0));
   check_running_args(running_mean, running_var, num_batches_tracked, momentum);
-  auto [h, stats] = linear_stats_cpu(x, weight, bias, family, deterministic);
+  if (running_mean.has_value()) {  // before anything is updated
+    check_running_stats(*running_mean, *running_var, weight.size(0),
+                        output_dtype(x.scalar_type(), scale.scalar_type()));
+  }
+  auto [h, stats_h] = linear_stats_cpu(x, weight, bias, family, deterministic);
+  auto stats = with_overflow(stats_h, h, scale);
   auto [y, mean, invstd] = batch_norm_finalize_cpu(h, stats, scale, x.size(0), bn_weight, bn_bias, eps);
   if (num_batches_tracked.has_value()) num_batches_tracked->add_(1);
   if (running_mean.has_value()) {
@@ -125,15 +143,22 @@ at::Tensor linear_scale_batch_norm_eval_cpu(at::Tensor const& x, at::Tensor cons
                                             c10::optional<at::Tensor> const& bias, at::Tensor const& scale,
                                             c10::optional<at::Tensor> const& bn_weight,
                                             c10::optional<at::Tensor> const& bn_bias, at::Tensor const& running_mean,
-                                            at::Tensor const& running_var, double eps, c10::string_view) {
+                                            at::Tensor const& running_var, double eps, c10::string_view family) {
   check_linear_args(x, weight, bias, scale);
-  auto g = (running_var.to(at::kDouble) + eps).rsqrt() * opt64(bn_weight, 1.0);
-  auto a = scale.to(at::kDouble) * g;
-  auto c = opt64(bn_bias, 0.0) - running_mean.to(at::kDouble) * g;
-  auto acc = acc_type(x.scalar_type());
-  // Rounded to x's dtype first, as the CUDA kernel stores it, then widened where y's dtype is wider.
-  auto y = (linear_acc(x, weight, bias) * a.to(acc) + c.to(acc)).to(x.scalar_type());
-  return y.to(output_dtype(x.scalar_type(), scale.scalar_type())).contiguous();
+  check_family(family);
+  int64_t n = weight.size(0);
+  check_vector(bn_weight, "bn_weight", n);
+  check_vector(bn_bias, "bn_bias", n);
+  auto out = output_dtype(x.scalar_type(), scale.scalar_type());
+  check_running_stats(running_mean, running_var, n, out);
+  // As the unfused model computes it: h rounded to x's dtype and z = h * scale to y's (so that
+  // an fp16 overflow of either shows), then y = z alpha + beta, batch norm's own fold.
+  auto acc = acc_type(out);
+  auto h = linear_acc(x, weight, bias).to(x.scalar_type());
+  auto z = (h.to(acc) * scale.to(acc)).to(out);
+  auto alpha = (running_var.to(at::kDouble) + eps).rsqrt() * opt64(bn_weight, 1.0);
+  auto beta = opt64(bn_bias, 0.0) - running_mean.to(at::kDouble) * alpha;
+  return (z.to(acc) * alpha.to(acc) + beta.to(acc)).to(out).contiguous();
 }
 
 at::Tensor matmul_cpu(at::Tensor const& a, at::Tensor const& b, c10::string_view) { return at::mm(a, b); }

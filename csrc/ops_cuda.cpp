@@ -161,8 +161,9 @@ void check_gemm_inputs(at::Tensor const& x, at::Tensor const& weight, c10::optio
                        c10::optional<at::Tensor> const& scale) {
   check_linear_args(x, weight, bias, scale);
   dtype_of(x.scalar_type(), "input");
-  TORCH_CHECK(x.size(0) > 0 && x.size(1) > 0 && weight.size(0) > 0,
-              "cutlass_fused: expected non-empty input and weight, but got ", x.sizes(), " and ", weight.sizes());
+  // An empty batch is PyTorch's to run (the ops that take one return early); empty features are not.
+  TORCH_CHECK(x.size(1) > 0 && weight.size(0) > 0,
+              "cutlass_fused: expected non-empty input rows and weight, but got ", x.sizes(), " and ", weight.sizes());
   check_device(weight, x.device(), "weight");
   if (scale.has_value()) check_device(*scale, x.device(), "scale");
   if (bias.has_value()) check_device(*bias, x.device(), "bias");
@@ -200,8 +201,9 @@ std::tuple<at::Tensor, at::Tensor> linear_stats_cuda(at::Tensor const& x, at::Te
                                                      c10::optional<at::Tensor> const& bias, c10::string_view family,
                                                      bool /*deterministic*/) {
   check_gemm_inputs(x, weight, bias, c10::nullopt);
-  c10::cuda::CUDAGuard guard(x.device());
   int64_t m = x.size(0), n = weight.size(0);
+  if (m == 0) return {empty_padded(0, n, x.options()), at::zeros({2, n}, x.options().dtype(at::kDouble))};
+  c10::cuda::CUDAGuard guard(x.device());
   auto h = linear_h(x, weight, bias, family);
   auto stream = at::cuda::getCurrentCUDAStream().stream();
   auto stats = at::empty({2, n}, x.options().dtype(at::kDouble));
@@ -210,6 +212,16 @@ std::tuple<at::Tensor, at::Tensor> linear_stats_cuda(at::Tensor const& x, at::Te
   column_stats(dtype_of(x.scalar_type(), "input"), h.data_ptr(), m, n, h.stride(0), stats.data_ptr<double>(),
                ws.data_ptr(), stream);
   return {h, stats};
+}
+
+// A vector the kernels can read: t itself, or a dense copy of a strided view (a slice of a
+// bigger parameter). Copies of running stats are written back after the kernel (write_back).
+c10::optional<at::Tensor> dense(c10::optional<at::Tensor> const& t) {
+  return t.has_value() && !t->is_contiguous() ? c10::optional<at::Tensor>(t->contiguous()) : t;
+}
+
+void write_back(c10::optional<at::Tensor> const& target, c10::optional<at::Tensor> const& copy) {
+  if (target.has_value() && !copy->is_same(*target)) target->copy_(*copy);
 }
 
 // A per-column vector for csrc/kernels, read in its own dtype (no cast).
@@ -286,7 +298,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_finalize_cuda(
   check_stats(stats, h.size(1));
   check_device(stats, h.device(), "stats");
   c10::cuda::CUDAGuard guard(h.device());
-  auto out = normalized(h, scale, count, weight, bias, eps);
+  auto scale_d = dense(scale), weight_d = dense(weight), bias_d = dense(bias);  // alive until the launch
+  auto out = normalized(h, *scale_d, count, weight_d, bias_d, eps);
   out.a.stats = stats.data_ptr<double>();
   finalize_normalize(out.a, at::cuda::getCurrentCUDAStream().stream());
   return {out.y, out.mean, out.invstd};
@@ -305,14 +318,18 @@ void update_running_stats_cuda(at::Tensor const& stats, at::Tensor const& scale,
   int64_t n = stats.size(1);
   check_stats(stats, n);
   check_batch(count, n);
+  check_running_stats(running_mean, running_var, n, c10::nullopt);
   auto dev = stats.device();
-  ColVec s = col_vec(scale, "scale", n, dev);
-  ColOut rm = col_out(running_mean, "running_mean", n, dev), rv = col_out(running_var, "running_var", n, dev);
+  auto scale_d = dense(scale), rm_d = dense(running_mean), rv_d = dense(running_var);
+  ColVec s = col_vec(scale_d, "scale", n, dev);
+  ColOut rm = col_out(*rm_d, "running_mean", n, dev), rv = col_out(*rv_d, "running_var", n, dev);
   check_num_batches_tracked(num_batches_tracked, dev);
   c10::cuda::CUDAGuard guard(dev);
   update_running_stats(static_cast<int>(n), stats.data_ptr<double>(), s, static_cast<double>(count), rm, rv,
                        num_batches_tracked ? num_batches_tracked->data_ptr<int64_t>() : nullptr, momentum,
                        at::cuda::getCurrentCUDAStream().stream());
+  write_back(running_mean, rm_d);
+  write_back(running_var, rv_d);
 }
 
 // The training forward: the GEMM, then one kernel for everything after it
@@ -331,15 +348,21 @@ TrainOut linear_scale_batch_norm_train_cuda(at::Tensor const& x, at::Tensor cons
   check_batch(m, n);
   auto dev = x.device();
   check_running_args(running_mean, running_var, num_batches_tracked, momentum);
+  // Every device checked before the guard, which refuses a CPU device in its own words.
+  if (bn_weight.has_value()) check_device(*bn_weight, dev, "bn_weight");
+  if (bn_bias.has_value()) check_device(*bn_bias, dev, "bn_bias");
+  auto rm_d = dense(running_mean), rv_d = dense(running_var);
   TrainArgs t{};
   if (running_mean.has_value()) {
-    t.running_mean = col_out(*running_mean, "running_mean", n, dev);
-    t.running_var = col_out(*running_var, "running_var", n, dev);
+    check_running_stats(*running_mean, *running_var, n, output_dtype(x.scalar_type(), scale.scalar_type()));
+    t.running_mean = col_out(*rm_d, "running_mean", n, dev);
+    t.running_var = col_out(*rv_d, "running_var", n, dev);
   }
   check_num_batches_tracked(num_batches_tracked, dev);
   c10::cuda::CUDAGuard guard(dev);
   auto h = linear_h(x, weight, bias, family);
-  auto out = normalized(h, scale, m, bn_weight, bn_bias, eps);
+  auto scale_d = dense(scale), bn_weight_d = dense(bn_weight), bn_bias_d = dense(bn_bias);  // alive until the launch
+  auto out = normalized(h, *scale_d, m, bn_weight_d, bn_bias_d, eps);
   auto stats = at::empty({2, n}, x.options().dtype(at::kDouble));
   poison(stats);
   auto ws = at::empty({static_cast<int64_t>(batch_norm_train_workspace(m, n))}, x.options().dtype(at::kByte));
@@ -351,6 +374,8 @@ TrainOut linear_scale_batch_norm_train_cuda(at::Tensor const& x, at::Tensor cons
   t.workspace = ws.data_ptr();
   t.sm_count = sm_count(dev.index());
   batch_norm_train(t, at::cuda::getCurrentCUDAStream().stream());
+  write_back(running_mean, rm_d);
+  write_back(running_var, rv_d);
   return {out.y, h, stats, out.mean, out.invstd};
 }
 
@@ -367,8 +392,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_c
   check_device(dy_in, h.device(), "grad");
   c10::cuda::CUDAGuard guard(h.device());
   BackwardArgs g{};
-  g.scale = col_vec(scale, "scale", n, h.device());
-  g.weight = col_vec(weight, "bn_weight", n, h.device());
+  auto scale_d = dense(scale), weight_d = dense(weight);
+  g.scale = col_vec(scale_d, "scale", n, h.device());
+  g.weight = col_vec(weight_d, "bn_weight", n, h.device());
   auto mu = saved_vector(mean, "mean", n, h.device()), is = saved_vector(invstd, "invstd", n, h.device());
   auto dy = dy_in.contiguous();
   auto dh = at::empty({m, n}, h.options());
@@ -396,19 +422,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_c
 }
 
 at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor const& weight,
-                                             c10::optional<at::Tensor> const& bias, at::Tensor const& scale,
-                                             c10::optional<at::Tensor> const& bn_weight,
-                                             c10::optional<at::Tensor> const& bn_bias,
-                                             at::Tensor const& running_mean, at::Tensor const& running_var,
+                                             c10::optional<at::Tensor> const& bias, at::Tensor const& scale_in,
+                                             c10::optional<at::Tensor> const& bn_weight_in,
+                                             c10::optional<at::Tensor> const& bn_bias_in,
+                                             at::Tensor const& running_mean_in, at::Tensor const& running_var_in,
                                              double eps, c10::string_view family) {
-  check_gemm_inputs(x, weight, bias, scale);
+  check_gemm_inputs(x, weight, bias, scale_in);
   int64_t m = x.size(0), n = weight.size(0), k = x.size(1);
   auto dev = x.device();
+  check_running_stats(running_mean_in, running_var_in, n, output_dtype(x.scalar_type(), scale_in.scalar_type()));
+  auto scale = *dense(scale_in), running_mean = *dense(running_mean_in), running_var = *dense(running_var_in);
+  auto bn_weight = dense(bn_weight_in), bn_bias = dense(bn_bias_in);
   col_vec(scale, "scale", n, dev);  // the checks eval_fold relies on
   col_vec(bn_weight, "bn_weight", n, dev);
   col_vec(bn_bias, "bn_bias", n, dev);
   col_vec(running_mean, "running_mean", n, dev);
   col_vec(running_var, "running_var", n, dev);
+  if (m == 0) return at::empty({0, n}, x.options().dtype(output_dtype(x.scalar_type(), scale.scalar_type())));
   c10::cuda::CUDAGuard guard(dev);
   char const* dt = kernel_dtype(x.scalar_type());
   char const* fam = pick_family(family, dt, dev);

@@ -1,5 +1,6 @@
 """cutlass_fused.linear_scale_batch_norm: BatchNorm1d((x @ W^T + b) * scale), fused."""
 import torch
+import torch.nn.functional as F
 
 from . import _family
 from .ops import ops
@@ -16,13 +17,26 @@ def linear_scale_batch_norm(x, weight, bias, scale, bn_weight, bn_bias, running_
     into the GEMM's epilogue.
     """
     family = _family.current()
+    # F.batch_norm's checks, in its order and words; the size is the batch norm's input's.
+    if training and x.dim() == 2 and x.shape[0] == 1:
+        raise ValueError("Expected more than 1 value per channel when training, got input size "
+                         f"{torch.Size([1, weight.shape[0]])}")
+    if training and eps <= 0.0:
+        raise ValueError(f"batch_norm eps must be positive during training, but got {eps}")
+    if eps < 0.0:
+        raise ValueError(f"batch_norm eps must be non-negative, but got {eps}")
+    if x.dim() == 2 and x.shape[0] == 0:
+        # An empty batch as PyTorch runs it: an empty y, the running stats left alone, zero
+        # gradients (nn.BatchNorm1d still counts the batch). No kernel has work to do.
+        if training and running_mean is not None and num_batches_tracked is not None:
+            num_batches_tracked.add_(1)
+        h = F.linear(x, weight, None if bias is None else bias.to(x.dtype))
+        return F.batch_norm(h * scale, running_mean, running_var, bn_weight, bn_bias, training, momentum or 0.0, eps)
     if not training:
         if running_mean is None or running_var is None:
             raise RuntimeError("running_mean must be defined in evaluation mode")
         return ops.linear_scale_batch_norm_eval(x, weight, bias, scale, bn_weight, bn_bias, running_mean,
                                                 running_var, eps, family)
-    if x.dim() == 2 and x.shape[0] <= 1:
-        raise ValueError(f"Expected more than 1 value per channel when training, got input size {x.shape}")
     if (running_mean is None) != (running_var is None):
         raise ValueError("cutlass_fused: running_mean and running_var must both be given or both be None")
     if running_mean is None:

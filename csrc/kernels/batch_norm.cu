@@ -130,17 +130,28 @@ bool can_vectorize(int n, int64_t ld, std::initializer_list<void const*> ptrs) {
 int stat_rows(int m) { return std::max(m <= 256 ? 16 : 64, (m + 32 * 8 - 1) / (32 * 8) * 8); }
 int stat_chunks(int m) { return (m + stat_rows(m) - 1) / stat_rows(m); }
 
-// h -> (h, h^2): the forward statistics.
+// h -> (h, h^2): the forward statistics. With `scale` (an fp16 y, so the unfused model rounds
+// z = h * scale to fp16), an element whose z overflows counts as +-inf, as the unfused model's
+// infinite z makes its column's mean infinite and its variance NaN. Only fp16: bf16 shares
+// fp32's range (z overflows bf16 only past 3.39e38), and the check's registers made the bf16
+// kernel spill (benchmarks/NOTES.md v0.8).
 template <class T>
 struct SumSquares {
   T const* h; int64_t ldh;
-  __device__ double center(int) const { return 0.0; }
+  ColVec scale{};
+  static constexpr bool kOverflow = std::is_same_v<T, __half>;
+  __device__ double center(int c) const { return kOverflow ? load(scale, c, 1.0) : 0.0; }  // the column's scale
   template <int V>
-  __device__ void add(int64_t r, int c0, double const (&)[V], double (&a)[V], double (&b)[V]) const {
+  __device__ void add(int64_t r, int c0, double const (&s)[V], double (&a)[V], double (&b)[V]) const {
     auto x = load_group<T, V>(h + r * ldh + c0);
 #pragma unroll
     for (int v = 0; v < V; ++v) {
-      double e = to_float(x.v[v]);
+      float f = to_float(x.v[v]);
+      if constexpr (kOverflow) {
+        bool z_inf = scale.p != nullptr && isinf(to_float(from_float<T>(f * static_cast<float>(s[v]))));
+        if (z_inf) f = copysignf(INFINITY, f);
+      }
+      double e = f;
       a[v] += e;
       b[v] += e * e;
     }
@@ -241,7 +252,10 @@ struct Moments {
 // whether nvcc contracts a * b - c into an fma depends on the inlining context.
 __device__ Moments moments(double sum, double sumsq, ColVec scale, double count, int c) {
   double mean_h = __ddiv_rn(sum, count);
-  double var_h = fmax(__dsub_rn(__ddiv_rn(sumsq, count), __dmul_rn(mean_h, mean_h)), 0.0);
+  // Clamped at 0 against cancellation, but NaN kept (fmax(NaN, 0) is 0): a column with a NaN or
+  // an Inf has a NaN variance, as in PyTorch, and so do y and running_var.
+  double var_h = __dsub_rn(__ddiv_rn(sumsq, count), __dmul_rn(mean_h, mean_h));
+  var_h = var_h < 0.0 ? 0.0 : var_h;
   double s = load(scale, c, 1.0);
   return {mean_h, __dmul_rn(s, mean_h), __dmul_rn(__dmul_rn(s, s), var_h)};
 }
@@ -359,7 +373,8 @@ __global__ void __launch_bounds__(256, 4) batch_norm_train_kernel(TrainArgs a, i
   auto* pa = static_cast<double*>(a.workspace);
   auto* pb = pa + static_cast<int64_t>(chunks) * f.n;
   int items = groups * chunks;
-  SumSquares<T> terms{static_cast<T const*>(f.h), f.ldh};
+  // z = h * scale is rounded to T where y is T (see SumSquares: fp16 only).
+  SumSquares<T> terms{static_cast<T const*>(f.h), f.ldh, std::is_same_v<T, TO> ? f.scale : ColVec{}};
   for (int item = blockIdx.x; item < items; item += gridDim.x)
     chunk_partials<SumSquares<T>, V>(terms, f.m, f.n, rows, item % groups, item / groups, pa, pb);
   if (a.num_batches_tracked != nullptr && blockIdx.x == 0 && threadIdx.x == 0 && threadIdx.y == 0)

@@ -15,15 +15,19 @@ __device__ __forceinline__ float tf32_round(float x) {
   return __uint_as_float(r);
 }
 
+// `again` is big in the segment that meets the other operand's small part: 0 for a non-finite
+// x, so that x reaches the dot product once (x * the other's big part), as in an fp32 GEMM;
+// otherwise inf * small, with small of either sign, makes inf - inf = NaN.
 struct Parts {
-  float big, small;
+  float big, small, again;
 };
 
 __device__ __forceinline__ Parts split(float x) {
   float big = tf32_round(x);
   // x - big is exact in fp32; inf - inf would be NaN, so a non-finite x keeps it all in big.
-  float small = isfinite(x) ? tf32_round(x - big) : 0.f;
-  return {big, small};
+  bool finite = isfinite(x);
+  float small = finite ? tf32_round(x - big) : 0.f;
+  return {big, small, finite ? big : 0.f};
 }
 
 __global__ void split_rows_kernel(float const* __restrict__ in, int64_t rows_in, int64_t cols, int64_t ld_in,
@@ -31,9 +35,10 @@ __global__ void split_rows_kernel(float const* __restrict__ in, int64_t rows_in,
   int64_t groups = seg / 4, total = rows_out * groups;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
     int64_t r = i / groups, c0 = (i - r * groups) * 4;
-    float4 big{0.f, 0.f, 0.f, 0.f}, small{0.f, 0.f, 0.f, 0.f};
+    float4 big{0.f, 0.f, 0.f, 0.f}, small{0.f, 0.f, 0.f, 0.f}, again{0.f, 0.f, 0.f, 0.f};
     float* b = &big.x;
     float* s = &small.x;
+    float* a = &again.x;
     if (r < rows_in) {
 #pragma unroll
       for (int v = 0; v < 4; ++v) {
@@ -41,14 +46,15 @@ __global__ void split_rows_kernel(float const* __restrict__ in, int64_t rows_in,
           Parts p = split(in[r * ld_in + c0 + v]);
           b[v] = p.big;
           s[v] = p.small;
+          a[v] = p.again;
         }
       }
     }
     float4* row = reinterpret_cast<float4*>(out + r * 3 * seg + c0);
     int64_t step = seg / 4;
     row[0] = big;
-    row[step] = order == SplitOrder::big_small_big ? small : big;
-    row[2 * step] = order == SplitOrder::big_small_big ? big : small;
+    row[step] = order == SplitOrder::big_small_big ? small : again;
+    row[2 * step] = order == SplitOrder::big_small_big ? again : small;
   }
 }
 
@@ -69,8 +75,8 @@ __global__ void split_transposed_kernel(float const* __restrict__ in, int64_t ro
     Parts p = split(tile[threadIdx.x][j]);
     float* row = out + r * 3 * seg + c;
     row[0] = p.big;
-    row[seg] = order == SplitOrder::big_small_big ? p.small : p.big;
-    row[2 * seg] = order == SplitOrder::big_small_big ? p.big : p.small;
+    row[seg] = order == SplitOrder::big_small_big ? p.small : p.again;
+    row[2 * seg] = order == SplitOrder::big_small_big ? p.again : p.small;
   }
 }
 
