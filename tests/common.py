@@ -111,4 +111,4 @@ def assert_close_rule_scaled(ours, torch_same, ref64, mode, what):
     """assert_close_rule relative to the reference's size, for values that are not O(1):
     gradients (sums over a batch or features) and losses."""
     k = max(1.0, ref64.abs().max().item())
-    return assert_close_rule(ours.cpu() / k, torch_same.cpu() / k, ref64 / k, mode, what)
+    return assert_close_rule(ours.cpu() / k, torch_same.cpu() / k, ref64.cpu() / k, mode, what)
