@@ -6,7 +6,7 @@ from torch import nn
 import cutlass_fused
 from cutlass_fused.seed import SeedModel as Seed
 from cutlass_fused.ops import ops
-from common import FAMILIES, FAMILY_IDS, MODES, assert_close_rule, assert_close_rule_scaled, params, precision, tf32
+from common import FAMILIES, FAMILY_IDS, MODES, assert_close_rule_scaled, params, precision, tf32
 
 NAMES = ["x", "weight", "bias", "scale", "bn_weight", "bn_bias"]
 
