@@ -14,11 +14,10 @@ grep -E "cutlass_fused:" "$build.log" || true
 # The binding includes ATen/cuda/CUDAContext.h, which needs the cuBLAS and cuSPARSE
 # headers: a toolkit with nvcc alone (the CI machine's) compiles the kernels only.
 targets=(cutlass_fused_kernels)
-inc=$(dirname "$(dirname "$(command -v nvcc)")")/include
-if [ -f "$inc/cusparse.h" ] && [ -f "$inc/cublas_v2.h" ]; then
+if printf '#include <cusparse.h>\n#include <cublas_v2.h>\n' | nvcc -E -x cu - > /dev/null 2>&1; then
   targets+=(cutlass_fused_cuda_glue)
 else
-  echo "compile_cuda: no cuBLAS/cuSPARSE headers in $inc: skipping the CUDA binding (ops_cuda.cpp ...)"
+  echo "compile_cuda: nvcc finds no cuBLAS/cuSPARSE headers: skipping the CUDA binding (ops_cuda.cpp ...)"
 fi
 cmake --build "$build" --target "${targets[@]}" -j "${JOBS:-2}"
 for t in "${targets[@]}"; do
