@@ -1,10 +1,11 @@
 """python -m cutlass_fused.tune: time every built GEMM of one family and dtype on the layer.
 
-    python -m cutlass_fused.tune [--shape B,IN,OUT ...] [--dtype bf16|f16|tf32] [--family sm90|sm80] [--out DIR]
+    python -m cutlass_fused.tune [--shape B,IN,OUT ...] [--dtype bf16|f16|tf32|f32] [--family sm90|sm80] [--out DIR]
 
 Each candidate runs the layer's eval and training forward (no grad), selected through
 $CUTLASS_FUSED_KERNEL, and is reported as a ratio to torch.mm of the same shape and run.
 The kernels are codegen/kernels.py's rows; the first row of a (family, dtype) is the default.
+f32 is fp32 with TF32 disallowed: the f32x3 (3xTF32) kernels.
 """
 import argparse
 import json
@@ -22,7 +23,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(prog="python -m cutlass_fused.tune", description=__doc__.split("\n")[0])
     ap.add_argument("--shape", type=parse_shape, action="append", help="B,IN,OUT (repeatable)")
-    ap.add_argument("--dtype", choices=("bf16", "f16", "tf32"), default="bf16")
+    ap.add_argument("--dtype", choices=("bf16", "f16", "tf32", "f32"), default="bf16")
     ap.add_argument("--family", choices=("sm90", "sm80"), default="sm90")
     ap.add_argument("--out", default=os.environ.get("OUT", "tune_out"))
     args = ap.parse_args(argv)
@@ -37,7 +38,7 @@ def main(argv=None):
 
 
 def run(args, argv):
-    prefix = f"{args.family}_{args.dtype}_eval_"
+    prefix = f"{args.family}_{'f32x3' if args.dtype == 'f32' else args.dtype}_eval_"
     names = [n for n in cutlass_fused.built_kernels() if n.startswith(prefix)]
     if not names:
         raise SystemExit(f"cutlass_fused.tune: this build has no {prefix}* kernels")
