@@ -31,11 +31,3 @@ def train(accum, b, a, c):
 def evaluate(accum, b, a, c):
     D = (accum + b) * a + c
     return D
-
-
-def evaluate_f16(accum, b, s, a, c):
-    # fp16 eval (see generate.py): h and z = h * s rounded to fp16 as the unfused
-    # model stores them, so that their overflow shows; s is null for an fp32 scale.
-    Z = (accum + b) * s
-    D = Z * a + c
-    return D

@@ -49,8 +49,6 @@ class Kernel:
         t = "x".join(map(str, self.tile))
         c = "x".join(map(str, self.cluster))
         tail = f"c{c}" if self.family == "sm90" else f"s{self.stages}"
-        if self.schedule == "TmaWarpSpecializedPingpong":
-            tail += "_pingpong"
         return f"{self.family}_{self.dtype}_{self.mode}_{t}_{tail}"
 
 
@@ -90,13 +88,6 @@ _SM90 += [Kernel("sm90", "bf16", "eval", tile, (1, 2, 1)) for tile in ((128, 128
 # is no train kernel: with fp64 statistics it spilled 1.6 KB and ran 18% slower
 # than the eval kernel plus a separate column-statistics pass (H100).
 _SM90 += [Kernel("sm90", "f32x3", "eval", (128, 128, 32), (1, 2, 1))]
-# Candidates for python -m cutlass_fused.tune --dtype f32: the 2x1 cluster, a
-# deeper K tile (fewer barriers a k-block, fewer stages), and ping-pong 64x128,
-# which overlaps one warpgroup's epilogue with the other's mainloop and keeps
-# both accumulators of a 64x128 tile in one warpgroup's registers.
-_SM90 += [Kernel("sm90", "f32x3", "eval", (128, 128, 32), (2, 1, 1)),
-          Kernel("sm90", "f32x3", "eval", (128, 128, 64), (1, 2, 1)),
-          Kernel("sm90", "f32x3", "eval", (64, 128, 32), (1, 2, 1), schedule="TmaWarpSpecializedPingpong")]
 
 # sm80: the tile cutlass_cppgen picks by default for bf16 (256x128x64, 4 warps
 # of 64x64, 3 stages), known to run correctly on Hopper too. fp32 kernels use

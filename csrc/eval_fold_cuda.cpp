@@ -24,7 +24,6 @@ struct Entry {
   std::array<TensorStamp, 5> stamps;
   double eps = 0;
   int64_t kn = 0;
-  bool with_scale = true;
   at::Tensor fold;
 
   bool expired() const {
@@ -45,9 +44,9 @@ ColVec col(OptTensor const& t) {
   return {t->data_ptr(), dt};
 }
 
-at::Tensor compute(std::array<OptTensor, 5> const& v, double eps, int64_t kn, bool with_scale, cudaStream_t stream) {
+at::Tensor compute(std::array<OptTensor, 5> const& v, double eps, int64_t kn, cudaStream_t stream) {
   auto fold = at::empty({2, kn}, v[0]->options().dtype(at::kFloat));
-  fold_eval(static_cast<int>(v[0]->size(0)), static_cast<int>(kn), with_scale ? col(v[0]) : ColVec{}, col(v[1]), col(v[2]), col(v[3]),
+  fold_eval(static_cast<int>(v[0]->size(0)), static_cast<int>(kn), col(v[0]), col(v[1]), col(v[2]), col(v[3]),
             col(v[4]), eps, fold[0].data_ptr<float>(), fold[1].data_ptr<float>(), stream);
   return fold;
 }
@@ -55,8 +54,7 @@ at::Tensor compute(std::array<OptTensor, 5> const& v, double eps, int64_t kn, bo
 }  // namespace
 
 at::Tensor eval_fold(at::Tensor const& scale, OptTensor const& bn_weight, OptTensor const& bn_bias,
-                     at::Tensor const& running_mean, at::Tensor const& running_var, double eps, int64_t kn,
-                     bool with_scale) {
+                     at::Tensor const& running_mean, at::Tensor const& running_var, double eps, int64_t kn) {
   std::array<OptTensor, 5> v{scale, bn_weight, bn_bias, running_mean, running_var};
   auto stream = at::cuda::getCurrentCUDAStream();
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -65,19 +63,19 @@ at::Tensor eval_fold(at::Tensor const& scale, OptTensor const& bn_weight, OptTen
   // it with whatever the vectors hold then.
   bool cacheable = capture == cudaStreamCaptureStatusNone &&
                    std::all_of(v.begin(), v.end(), [](OptTensor const& t) { return TensorStamp::stampable(t); });
-  if (!cacheable) return compute(v, eps, kn, with_scale, stream.stream());
+  if (!cacheable) return compute(v, eps, kn, stream.stream());
   std::lock_guard<std::mutex> lock(cache_mutex);
   auto& c = cache();
   c.erase(std::remove_if(c.begin(), c.end(), [](Entry const& e) { return e.expired(); }), c.end());
   for (auto& e : c) {
-    bool same = e.eps == eps && e.kn == kn && e.with_scale == with_scale;
+    bool same = e.eps == eps && e.kn == kn;
     for (size_t i = 0; same && i < v.size(); ++i) same = e.stamps[i].matches(v[i]);
     if (same) {
       e.fold.record_stream(stream);  // it may have been made on another stream
       return e.fold;
     }
   }
-  Entry e{{}, eps, kn, with_scale, compute(v, eps, kn, with_scale, stream.stream())};
+  Entry e{{}, eps, kn, compute(v, eps, kn, stream.stream())};
   for (size_t i = 0; i < v.size(); ++i) e.stamps[i] = TensorStamp::of(v[i]);
   // A layer's older folds can never match again once a vector has moved on.
   auto same_owner = [&](Entry const& old) {

@@ -8,10 +8,8 @@ namespace cutlass_fused {
 // (2, kn) fp32 on scale's device: row 0 a = scale * w * invstd, row 1
 // c = b - running_mean * w * invstd (fold_eval in csrc/kernels/batch_norm.h),
 // zero in the padded columns n .. kn. The vectors are checked by the caller.
-// with_scale = false leaves scale out of a (the fp16 kernels apply it
-// themselves, rounding z = h * scale as the unfused model does).
 at::Tensor eval_fold(at::Tensor const& scale, c10::optional<at::Tensor> const& bn_weight,
                      c10::optional<at::Tensor> const& bn_bias, at::Tensor const& running_mean,
-                     at::Tensor const& running_var, double eps, int64_t kn, bool with_scale = true);
+                     at::Tensor const& running_var, double eps, int64_t kn);
 
 }  // namespace cutlass_fused

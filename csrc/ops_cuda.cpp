@@ -96,7 +96,7 @@ at::Tensor aligned_rows(at::Tensor const& t) {
   return c;
 }
 
-// A vector as the EVT's row broadcast reads it (the bias; the fp16 scale): in the kernel's input dtype
+// The bias as the EVT's row broadcast reads it: in the kernel's input dtype
 // (a cast only where the bias's own dtype differs), 16-byte aligned, and
 // zero-padded to `len` (the kernel's N) only where N is unaligned.
 c10::optional<at::Tensor> bias_vector(c10::optional<at::Tensor> const& t, at::ScalarType dt, int64_t len) {
@@ -448,18 +448,13 @@ at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor con
   int64_t kn = padded_ld(n, x.scalar_type());  // as in linear_h
   // One (2, kn) allocation: its second row starts kn floats in, which keeps it
   // 16-byte aligned for the EVT.
-  // fp16 with an fp16 scale: the kernel forms z = h * scale in fp16, as the
-  // unfused model stores it, so the fold leaves scale out (gemm_evt.h).
-  bool z_in_f16 = x.scalar_type() == at::kHalf && scale.scalar_type() == at::kHalf;
-  auto ac = eval_fold(scale, bn_weight, bn_bias, running_mean, running_var, eps, kn, !z_in_f16);
+  auto ac = eval_fold(scale, bn_weight, bn_bias, running_mean, running_var, eps, kn);
   auto ops = operands(x, weight, kn, split);
   auto b = bias_vector(bias, x.scalar_type(), kn);
-  auto s = z_in_f16 ? bias_vector(scale, at::kHalf, kn) : c10::nullopt;
   auto y = empty_padded(m, n, x.options());
   poison(y);
   GemmEvtArgs p = gemm_args(ops.x, ops.w, y, kn);
   p.b = ptr_or_null(b);
-  p.s = ptr_or_null(s);
   p.a = ac[0].data_ptr<float>();
   p.c = ac[1].data_ptr<float>();
   run(info, p, x);

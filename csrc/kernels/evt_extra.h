@@ -16,30 +16,27 @@ struct take_last {
   CUTLASS_HOST_DEVICE T operator()(T const&, T const&, T const& last) const { return last; }
 };
 
-// op(a, b), rounded once to R and widened back. The node forming the stored
-// output uses it (plus), so the statistics are those of the output as stored in
-// R, exactly what the finalize reads; the fp16 eval epilogue uses it for h and
-// z = h * scale (plus, multiplies), which the unfused model stores in fp16, so
-// that their overflow to +-inf shows as it does there.
+// a + b, rounded once to R and widened back: the node forming the stored
+// output uses it, so the statistics are those of the output as stored in R,
+// exactly what the finalize reads.
 // (Giving the node R as its output type instead breaks Sm90RowReduction, which
 // cannot convert a 16-bit Array element proxy to double.)
-template <class R, template <class> class Op, class T>
-struct rounded_to {
-  CUTLASS_HOST_DEVICE T operator()(T const& a, T const& b) const { return T(R(Op<T>{}(a, b))); }
+template <class R, class T>
+struct plus_rounded_to {
+  CUTLASS_HOST_DEVICE T operator()(T const& a, T const& b) const { return T(R(a + b)); }
 };
 
-template <class R, template <class> class Op, class E, int N>
-struct rounded_to<R, Op, cutlass::Array<E, N>> {
+template <class R, class E, int N>
+struct plus_rounded_to<R, cutlass::Array<E, N>> {
   using T = cutlass::Array<E, N>;
   CUTLASS_HOST_DEVICE T operator()(T const& a, T const& b) const {
     cutlass::NumericArrayConverter<R, E, N> down;
     cutlass::NumericArrayConverter<E, R, N> up;
-    return up(down(Op<T>{}(a, b)));
+    return up(down(cutlass::plus<T>{}(a, b)));
   }
 };
 
-template <class T> using plus_rounded_to_bf16 = rounded_to<cutlass::bfloat16_t, cutlass::plus, T>;
-template <class T> using plus_rounded_to_f16 = rounded_to<cutlass::half_t, cutlass::plus, T>;
-template <class T> using multiplies_rounded_to_f16 = rounded_to<cutlass::half_t, cutlass::multiplies, T>;
+template <class T> using plus_rounded_to_bf16 = plus_rounded_to<cutlass::bfloat16_t, T>;
+template <class T> using plus_rounded_to_f16 = plus_rounded_to<cutlass::half_t, T>;
 
 }  // namespace cutlass_fused

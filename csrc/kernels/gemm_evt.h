@@ -1,8 +1,6 @@
 // The fused GEMM's torch-free interface: raw pointers, sizes and a stream.
 //
 //   out = ((x @ w^T) + b) * a + c          per-column b (input dtype), a, c (fp32); null b, c read 0, null a 1
-//   fp16 kernels: out = f16(f16((x @ w^T) + b) * s) * a + c, s in fp16 (null reads 1), so that h and
-//   z = h * s round, and overflow, as the unfused model stores them
 //   train kernels also add each column's sum and sum of squares of `out`
 //   (before rounding to the output dtype) into col_sum / col_sumsq, in fp64.
 #pragma once
@@ -21,7 +19,6 @@ struct GemmEvtArgs {
   void const* x = nullptr;  int64_t ldx = 0;  // M x K, row-major
   void const* w = nullptr;  int64_t ldw = 0;  // N x K, row-major (nn.Linear weight)
   void const* b = nullptr;                    // N, in the input dtype (fp32 for tf32/f32x3), or nullptr for zero
-  void const* s = nullptr;                    // N, fp16, or nullptr for one; fp16 kernels only
   float const* a = nullptr;                   // N, or nullptr for one
   float const* c = nullptr;                   // N, or nullptr for zero
   void* out = nullptr;      int64_t ldo = 0;  // M x N, row-major
