@@ -27,6 +27,27 @@ MODES = {
     "tf32": (torch.float32, True),
 }
 
+def modes_for(device):
+    """The precision modes a device runs: the CPU path has no tf32, and its f16 is bf16's code."""
+    return ["bf16", "f16", "f32", "tf32"] if device == "cuda" else ["bf16", "f32"]
+
+
+def shape_cases(shapes):
+    """(device, family, mode, (batch, in, out)) params for every family, mode and shape."""
+    for (device, family), fid in zip(FAMILIES, FAMILY_IDS):
+        for mode in modes_for(device):
+            for shape in shapes:
+                yield pytest.param(device, family, mode, shape, id=f"{fid}-{mode}-{'x'.join(map(str, shape))}")
+
+
+# Below this batch, y end to end is dominated by the one column whose few
+# values nearly coincide: any rounding of z (ours or PyTorch's) is amplified
+# there ~1/spread, and which implementation wins is luck. There we check the
+# two stages instead, each against float64: h = x W^T + b, and the batch norm
+# of our h * scale.
+END_TO_END_BATCH = 64
+
+
 # Error floors on top of 2x PyTorch's own error (flash-attention's rule). They
 # only matter where PyTorch happens to be exact; each is about one output
 # rounding step of an O(1) normalized value in that precision.

@@ -6,7 +6,7 @@ from torch import nn
 import cutlass_fused
 from cutlass_fused.seed import SeedModel as Seed
 from cutlass_fused.ops import ops
-from common import FAMILIES, FAMILY_IDS, MODES, assert_close_rule_scaled, params, precision, tf32
+from common import FAMILIES, FAMILY_IDS, MODES, assert_close_rule_scaled, modes_for, params, precision, tf32
 
 NAMES = ["x", "weight", "bias", "scale", "bn_weight", "bn_bias"]
 
@@ -71,10 +71,6 @@ def check_grads(device, family, mode, shape, training, affine=True, frozen=(), z
         assert_close_rule_scaled(g_ours[name], g_same[name], g_ref[name], mode, f"d{name}")
 
 
-def modes_for(device):
-    return ["bf16", "f16", "f32", "tf32"] if device == "cuda" else ["bf16", "f32"]
-
-
 CASES = [pytest.param(d, f, mode, id=f"{fid}-{mode}")
          for (d, f), fid in zip(FAMILIES, FAMILY_IDS) for mode in modes_for(d)]
 
@@ -104,7 +100,7 @@ def test_affine_false_zeros_and_frozen(device, family):
 @pytest.mark.parametrize("m", [2, 3])
 def test_batch_norm_backward_small_batch(device, family, mode, m):
     """At batch 2-3 the end-to-end gradient is as ill-conditioned as the forward (see
-    test_forward.END_TO_END_BATCH): check the fused BN backward on our own h instead."""
+    common.END_TO_END_BATCH): check the fused BN backward on our own h instead."""
     dtype, _ = MODES[mode]
     n = 769
     h = (torch.randn(m, n) * 3 + 1).to(device, dtype)

@@ -6,30 +6,13 @@ import torch
 
 import cutlass_fused
 from cutlass_fused.ops import ops
-from common import (FAMILIES, FAMILY_IDS, MODES, assert_close_rule, batch_norm, max_err, params, precision,
-                    reference_h, reference_z)
+from common import (END_TO_END_BATCH, FAMILIES, FAMILY_IDS, MODES, assert_close_rule, batch_norm, max_err, params, precision,
+                    reference_h, reference_z, shape_cases)
 
 # (batch, in_features, out_features): aligned, unaligned K and N, tiny, 1 feature.
 SHAPES = [(256, 512, 384), (3, 769, 1000), (1000, 1000, 769), (2, 5125, 40), (5, 1, 1), (1000, 64, 8)]
 
 
-def modes_for(device):
-    return ["bf16", "f16", "f32", "tf32"] if device == "cuda" else ["bf16", "f32"]
-
-
-def cases():
-    for (device, family), fid in zip(FAMILIES, FAMILY_IDS):
-        for mode in modes_for(device):
-            for shape in SHAPES:
-                yield pytest.param(device, family, mode, shape, id=f"{fid}-{mode}-{'x'.join(map(str, shape))}")
-
-
-# Below this batch, y end to end is dominated by the one column whose few
-# values nearly coincide: any rounding of z (ours or PyTorch's) is amplified
-# there ~1/spread, and which implementation wins is luck. There we check the
-# two stages instead, each against float64: h = x W^T + b, and the batch norm
-# of our h * scale.
-END_TO_END_BATCH = 64
 
 
 def run_steps(device, family, mode, shape, training, momentum, steps, affine=True, bias=True):
@@ -72,12 +55,12 @@ def run_steps(device, family, mode, shape, training, momentum, steps, affine=Tru
     assert nbt.item() == (steps if training else 0)
 
 
-@pytest.mark.parametrize("device,family,mode,shape", list(cases()))
+@pytest.mark.parametrize("device,family,mode,shape", list(shape_cases(SHAPES)))
 def test_training(device, family, mode, shape):
     run_steps(device, family, mode, shape, training=True, momentum=0.1, steps=3)
 
 
-@pytest.mark.parametrize("device,family,mode,shape", list(cases()))
+@pytest.mark.parametrize("device,family,mode,shape", list(shape_cases(SHAPES)))
 def test_eval(device, family, mode, shape):
     run_steps(device, family, mode, shape, training=False, momentum=0.1, steps=1)
 

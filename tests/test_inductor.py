@@ -20,8 +20,8 @@ from torch._dynamo.utils import counters
 
 import cutlass_fused
 from cutlass_fused.ops import ops
-from common import (FAMILIES, FAMILY_IDS, MODES, assert_close_rule, batch_norm, max_err, needs_cuda, params,
-                    precision, reference_h, reference_z)
+from common import (END_TO_END_BATCH, FAMILIES, FAMILY_IDS, MODES, assert_close_rule, batch_norm, max_err, needs_cuda, params,
+                    precision, reference_h, reference_z, shape_cases)
 
 CUDA_FAMILIES = [f for d, f in FAMILIES if d == "cuda"]
 
@@ -80,6 +80,16 @@ def step(layer, x, dy):
     return y.detach(), x.grad
 
 
+def step_both(eager, compiled, compiled_layer, x, dy, what):
+    """One step of each, compared: y, dx, parameters, gradients and running stats."""
+    y_e, dx_e = step(eager, x, dy)
+    y_c, dx_c = step(compiled, x, dy)
+    assert_matches(y_c, y_e, f"y {what}")
+    assert_matches(dx_c, dx_e, f"dx {what}")
+    assert_same_state(compiled_layer, eager, what)
+    eager.zero_grad(), compiled_layer.zero_grad()
+
+
 def graphs_compiled():
     """Dynamo frames compiled (one per recompilation), whatever the backend did with them."""
     return counters["stats"]["unique_graphs"]
@@ -101,12 +111,7 @@ def test_inductor_matches_eager(device, family, training):
         for i in range(2):
             x = torch.randn(16, 48, generator=g).to(device)
             dy = torch.randn(16, 40, generator=g).to(device)
-            y_e, dx_e = step(eager, x, dy)
-            y_c, dx_c = step(compiled, x, dy)
-            assert_matches(y_c, y_e, f"y step {i}")
-            assert_matches(dx_c, dx_e, f"dx step {i}")
-            assert_same_state(compiled_layer, eager, f"step {i}")
-            eager.zero_grad(), compiled_layer.zero_grad()
+            step_both(eager, compiled, compiled_layer, x, dy, f"step {i}")
     assert compiled_layer.bn.num_batches_tracked.item() == (2 if training else 0)
     assert not counters["graph_break"], dict(counters["graph_break"])
     assert graphs_compiled() == 1
@@ -125,12 +130,7 @@ def test_dynamic_batch_does_not_recompile_per_size(device, family):
         for m in (16, 24, 13, 16):
             x = torch.randn(m, 48, generator=g).to(device)
             dy = torch.randn(m, 40, generator=g).to(device)
-            y_e, dx_e = step(eager, x, dy)
-            y_c, dx_c = step(compiled, x, dy)
-            assert_matches(y_c, y_e, f"y batch {m}")
-            assert_matches(dx_c, dx_e, f"dx batch {m}")
-            assert_same_state(compiled_layer, eager, f"batch {m}")
-            eager.zero_grad(), compiled_layer.zero_grad()
+            step_both(eager, compiled, compiled_layer, x, dy, f"batch {m}")
             compiles.append(graphs_compiled())
     assert compiles == [1, 2, 2, 2], f"graphs compiled after each batch size: {compiles}"
     assert not counters["graph_break"], dict(counters["graph_break"])
@@ -141,21 +141,7 @@ def test_dynamic_batch_does_not_recompile_per_size(device, family):
 # (error <= 2x PyTorch's own at the same precision + a floor) on a compiled layer.
 
 SHAPES = [(256, 512, 384), (3, 769, 1000)]  # aligned; tiny batch with unaligned K and N
-END_TO_END_BATCH = 64  # test_forward.py's: below it y is checked in two stages (its comment says why)
-
-
-def modes_for(device):
-    return ["bf16", "f16", "f32", "tf32"] if device == "cuda" else ["bf16", "f32"]
-
-
-def reference_cases():
-    for (device, family), fid in zip(FAMILIES, FAMILY_IDS):
-        for mode in modes_for(device):
-            for shape in SHAPES:
-                yield pytest.param(device, family, mode, shape, id=f"{fid}-{mode}-{'x'.join(map(str, shape))}")
-
-
-@pytest.mark.parametrize("device,family,mode,shape", list(reference_cases()))
+@pytest.mark.parametrize("device,family,mode,shape", list(shape_cases(SHAPES)))
 def test_compiled_matches_float64(device, family, mode, shape):
     """Three training steps, then eval, through one compiled layer (two graphs: train, eval)."""
     dtype, _ = MODES[mode]
