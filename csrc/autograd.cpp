@@ -79,7 +79,7 @@ struct TrainFunction : torch::autograd::Function<TrainFunction> {
                                OptTensor const& bias, at::Tensor const& scale, OptTensor const& bn_weight,
                                OptTensor const& bn_bias, OptTensor const& running_mean, OptTensor const& running_var,
                                OptTensor const& num_batches_tracked, c10::optional<double> momentum, double eps,
-                               c10::string_view family, bool deterministic) {
+                               c10::string_view family, bool deterministic, bool cache) {
     static auto op = op_handle<TrainSig>("cutlass_fused::linear_scale_batch_norm_train");
     save_needs(ctx, {x.requires_grad(), weight.requires_grad(), requires_grad(bias), scale.requires_grad(),
                      requires_grad(bn_weight), requires_grad(bn_bias)});
@@ -87,7 +87,7 @@ struct TrainFunction : torch::autograd::Function<TrainFunction> {
     // running stats' update.
     at::AutoDispatchBelowAutograd below;
     auto [y, h, stats, mean, invstd] = op.call(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var,
-                                               num_batches_tracked, momentum, eps, family, deterministic);
+                                               num_batches_tracked, momentum, eps, family, deterministic, cache);
     ctx->save_for_backward({x, weight, h, mean, invstd, scale, saved(bn_weight)});
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["family"] = std::string(family);
@@ -101,7 +101,7 @@ struct TrainFunction : torch::autograd::Function<TrainFunction> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     no_double_backward();
     static auto op = op_handle<BackwardSig>("cutlass_fused::batch_norm_backward");
-    variable_list out(13);  // one per forward argument
+    variable_list out(14);  // one per forward argument
     at::Tensor const& dy = grads[0];
     if (!dy.defined()) return out;  // y did not reach the loss
     auto s = ctx->get_saved_variables();
@@ -125,12 +125,12 @@ struct EvalFunction : torch::autograd::Function<EvalFunction> {
   static variable_list forward(AutogradContext* ctx, at::Tensor const& x, at::Tensor const& weight,
                                OptTensor const& bias, at::Tensor const& scale, OptTensor const& bn_weight,
                                OptTensor const& bn_bias, at::Tensor const& running_mean,
-                               at::Tensor const& running_var, double eps, c10::string_view family) {
+                               at::Tensor const& running_var, double eps, c10::string_view family, bool cache) {
     static auto op = op_handle<EvalSig>("cutlass_fused::linear_scale_batch_norm_eval");
     save_needs(ctx, {x.requires_grad(), weight.requires_grad(), requires_grad(bias), scale.requires_grad(),
                      requires_grad(bn_weight), requires_grad(bn_bias)});
     at::AutoDispatchBelowADInplaceOrView below;
-    auto y = op.call(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, eps, family);
+    auto y = op.call(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, eps, family, cache);
     ctx->save_for_backward({x, weight, saved(bias), scale, saved(bn_weight), running_mean, running_var});
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["family"] = std::string(family);
@@ -140,7 +140,7 @@ struct EvalFunction : torch::autograd::Function<EvalFunction> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     no_double_backward();
-    variable_list out(10);
+    variable_list out(11);
     auto s = ctx->get_saved_variables();
     auto const &x = s[0], &weight = s[1], &bias = s[2], &scale = s[3], &bn_weight = s[4];
     auto const &running_mean = s[5], &running_var = s[6];
@@ -176,17 +176,19 @@ struct EvalFunction : torch::autograd::Function<EvalFunction> {
 TrainOut train_autograd(at::Tensor const& x, at::Tensor const& weight, OptTensor const& bias, at::Tensor const& scale,
                         OptTensor const& bn_weight, OptTensor const& bn_bias, OptTensor const& running_mean,
                         OptTensor const& running_var, OptTensor const& num_batches_tracked,
-                        c10::optional<double> momentum, double eps, c10::string_view family, bool deterministic) {
+                        c10::optional<double> momentum, double eps, c10::string_view family, bool deterministic,
+                        bool cache) {
   auto out = TrainFunction::apply(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var,
-                                  num_batches_tracked, momentum, eps, family, deterministic);
+                                  num_batches_tracked, momentum, eps, family, deterministic, cache);
   return {out[0], out[1], out[2], out[3], out[4]};
 }
 
 at::Tensor eval_autograd(at::Tensor const& x, at::Tensor const& weight, OptTensor const& bias,
                          at::Tensor const& scale, OptTensor const& bn_weight, OptTensor const& bn_bias,
                          at::Tensor const& running_mean, at::Tensor const& running_var, double eps,
-                         c10::string_view family) {
-  return EvalFunction::apply(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, eps, family)[0];
+                         c10::string_view family, bool cache) {
+  return EvalFunction::apply(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, eps, family,
+                             cache)[0];
 }
 
 void bump_versions(std::initializer_list<OptTensor const*> ts) {
@@ -203,13 +205,14 @@ void bump_versions(std::initializer_list<OptTensor const*> ts) {
 TrainOut train_in_place(at::Tensor const& x, at::Tensor const& weight, OptTensor const& bias, at::Tensor const& scale,
                         OptTensor const& bn_weight, OptTensor const& bn_bias, OptTensor const& running_mean,
                         OptTensor const& running_var, OptTensor const& num_batches_tracked,
-                        c10::optional<double> momentum, double eps, c10::string_view family, bool deterministic) {
+                        c10::optional<double> momentum, double eps, c10::string_view family, bool deterministic,
+                        bool cache) {
   static auto op = op_handle<TrainSig>("cutlass_fused::linear_scale_batch_norm_train");
   TrainOut out;
   {
     at::AutoDispatchBelowADInplaceOrView below;
     out = op.call(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, momentum,
-                  eps, family, deterministic);
+                  eps, family, deterministic, cache);
   }
   bump_versions({&running_mean, &running_var, &num_batches_tracked});
   return out;

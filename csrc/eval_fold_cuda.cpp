@@ -54,14 +54,15 @@ at::Tensor compute(std::array<OptTensor, 5> const& v, double eps, int64_t kn, cu
 }  // namespace
 
 at::Tensor eval_fold(at::Tensor const& scale, OptTensor const& bn_weight, OptTensor const& bn_bias,
-                     at::Tensor const& running_mean, at::Tensor const& running_var, double eps, int64_t kn) {
+                     at::Tensor const& running_mean, at::Tensor const& running_var, double eps, int64_t kn,
+                     bool cache) {
   std::array<OptTensor, 5> v{scale, bn_weight, bn_bias, running_mean, running_var};
   auto stream = at::cuda::getCurrentCUDAStream();
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   C10_CUDA_CHECK(cudaStreamIsCapturing(stream.stream(), &capture));
   // Inside a CUDA graph the fold must be part of the graph, which replays
   // it with whatever the vectors hold then.
-  bool cacheable = capture == cudaStreamCaptureStatusNone &&
+  bool cacheable = cache && capture == cudaStreamCaptureStatusNone &&
                    std::all_of(v.begin(), v.end(), [](OptTensor const& t) { return TensorStamp::stampable(t); });
   if (!cacheable) return compute(v, eps, kn, stream.stream());
   std::lock_guard<std::mutex> lock(cache_mutex);

@@ -16,13 +16,13 @@ using OptTensor = c10::optional<at::Tensor>;
 
 using TrainSig = TrainOut(
     at::Tensor const&, at::Tensor const&, OptTensor const&, at::Tensor const&, OptTensor const&, OptTensor const&,
-    OptTensor const&, OptTensor const&, OptTensor const&, c10::optional<double>, double, c10::string_view, bool);
+    OptTensor const&, OptTensor const&, OptTensor const&, c10::optional<double>, double, c10::string_view, bool, bool);
 using BackwardSig = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
     at::Tensor const&, at::Tensor const&, at::Tensor const&, at::Tensor const&, at::Tensor const&, OptTensor const&,
     double);
 using EvalSig = at::Tensor(at::Tensor const&, at::Tensor const&, OptTensor const&, at::Tensor const&,
                            OptTensor const&, OptTensor const&, at::Tensor const&, at::Tensor const&, double,
-                           c10::string_view);
+                           c10::string_view, bool);
 using UpdateRunningSig = void(at::Tensor const&, at::Tensor const&, c10::SymInt, at::Tensor&, at::Tensor&,
                               OptTensor const&, double);
 using MatmulSig = at::Tensor(at::Tensor const&, at::Tensor const&, c10::string_view);

@@ -118,10 +118,10 @@ struct Operands {
   int64_t k;
 };
 
-Operands operands(at::Tensor const& x, at::Tensor const& weight, int64_t kn, bool split) {
+Operands operands(at::Tensor const& x, at::Tensor const& weight, int64_t kn, bool split, bool cache) {
   if (!split) return {aligned_rows(x), weight_rows(weight, kn), x.size(1)};
   auto xs = split_tf32x3(x, x.size(0), SplitOrder::big_small_big);
-  return {xs, split_weight_tf32x3(weight, kn), xs.size(1)};
+  return {xs, split_weight_tf32x3(weight, kn, cache), xs.size(1)};
 }
 
 void const* ptr_or_null(c10::optional<at::Tensor> const& t) { return t.has_value() ? t->data_ptr() : nullptr; }
@@ -174,7 +174,7 @@ void check_gemm_inputs(at::Tensor const& x, at::Tensor const& weight, c10::optio
 // families, and faster than the fp64 statistics EVT (benchmarks/NOTES.md, v0.7).
 // The caller holds a device guard and has checked the inputs.
 at::Tensor linear_h(at::Tensor const& x, at::Tensor const& weight, c10::optional<at::Tensor> const& bias,
-                    c10::string_view family) {
+                    c10::string_view family, bool cache) {
   int64_t m = x.size(0), n = weight.size(0), k = x.size(1);
   char const* dt = kernel_dtype(x.scalar_type());
   char const* fam = pick_family(family, dt, x.device());
@@ -185,7 +185,7 @@ at::Tensor linear_h(at::Tensor const& x, at::Tensor const& weight, c10::optional
   // vectors, sm90's can_implement rejects D otherwise): the kernel computes kn
   // columns, from zero weight rows, into the padded rows of h.
   int64_t kn = padded_ld(n, x.scalar_type());
-  auto ops = operands(x, weight, kn, split);
+  auto ops = operands(x, weight, kn, split, cache);
   auto b = bias_vector(bias, x.scalar_type(), kn);
   auto h = empty_padded(m, n, x.options());
   poison(h);
@@ -199,12 +199,12 @@ at::Tensor linear_h(at::Tensor const& x, at::Tensor const& weight, c10::optional
 // `deterministic` stays in the schemas: every mode is deterministic now.
 std::tuple<at::Tensor, at::Tensor> linear_stats_cuda(at::Tensor const& x, at::Tensor const& weight,
                                                      c10::optional<at::Tensor> const& bias, c10::string_view family,
-                                                     bool /*deterministic*/) {
+                                                     bool /*deterministic*/, bool cache) {
   check_gemm_inputs(x, weight, bias, c10::nullopt);
   int64_t m = x.size(0), n = weight.size(0);
   if (m == 0) return {empty_padded(0, n, x.options()), at::zeros({2, n}, x.options().dtype(at::kDouble))};
   c10::cuda::CUDAGuard guard(x.device());
-  auto h = linear_h(x, weight, bias, family);
+  auto h = linear_h(x, weight, bias, family, cache);
   auto stream = at::cuda::getCurrentCUDAStream().stream();
   auto stats = at::empty({2, n}, x.options().dtype(at::kDouble));
   poison(stats);
@@ -342,7 +342,7 @@ TrainOut linear_scale_batch_norm_train_cuda(at::Tensor const& x, at::Tensor cons
                                             c10::optional<at::Tensor> const& running_var,
                                             c10::optional<at::Tensor> const& num_batches_tracked,
                                             c10::optional<double> momentum, double eps, c10::string_view family,
-                                            bool /*deterministic*/) {
+                                            bool /*deterministic*/, bool cache) {
   check_gemm_inputs(x, weight, bias, scale);
   int64_t m = x.size(0), n = weight.size(0);
   check_batch(m, n);
@@ -360,7 +360,7 @@ TrainOut linear_scale_batch_norm_train_cuda(at::Tensor const& x, at::Tensor cons
   }
   check_num_batches_tracked(num_batches_tracked, dev);
   c10::cuda::CUDAGuard guard(dev);
-  auto h = linear_h(x, weight, bias, family);
+  auto h = linear_h(x, weight, bias, family, cache);
   auto scale_d = dense(scale), bn_weight_d = dense(bn_weight), bn_bias_d = dense(bn_bias);  // alive until the launch
   auto out = normalized(h, *scale_d, m, bn_weight_d, bn_bias_d, eps);
   auto stats = at::empty({2, n}, x.options().dtype(at::kDouble));
@@ -426,7 +426,7 @@ at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor con
                                              c10::optional<at::Tensor> const& bn_weight_in,
                                              c10::optional<at::Tensor> const& bn_bias_in,
                                              at::Tensor const& running_mean_in, at::Tensor const& running_var_in,
-                                             double eps, c10::string_view family) {
+                                             double eps, c10::string_view family, bool cache) {
   check_gemm_inputs(x, weight, bias, scale_in);
   int64_t m = x.size(0), n = weight.size(0), k = x.size(1);
   auto dev = x.device();
@@ -448,8 +448,8 @@ at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor con
   int64_t kn = padded_ld(n, x.scalar_type());  // as in linear_h
   // One (2, kn) allocation: its second row starts kn floats in, which keeps it
   // 16-byte aligned for the EVT.
-  auto ac = eval_fold(scale, bn_weight, bn_bias, running_mean, running_var, eps, kn);
-  auto ops = operands(x, weight, kn, split);
+  auto ac = eval_fold(scale, bn_weight, bn_bias, running_mean, running_var, eps, kn, cache);
+  auto ops = operands(x, weight, kn, split, cache);
   auto b = bias_vector(bias, x.scalar_type(), kn);
   auto y = empty_padded(m, n, x.options());
   poison(y);

@@ -45,13 +45,13 @@ at::Tensor split_tf32x3(at::Tensor const& t, int64_t rows_out, SplitOrder order)
   return out;
 }
 
-at::Tensor split_weight_tf32x3(at::Tensor const& w, int64_t rows_out) {
+at::Tensor split_weight_tf32x3(at::Tensor const& w, int64_t rows_out, bool cache) {
   auto stream = at::cuda::getCurrentCUDAStream();
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   C10_CUDA_CHECK(cudaStreamIsCapturing(stream.stream(), &capture));
   // Training changes the weight every step: caching would only hold 3x its
   // memory. Inside a CUDA graph the split must be part of the graph.
-  bool cacheable = !c10::GradMode::is_enabled() && !w.is_inference() && capture == cudaStreamCaptureStatusNone;
+  bool cacheable = cache && !c10::GradMode::is_enabled() && !w.is_inference() && capture == cudaStreamCaptureStatusNone;
   if (!cacheable) return split_tf32x3(w, rows_out, SplitOrder::big_big_small);
   std::lock_guard<std::mutex> lock(cache_mutex);
   auto& c = cache();

@@ -12,7 +12,8 @@ namespace cutlass_fused {
 // A operand takes big_small_big, the B operand big_big_small.
 at::Tensor split_tf32x3(at::Tensor const& t, int64_t rows_out, SplitOrder order);
 
-// w (N x K) as the B operand, cached while w is unchanged and grad mode is off.
-at::Tensor split_weight_tf32x3(at::Tensor const& w, int64_t rows_out);
+// w (N x K) as the B operand, cached while w is unchanged and grad mode is off
+// (and `cache`: the ops' schema argument, csrc/ops.cpp).
+at::Tensor split_weight_tf32x3(at::Tensor const& w, int64_t rows_out, bool cache);
 
 }  // namespace cutlass_fused

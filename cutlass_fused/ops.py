@@ -9,6 +9,12 @@ from . import _C  # noqa: F401  (registers torch.ops.cutlass_fused.*)
 ops = torch.ops.cutlass_fused
 
 
+def may_cache() -> bool:
+    """The GEMM ops' `cache` argument (csrc/ops.cpp): off in what torch.compile traces, whose
+    CUDA-graph warm-up would leave cached tensors in the graph's private memory pool."""
+    return not torch.compiler.is_compiling()
+
+
 def padded_ld(n: int, dtype: torch.dtype) -> int:
     """Row stride of h: rows padded to 16 bytes (the contract in csrc/ops.h)."""
     align = max(1, 16 // dtype.itemsize)
@@ -20,7 +26,7 @@ def _stat_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 @torch.library.register_fake("cutlass_fused::linear_stats")
-def _linear_stats(x, weight, bias, family, deterministic):
+def _linear_stats(x, weight, bias, family, deterministic, cache=True):
     torch._check(x.dim() == 2 and weight.dim() == 2, lambda: "cutlass_fused: expected 2-D input and weight")
     torch._check(x.shape[1] == weight.shape[1], lambda: "cutlass_fused: mat1 and mat2 shapes cannot be multiplied")
     m, n = x.shape[0], weight.shape[0]
@@ -38,7 +44,7 @@ def _finalize(h, stats, scale, count, weight, bias, eps):
 
 @torch.library.register_fake("cutlass_fused::linear_scale_batch_norm_train")
 def _(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, momentum, eps,
-      family, deterministic):
+      family, deterministic, cache=True):
     # The split ops' outputs; the running stats are updated in place.
     h, stats = _linear_stats(x, weight, bias, family, deterministic)
     y, mean, invstd = _finalize(h, stats, scale, x.shape[0], bn_weight, bn_bias, eps)
@@ -59,7 +65,7 @@ def _(dy, h, mean, invstd, scale, weight, eps):
 
 
 @torch.library.register_fake("cutlass_fused::linear_scale_batch_norm_eval")
-def _(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, eps, family):
+def _(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, eps, family, cache=True):
     torch._check(x.shape[1] == weight.shape[1], lambda: "cutlass_fused: mat1 and mat2 shapes cannot be multiplied")
     return x.new_empty((x.shape[0], weight.shape[0]), dtype=torch.promote_types(x.dtype, scale.dtype))
 

@@ -1,5 +1,34 @@
 import os
 
+import pytest
+import torch
+
 # Every output of our CUDA ops starts as NaN, so an element a kernel never
 # wrote fails the comparison instead of passing as stale memory.
 os.environ.setdefault("CUTLASS_FUSED_POISON", "1")
+
+# CUTLASS_FUSED_TEST_GPU=1 runs the whole suite on cuda:1 (on a 2-GPU machine):
+# every "cuda" tensor of the tests lands there, and each test fails if cuda:0
+# gains an allocation meanwhile, so nothing of ours may lean on device 0.
+# Tests that use both GPUs on purpose are marked `uses_gpu0`.
+TEST_GPU = int(os.environ.get("CUTLASS_FUSED_TEST_GPU", "0"))
+if TEST_GPU:
+    if torch.cuda.device_count() <= TEST_GPU:
+        raise RuntimeError(f"CUTLASS_FUSED_TEST_GPU={TEST_GPU}, but this machine has "
+                           f"{torch.cuda.device_count()} GPU(s)")
+    torch.cuda.set_device(TEST_GPU)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "uses_gpu0: allocates on cuda:0 on purpose (exempt from the cuda:1 check)")
+
+
+@pytest.fixture(autouse=True)
+def nothing_on_gpu0(request):
+    if not TEST_GPU or request.node.get_closest_marker("uses_gpu0"):
+        yield
+        return
+    before = torch.cuda.memory_allocated(0)
+    yield
+    grown = torch.cuda.memory_allocated(0) - before
+    assert grown == 0, f"the test ran on cuda:{TEST_GPU}, yet cuda:0 gained {grown} bytes"

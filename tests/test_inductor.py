@@ -117,6 +117,26 @@ def test_inductor_matches_eager(device, family, training):
     assert graphs_compiled() == 1
 
 
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+def test_traced_calls_do_not_cache(training):
+    """What torch.compile traces calls our GEMM ops with cache=False (the cudagraph cases below
+    say why); an eager call keeps the caches."""
+    calls = []
+
+    def record(gm, example_inputs):
+        calls.extend(n for n in gm.graph.nodes if n.op == "call_function" and "cutlass_fused" in str(n.target))
+        return gm.forward
+
+    layer = make_layer("cpu", 8, 6).train(training)
+    torch.compile(layer, backend=record, fullgraph=True)(torch.randn(4, 8))
+    assert calls, "the traced graph holds no cutlass_fused op"
+    for n in calls:
+        schema = getattr(n.target, "default", n.target)._schema
+        i = [a.name for a in schema.arguments].index("cache")
+        value = n.args[i] if len(n.args) > i else n.kwargs.get("cache", True)
+        assert value is False, f"{n.target} traced with cache={value}"
+
+
 @pytest.mark.parametrize("device,family", FAMILIES, ids=FAMILY_IDS)
 def test_dynamic_batch_does_not_recompile_per_size(device, family):
     """Automatic dynamic shapes (torch._dynamo.config.automatic_dynamic_shapes, on by default; no
@@ -287,27 +307,15 @@ def assert_replayed(events):
 # The CUDA ops cache two values derived from parameters, keyed on their versions: eval's fold of
 # the batch norm into the GEMM epilogue (csrc/eval_fold_cuda.cpp) and the 3xTF32 split of an fp32
 # weight for the sm90 family without TF32 (csrc/tf32x3_cuda.cpp; cached where grad mode is off,
-# which it is inside a compiled graph, training's forward and backward too). Neither is filled
-# inside a capture, but cudagraph trees run each graph's first call (warmup) eagerly with every
-# allocation of the thread routed to the graph's private memory pool: the cached tensor then
-# lives in that pool, where later replays may overwrite it, and the warmup's pool check raises
-# "RuntimeError: Detected 1 tensor(s) in the cudagraph pool not tracked as outputs". Seen on an
-# H100 with torch 2.11. Needs a C++ change (the caches must not keep what a pool allocated); no
-# cudagraph skip is involved.
-POOL_CACHE = "the C++ op caches a tensor allocated in cudagraph trees' private pool during warmup"
-
-
-def cudagraph_cases():
-    for family in CUDA_FAMILIES:
-        for mode in ("bf16", "f32", "tf32"):
-            # The 3xTF32 split exists for the sm90 family only (sm80 splits inside the kernel).
-            cached = family == "sm90" and mode == "f32"
-            marks = [pytest.mark.xfail(raises=RuntimeError, strict=False, reason=POOL_CACHE)] if cached else []
-            yield pytest.param(family, mode, marks=marks, id=f"{family}-{mode}")
-
-
+# which it is inside a compiled graph, training's forward and backward too). Cudagraph trees run
+# each graph's first call (warmup) eagerly with every allocation of the thread routed to the
+# graph's private memory pool, so a cache filled there would keep a tensor in that pool, and the
+# warmup's check raises "Detected 1 tensor(s) in the cudagraph pool not tracked as outputs" (seen
+# on an H100, torch 2.11). So traced code passes cache=False (cutlass_fused.ops.may_cache): the
+# cases below failed that way before it did.
 @needs_cuda
-@pytest.mark.parametrize("family,mode", list(cudagraph_cases()))
+@pytest.mark.parametrize("mode", ["bf16", "f32", "tf32"])
+@pytest.mark.parametrize("family", CUDA_FAMILIES)
 def test_cudagraphs_train_steps_match_eager(family, mode, cudagraph_skips):
     """The running stats are buffers the op mutates in place (Tensor(a!)); Dynamo marks a
     module's buffers as static inputs, which cudagraph trees allow to be mutated
@@ -325,9 +333,7 @@ def test_cudagraphs_train_steps_match_eager(family, mode, cudagraph_skips):
 
 @needs_cuda
 @pytest.mark.parametrize("family", CUDA_FAMILIES)
-@pytest.mark.parametrize("inference", [
-    pytest.param(False, marks=pytest.mark.xfail(raises=RuntimeError, strict=False, reason=POOL_CACHE)),
-    True], ids=["parameters", "inference-tensors"])
+@pytest.mark.parametrize("inference", [False, True], ids=["parameters", "inference-tensors"])
 def test_cudagraphs_eval_sees_parameter_updates(family, inference, cudagraph_skips):
     """A replay after an in-place parameter update must use the new values: the fold is
     recomputed inside the graph. Inference tensors have no version counter, so nothing derived

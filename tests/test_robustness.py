@@ -165,6 +165,7 @@ def test_two_threads_on_two_streams():
         assert torch.equal(y, y_a) and torch.equal(rm, rm_a)
 
 
+@pytest.mark.uses_gpu0
 @pytest.mark.skipif(GPUS < 2, reason="needs two GPUs")
 @pytest.mark.parametrize("family", [f for d, f in FAMILIES if d == "cuda"])
 def test_second_gpu(family):
@@ -176,7 +177,12 @@ def test_second_gpu(family):
     layer1.load_state_dict(layer0.state_dict())
     x = torch.randn(128, 300)
     dy = torch.randn(128, 200)
-    torch.cuda.set_device(0)
+    # cuda:0 current (and the test device restored after: see conftest.py).
+    with torch.cuda.device(0):
+        second_gpu_steps(layer0, layer1, x, dy, family)
+
+
+def second_gpu_steps(layer0, layer1, x, dy, family):
     # PyTorch's own first GEMMs on cuda:1 (cuBLAS handles and workspaces, which
     # the sm80 family's fp32 backward uses through at::mm) are made before the
     # count starts: the check is of our code, not of PyTorch's lazy set-up.
