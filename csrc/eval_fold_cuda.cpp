@@ -33,7 +33,7 @@ struct Entry {
 
 constexpr size_t kCacheEntries = 8;
 std::mutex cache_mutex;
-std::vector<Entry>& cache() {
+std::vector<Entry>& entries() {
   static auto* c = new std::vector<Entry>();  // never destroyed: no CUDA frees at process exit
   return *c;
 }
@@ -66,7 +66,7 @@ at::Tensor eval_fold(at::Tensor const& scale, OptTensor const& bn_weight, OptTen
                    std::all_of(v.begin(), v.end(), [](OptTensor const& t) { return TensorStamp::stampable(t); });
   if (!cacheable) return compute(v, eps, kn, stream.stream());
   std::lock_guard<std::mutex> lock(cache_mutex);
-  auto& c = cache();
+  auto& c = entries();
   c.erase(std::remove_if(c.begin(), c.end(), [](Entry const& e) { return e.expired(); }), c.end());
   for (auto& e : c) {
     bool same = e.eps == eps && e.kn == kn;

@@ -27,7 +27,7 @@ struct Entry {
 
 constexpr size_t kCacheEntries = 8;
 std::mutex cache_mutex;
-std::vector<Entry>& cache() {
+std::vector<Entry>& entries() {
   static auto* c = new std::vector<Entry>();  // never destroyed: no CUDA frees at process exit
   return *c;
 }
@@ -54,7 +54,7 @@ at::Tensor split_weight_tf32x3(at::Tensor const& w, int64_t rows_out, bool cache
   bool cacheable = cache && !c10::GradMode::is_enabled() && !w.is_inference() && capture == cudaStreamCaptureStatusNone;
   if (!cacheable) return split_tf32x3(w, rows_out, SplitOrder::big_big_small);
   std::lock_guard<std::mutex> lock(cache_mutex);
-  auto& c = cache();
+  auto& c = entries();
   // Splits of weights that no longer exist are dropped on every call, so their
   // memory goes back to the allocator at the next call after the model dies.
   c.erase(std::remove_if(c.begin(), c.end(), [](Entry const& e) { return e.weight.expired(); }), c.end());

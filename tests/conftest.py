@@ -30,5 +30,6 @@ def nothing_on_gpu0(request):
         return
     before = torch.cuda.memory_allocated(0)
     yield
+    # Only growth counts: what a uses_gpu0 test left may be freed during a later test.
     grown = torch.cuda.memory_allocated(0) - before
-    assert grown == 0, f"the test ran on cuda:{TEST_GPU}, yet cuda:0 gained {grown} bytes"
+    assert grown <= 0, f"the test ran on cuda:{TEST_GPU}, yet cuda:0 gained {grown} bytes"

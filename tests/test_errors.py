@@ -60,7 +60,11 @@ def test_mixed_devices(home, path, training, name):
     t = tensors(home)
     t[name] = t[name].to("cpu" if home == "cuda" else "cuda")
     named = "weight" if name == "x" else "num_batches_tracked" if name == "nbt" else name
-    with pytest.raises(RuntimeError, match=rf"expected {named} to be on (cpu|cuda:0) like input, but got (cpu|cuda:0)"):
+    gpu = f"cuda:{torch.cuda.current_device()}"  # not always cuda:0 (conftest.py)
+    on, got = (gpu, "cpu") if home == "cuda" else ("cpu", gpu)
+    if name == "x":  # x is "input": the error names weight, on x's device
+        on, got = got, on
+    with pytest.raises(RuntimeError, match=rf"expected {named} to be on {on} like input, but got {got}"):
         run("ours", path, t, training)
 
 
