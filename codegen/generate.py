@@ -86,7 +86,8 @@ def _emit(cg, k: Kernel) -> tuple[str, list[str]]:
             "threadblock_shape": [t * c for t, c in zip(k.tile, k.cluster)],
             "cluster_shape": list(k.cluster),
             "kernel_schedule": getattr(KernelScheduleType, k.schedule),
-            "epilogue_schedule": getattr(EpilogueScheduleType, k.schedule),
+            # Ping-pong's epilogue schedule is the plain warp-specialized one.
+            "epilogue_schedule": getattr(EpilogueScheduleType, k.schedule.replace("Pingpong", "")),
         }
     else:
         plan.tile_description = {"threadblock_shape": list(k.tile), "warp_count": list(k.warps),

@@ -49,6 +49,8 @@ class Kernel:
         t = "x".join(map(str, self.tile))
         c = "x".join(map(str, self.cluster))
         tail = f"c{c}" if self.family == "sm90" else f"s{self.stages}"
+        if self.schedule == "TmaWarpSpecializedPingpong":
+            tail += "_pingpong"
         return f"{self.family}_{self.dtype}_{self.mode}_{t}_{tail}"
 
 
@@ -88,6 +90,10 @@ _SM90 += [Kernel("sm90", "bf16", "eval", tile, (1, 2, 1)) for tile in ((128, 128
 # is no train kernel: with fp64 statistics it spilled 1.6 KB and ran 18% slower
 # than the eval kernel plus a separate column-statistics pass (H100).
 _SM90 += [Kernel("sm90", "f32x3", "eval", (128, 128, 32), (1, 2, 1))]
+# Tuned on an H100 (benchmarks/NOTES.md, v0.9): clusters 2x1 and 1x1 were level
+# with 1x2 or slower, ping-pong 64x128 1.5-2x slower. A 64-deep K tile fails
+# can_implement: the promotion interval (4 MMAs) must be a multiple of a k-tile's
+# MMAs (8), and promoting every 8 would drift more.
 
 # sm80: the tile cutlass_cppgen picks by default for bf16 (256x128x64, 4 warps
 # of 64x64, 3 stages), known to run correctly on Hopper too. fp32 kernels use

@@ -53,6 +53,10 @@ def run(args, argv):
             try:
                 with cutlass_fused.use_kernel_family(args.family):
                     ms = {mode: median_ms(case.fn("cutlass_fused", mode), True) for mode in ("eval", "train")}
+            except RuntimeError as e:  # a candidate that cannot run this shape (can_implement) is reported
+                print(f"{'x'.join(map(str, shape)):16s} {name:40s} cannot run: {str(e)[:120]}")
+                rows.append({"shape": list(shape), "dtype": args.dtype, "kernel": name, "error": str(e)})
+                continue
             finally:
                 del os.environ["CUTLASS_FUSED_KERNEL"]
             rows.append({"shape": list(shape), "dtype": args.dtype, "kernel": name, "mm_ms": mm,
