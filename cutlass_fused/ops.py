@@ -10,8 +10,8 @@ ops = torch.ops.cutlass_fused
 
 
 def may_cache() -> bool:
-    """The GEMM ops' `cache` argument (csrc/ops.cpp): off in what torch.compile traces, whose
-    CUDA-graph warm-up would leave cached tensors in the graph's private memory pool."""
+    """The GEMM ops' `cache` argument (csrc/ops.cpp): off in what torch.compile (or torch.export)
+    traces, since cudagraph trees' warm-up would leave cached tensors in the graph's private pool."""
     return not torch.compiler.is_compiling()
 
 
