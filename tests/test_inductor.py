@@ -120,7 +120,7 @@ def test_inductor_matches_eager(device, family, training):
 @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
 def test_traced_calls_do_not_cache(training):
     """What torch.compile traces calls our GEMM ops with cache=False (the cudagraph cases below
-    say why); an eager call keeps the caches."""
+    say why)."""
     calls = []
 
     def record(gm, example_inputs):
