@@ -91,7 +91,7 @@ _SM90 += [Kernel("sm90", "bf16", "eval", tile, (1, 2, 1)) for tile in ((128, 128
 # than the eval kernel plus a separate column-statistics pass (H100).
 _SM90 += [Kernel("sm90", "f32x3", "eval", (128, 128, 32), (1, 2, 1))]
 # Tuned on an H100 (benchmarks/NOTES.md, v0.9): clusters 2x1 and 1x1 were level
-# with 1x2 or slower, ping-pong 64x128 1.5-2x slower. A 64-deep K tile fails
+# with 1x2 or slower, ping-pong 64x128 1.4-2.1x slower. A 64-deep K tile fails
 # can_implement: the promotion interval (4 MMAs) must be a multiple of a k-tile's
 # MMAs (8), and promoting every 8 would drift more.
 
