@@ -6,13 +6,11 @@ import torch
 
 import cutlass_fused
 from cutlass_fused.ops import ops
-from common import (END_TO_END_BATCH, FAMILIES, FAMILY_IDS, MODES, assert_close_rule, batch_norm, max_err, params, precision,
-                    reference_h, reference_z, shape_cases)
+from common import (END_TO_END_BATCH, FAMILIES, FAMILY_IDS, MODES, assert_close_rule, batch_norm, max_err, params,
+                    precision, reference_h, reference_z, shape_cases)
 
 # (batch, in_features, out_features): aligned, unaligned K and N, tiny, 1 feature.
 SHAPES = [(256, 512, 384), (3, 769, 1000), (1000, 1000, 769), (2, 5125, 40), (5, 1, 1), (1000, 64, 8)]
-
-
 
 
 def run_steps(device, family, mode, shape, training, momentum, steps, affine=True, bias=True):

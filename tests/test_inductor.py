@@ -20,8 +20,8 @@ from torch._dynamo.utils import counters
 
 import cutlass_fused
 from cutlass_fused.ops import ops
-from common import (END_TO_END_BATCH, FAMILIES, FAMILY_IDS, MODES, assert_close_rule, batch_norm, max_err, needs_cuda, params,
-                    precision, reference_h, reference_z, shape_cases)
+from common import (END_TO_END_BATCH, FAMILIES, FAMILY_IDS, MODES, assert_close_rule, batch_norm, max_err, needs_cuda,
+                    params, precision, reference_h, reference_z, shape_cases)
 
 CUDA_FAMILIES = [f for d, f in FAMILIES if d == "cuda"]
 
@@ -161,6 +161,8 @@ def test_dynamic_batch_does_not_recompile_per_size(device, family):
 # (error <= 2x PyTorch's own at the same precision + a floor) on a compiled layer.
 
 SHAPES = [(256, 512, 384), (3, 769, 1000)]  # aligned; tiny batch with unaligned K and N
+
+
 @pytest.mark.parametrize("device,family,mode,shape", list(shape_cases(SHAPES)))
 def test_compiled_matches_float64(device, family, mode, shape):
     """Three training steps, then eval, through one compiled layer (two graphs: train, eval)."""
