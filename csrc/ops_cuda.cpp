@@ -228,21 +228,11 @@ c10::optional<StatsGemm> stats_gemm(at::Tensor const& x, at::Tensor const& weigh
   poison(h);
   auto u = at::empty({2, tiles, ld}, x.options().dtype(at::kFloat));
   poison(u);
-  GemmEvtArgs p;  // swapped: the weight is the A operand, x the B operand, h^T the column-major D
-  p.m = static_cast<int>(kn);
-  p.n = static_cast<int>(m);
-  p.k = static_cast<int>(xa.size(1));
-  p.x = w.data_ptr();
-  p.ldx = w.stride(0);
-  p.w = xa.data_ptr();
-  p.ldw = xa.stride(0);
-  p.out = h.data_ptr();
-  p.ldo = h.stride(0);
+  // Swapped: the weight is the A operand (kn rows), x the B operand, h^T the column-major D.
+  GemmEvtArgs p = gemm_args(w, xa, h, m);
   p.b = ptr_or_null(b);
   p.u_sum = u[0].data_ptr<float>();
   p.u_sumsq = u[1].data_ptr<float>();
-  p.device = x.get_device();
-  p.sm_count = sms;
   run(*info, p, x);
   return StatsGemm{h, u, static_cast<int>(tiles), ld};
 }
