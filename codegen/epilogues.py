@@ -31,3 +31,19 @@ def train(accum, b, a, c):
 def evaluate(accum, b, a, c):
     D = (accum + b) * a + c
     return D
+
+
+def stats(accum, b, shift):
+    # The swapped-AB training GEMM (kernels.py, mode "stats"): accum is h^T, one
+    # row per feature, so the per-feature sums are column reductions of its rows
+    # (cheap: no shared-memory pass). D = h exactly (generate.py turns the
+    # multiply_add into take_last, as for train); the statistics are of h - shift.
+    # Storing accum + b while accum also feeds the sums fails the DAG pass.
+    H = accum + b
+    U = H - shift
+    u_sum = sum(U, dim=1)
+    Usq = U * (U + 0.0)
+    u_sumsq = sum(Usq, dim=1)
+    D = multiply_add(Usq, 0.0, H)
+    return D, u_sum, u_sumsq
+

@@ -62,8 +62,10 @@ def _emit(cg, k: Kernel) -> tuple[str, list[str]]:
     cg._option_registry = _REGISTRIES.setdefault(cc, cg.OptionRegistry(cc))
     el = getattr(DataType, _DTYPES[k.dtype])
     f32 = DataType.f32
+    swapped = k.mode == "stats"  # D' = W x^T, column-major: h's memory
+    out_layout = LayoutType.ColumnMajor if swapped else LayoutType.RowMajor
     plan = cg.op.Gemm(element=el, layout_A=LayoutType.RowMajor, layout_B=LayoutType.ColumnMajor,
-                      layout_C=LayoutType.RowMajor, element_accumulator=f32,
+                      layout_C=out_layout, element_accumulator=f32,
                       element_C=el, element_D=el, cc=cc, kernel_cc=cc)
     if k.dtype == "f32x3" and k.family == "sm80":
         plan.math_operation = cg.MathOperation.multiply_add_fast_f32
@@ -75,7 +77,14 @@ def _emit(cg, k: Kernel) -> tuple[str, list[str]]:
           "a": T(element=f32, shape=(1, N), layout_tag=LayoutType.RowMajor),
           "c": T(element=f32, shape=(1, N), layout_tag=LayoutType.RowMajor),
           "D": T(element=el, shape=(M, N), layout_tag=LayoutType.RowMajor)}
-    if k.mode.startswith("train"):
+    if swapped:
+        fn = epilogues.stats
+        col = {"shape": (N, 1), "layout_tag": LayoutType.ColumnMajor}
+        ex = {"accum": T(element=f32, shape=(N, M), layout_tag=out_layout),
+              "b": T(element=el, **col), "shift": T(element=f32, **col),
+              "u_sum": T(element=f32, **col), "u_sumsq": T(element=f32, **col),
+              "D": T(element=el, shape=(N, M), layout_tag=out_layout)}
+    elif k.mode.startswith("train"):
         fn = epilogues.train
         for s in ("col_sum", "col_sumsq"):
             ex[s] = T(element=DataType.f64, shape=(1, N), layout_tag=LayoutType.RowMajor)
@@ -133,6 +142,18 @@ def _patch(k: Kernel, src: str) -> tuple[str, str]:
                        r"cute::Stride<cute::Int<0>, cute::Int<1>, cute::Int<0>>)\s*>;",
                        r"\1,\n    2 /* Alignment */, true /* EnableNullptr */, false /* FinalReduction */\n>;",
                        src, 2, "non-final reduction")
+    if k.mode == "stats":
+        src = _sub(r"cutlass::atomic_add, 0,", "cutlass::plus, 0,", src, 2, "non-atomic partials")
+        src = _sub(r"(using USum(?:sq)? = cutlass::epilogue::fusion::Sm90ColReduction<[^;]*?"
+                   r"cute::Stride<cute::Int<1>, cute::Int<0>, cute::Int<0>>)\s*>;",
+                   r"\1,\n    4 /* Alignment */, true /* EnableNullptr */, false /* FinalReduction */\n>;",
+                   src, 2, "non-final column reduction")  # OOB checks stay: rows past the batch would add b
+        src = _sub(r"cutlass::multiply_add,", "cutlass_fused::take_last,", src, 1, "D = H")
+        # H rounded to the output dtype before the sums: the statistics are of the h that is
+        # stored, as the exact pass over h computes them.
+        h_node = re.search(r"using \w+ = \S+EVT<\s*(\w+),\s*Accum,\s*B>;", src).group(1)
+        src = _sub(rf"(using {h_node} = \S+<\s*)cutlass::plus,", rf"\1cutlass_fused::plus_rounded_to_{k.dtype},",
+                   src, 1, "H rounded to the output dtype")
     if k.epi_tile:
         shape = ", ".join(f"cute::_{t}" for t in k.epi_tile)
         src = _sub(r"(cute::Shape<cute::_\d+,cute::_\d+,cute::_\d+>,\s*)cutlass::epilogue::collective::EpilogueTileAuto",
@@ -155,6 +176,7 @@ _LEAVES = {
     "A": "{p.a, 1.f}", "C": "{p.c}",   # row broadcasts; nullptr reads 1 (A) or 0
     "B": "{static_cast<ElementOut const*>(p.b)}",   # the bias, in the input dtype
     "ColSum": "{p.col_sum}", "ColSumsq": "{p.col_sumsq}",
+    "Shift": "{p.shift}", "USum": "{p.u_sum}", "USumsq": "{p.u_sumsq}",  # stats kernels; null shift reads 0
     "D": "{static_cast<ElementOut*>(p.out), {p.ldo, cute::_1{}, cute::_0{}}}",  # sm80 stores D in the EVT
 }
 _CTYPE = {"bf16": "cutlass::bfloat16_t", "f16": "cutlass::half_t", "tf32": "float", "f32x3": "float"}

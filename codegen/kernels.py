@@ -13,6 +13,11 @@ Fields
                     sm80: fp64 atomicAdd into N-vectors (not bitwise deterministic)
            "eval"   y = (acc + b)*a + c, nothing else (also the sm80 deterministic
                     train path, followed by our column-statistics kernel)
+           "stats"  sm90 only, A and B swapped: D' = W x^T (features x batch, stored
+                    column-major, which is h row-major), h = acc + b, and per-CTA fp32
+                    partial sums of u = h - shift and u^2 per feature, laid out
+                    (ceil(batch / tile_n), round_up(features, tile_m)); tile is
+                    (features, batch, K)
   tile     CTA tile (M, N, K)
   cluster  sm90 cluster shape; the cutlass_cppgen "threadblock_shape" is tile*cluster
   schedule sm90 kernel schedule name in cutlass_library.KernelScheduleType
@@ -40,6 +45,8 @@ class Kernel:
     @property
     def stats(self) -> str:
         """How a train kernel leaves its column statistics: partial, atomic or none."""
+        if self.mode == "stats":
+            return "partial"
         if self.mode != "train":
             return "none"
         return "partial" if self.family == "sm90" else "atomic"
@@ -77,6 +84,11 @@ _SM90 = [
 _SM90 += [
     Kernel("sm90", "bf16", "eval", (128, 256, 64), cluster) for cluster in ((1, 2, 1), (2, 1, 1))
 ]
+
+# The training GEMM with the statistics in its epilogue (mode "stats", swapped A
+# and B): 128 features x 256 batch rows, cuBLAS's 256x128 turned around; the
+# cluster pairs CTAs along the features, which share the x tile.
+_SM90 += [Kernel("sm90", "bf16", "stats", (128, 256, 64), (2, 1, 1))]
 
 # Smaller bf16 tiles for problems too small to fill the GPU with the default's
 # tiles (batch <= 256 at 8192 features: 64 CTAs of 256x128 on 132 SMs).

@@ -196,6 +196,47 @@ at::Tensor linear_h(at::Tensor const& x, at::Tensor const& weight, c10::optional
   return h;
 }
 
+// The statistics GEMM (sm90 bf16, csrc/kernels/gemm_evt.h "stats" kernels): h and
+// each batch tile's fp32 sums of h and h^2, so that the training tail reads h
+// once. Used where one is built and its tiles fill half the GPU (smaller
+// problems keep linear_h's smaller tiles); CUTLASS_FUSED_STATS=0 turns it off.
+struct StatsGemm {
+  at::Tensor h, u;  // u: (2, tiles, ld) fp32
+  int tiles = 0;
+  int64_t ld = 0;
+};
+
+c10::optional<StatsGemm> stats_gemm(at::Tensor const& x, at::Tensor const& weight,
+                                    c10::optional<at::Tensor> const& bias, c10::string_view family) {
+  char const* env = std::getenv("CUTLASS_FUSED_STATS");  // read per call: tests compare both paths
+  bool off = env != nullptr && std::string(env) == "0";
+  char const* dt = kernel_dtype(x.scalar_type());
+  char const* fam = pick_family(family, dt, x.device());
+  if (off || split_tf32x3(fam, dt)) return c10::nullopt;
+  int64_t m = x.size(0), n = weight.size(0), kn = padded_ld(n, x.scalar_type());
+  int sms = sm_count(x.get_device());
+  // Features are the kernel's M, the batch its N.
+  auto const* info = find_kernel(fam, dt, "stats", static_cast<int>(kn), static_cast<int>(m),
+                                 static_cast<int>(x.size(1)), sms);
+  if (info == nullptr) return c10::nullopt;
+  int64_t tiles = (m + info->tile_n - 1) / info->tile_n, ld = (kn + info->tile_m - 1) / info->tile_m * info->tile_m;
+  if (tiles * (ld / info->tile_m) < std::max(1, sms / 2)) return c10::nullopt;
+  auto xa = aligned_rows(x);
+  auto w = weight_rows(weight, kn);
+  auto b = bias_vector(bias, x.scalar_type(), kn);
+  auto h = empty_padded(m, n, x.options());
+  poison(h);
+  auto u = at::empty({2, tiles, ld}, x.options().dtype(at::kFloat));
+  poison(u);
+  // Swapped: the weight is the A operand (kn rows), x the B operand, h^T the column-major D.
+  GemmEvtArgs p = gemm_args(w, xa, h, m);
+  p.b = ptr_or_null(b);
+  p.u_sum = u[0].data_ptr<float>();
+  p.u_sumsq = u[1].data_ptr<float>();
+  run(*info, p, x);
+  return StatsGemm{h, u, static_cast<int>(tiles), ld};
+}
+
 // `deterministic` stays in the schemas: every mode is deterministic now.
 std::tuple<at::Tensor, at::Tensor> linear_stats_cuda(at::Tensor const& x, at::Tensor const& weight,
                                                      c10::optional<at::Tensor> const& bias, c10::string_view family,
@@ -360,7 +401,8 @@ TrainOut linear_scale_batch_norm_train_cuda(at::Tensor const& x, at::Tensor cons
   }
   check_num_batches_tracked(num_batches_tracked, dev);
   c10::cuda::CUDAGuard guard(dev);
-  auto h = linear_h(x, weight, bias, family, cache);
+  auto sg = stats_gemm(x, weight, bias, family);
+  auto h = sg ? sg->h : linear_h(x, weight, bias, family, cache);
   auto scale_d = dense(scale), bn_weight_d = dense(bn_weight), bn_bias_d = dense(bn_bias);  // alive until the launch
   auto out = normalized(h, *scale_d, m, bn_weight_d, bn_bias_d, eps);
   auto stats = at::empty({2, n}, x.options().dtype(at::kDouble));
@@ -373,6 +415,12 @@ TrainOut linear_scale_batch_norm_train_cuda(at::Tensor const& x, at::Tensor cons
   t.momentum = momentum.value_or(0.0);
   t.workspace = ws.data_ptr();
   t.sm_count = sm_count(dev.index());
+  if (sg) {
+    t.u_sum = sg->u[0].data_ptr<float>();
+    t.u_sumsq = sg->u[1].data_ptr<float>();
+    t.u_tiles = sg->tiles;
+    t.u_ld = sg->ld;
+  }
   batch_norm_train(t, at::cuda::getCurrentCUDAStream().stream());
   write_back(running_mean, rm_d);
   write_back(running_var, rv_d);

@@ -141,6 +141,7 @@ def test_cpu_matches_reference_float64():
 # separate kernels in the same order of summation, so both must agree to the
 # bit. The shapes make the fused kernel's grid smaller than its work (5125
 # unaligned columns), take 32 row chunks (16384 rows), or a single chunk.
+# (The statistics GEMM, whose sums are fp32, is off here: test_stats_gemm.)
 FUSED_SHAPES = [(1000, 96, 5125), (16384, 64, 256), (2, 40, 24), (333, 128, 130)]
 
 
@@ -148,7 +149,8 @@ FUSED_SHAPES = [(1000, 96, 5125), (16384, 64, 256), (2, 40, 24), (333, 128, 130)
 @pytest.mark.parametrize("shape", FUSED_SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("momentum", [0.1, None])
-def test_fused_train_matches_split_ops(shape, dtype, momentum):
+def test_fused_train_matches_split_ops(shape, dtype, momentum, monkeypatch):
+    monkeypatch.setenv("CUTLASS_FUSED_STATS", "0")
     m, k, n = shape
     p = params(k, n, "cuda", dtype, seed=m)
     x = torch.randn(m, k, device="cuda").to(dtype)

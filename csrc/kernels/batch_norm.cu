@@ -366,17 +366,46 @@ __global__ void finalize_normalize_kernel(FinalizeArgs a) {
 // Work items are (column group, row chunk), column groups fastest so that the
 // blocks in flight read neighbouring columns of the same rows; each block
 // takes the same items in both phases, so phase 2 mostly re-reads h from L2.
-template <class T, class TO, int V, int R>
+template <class T, class TO, int V, int R, bool FromGemm>
 __global__ void __launch_bounds__(256, 4) batch_norm_train_kernel(TrainArgs a, int rows, int chunks, int groups) {
   using A = Acc<T>;
   FinalizeArgs const& f = a.norm;
   auto* pa = static_cast<double*>(a.workspace);
   auto* pb = pa + static_cast<int64_t>(chunks) * f.n;
+  auto* exact = reinterpret_cast<unsigned char*>(pb + static_cast<int64_t>(chunks) * f.n);  // FromGemm only
   int items = groups * chunks;
+  if constexpr (FromGemm) {
+    // Phase 0: each column's sums from the GEMM's fp32 partials, added in fp64 in tile order.
+    // The partials err by ~2^-20 of the sum of squares, so var = q/m - mean^2 is trusted only
+    // where mean^2 <= kTrust var (relative error <= ~(1 + kTrust) 2^-20, far below bf16's);
+    // other columns, and any with a NaN or an Inf, take the exact pass below.
+    constexpr double kTrust = 64;
+    for (int c = blockIdx.x * 256 + threadIdx.y * 32 + threadIdx.x; c < f.n; c += gridDim.x * 256) {
+      double s = 0, q = 0;
+      for (int t = 0; t < a.u_tiles; ++t) {
+        s += a.u_sum[t * a.u_ld + c];
+        q += a.u_sumsq[t * a.u_ld + c];
+      }
+      double mean = s / f.count, var = q / f.count - mean * mean;
+      exact[c] = !(isfinite(s) && isfinite(q) && mean * mean <= kTrust * var);
+      a.stats[c] = s;
+      a.stats[f.n + c] = q;
+    }
+    cooperative_groups::this_grid().sync();
+  }
   // z = h * scale is rounded to T where y is T (see SumSquares: fp16 only).
   SumSquares<T> terms{static_cast<T const*>(f.h), f.ldh, std::is_same_v<T, TO> ? f.scale : ColVec{}};
-  for (int item = blockIdx.x; item < items; item += gridDim.x)
-    chunk_partials<SumSquares<T>, V>(terms, f.m, f.n, rows, item % groups, item / groups, pa, pb);
+  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+    int group = item % groups;
+    if constexpr (FromGemm) {  // only column groups with a column to redo; uniform over the block
+      int c0 = (group * 32 + threadIdx.x) * V;
+      bool need = false;
+#pragma unroll
+      for (int v = 0; v < V; ++v) need = need || (c0 + v < f.n && exact[c0 + v]);
+      if (!__syncthreads_or(need)) continue;
+    }
+    chunk_partials<SumSquares<T>, V>(terms, f.m, f.n, rows, group, item / groups, pa, pb);
+  }
   if (a.num_batches_tracked != nullptr && blockIdx.x == 0 && threadIdx.x == 0 && threadIdx.y == 0)
     *a.num_batches_tracked += 1;  // read by every block after the barrier (cumulative momentum)
   cooperative_groups::this_grid().sync();
@@ -385,19 +414,27 @@ __global__ void __launch_bounds__(256, 4) batch_norm_train_kernel(TrainArgs a, i
     int group = item % groups, chunk = item / groups;
     Column<A> col[V];
     block_columns<V>(f.n, group, col, [&](int c) {
-      // In chunk order, as reduce_partials adds them; unrolled so that the
-      // loads, which come from L2 at ~1 us each, are in flight together.
+      bool from_gemm = FromGemm && !exact[c];
       double s = 0, q = 0;
+      if (from_gemm) {
+        s = a.stats[c];
+        q = a.stats[f.n + c];
+      } else {
+        // In chunk order, as reduce_partials adds them; unrolled so that the
+        // loads, which come from L2 at ~1 us each, are in flight together.
 #pragma unroll 8
-      for (int r = 0; r < chunks; ++r) {
-        s += pa[r * static_cast<int64_t>(f.n) + c];
-        q += pb[r * static_cast<int64_t>(f.n) + c];
+        for (int r = 0; r < chunks; ++r) {
+          s += pa[r * static_cast<int64_t>(f.n) + c];
+          q += pb[r * static_cast<int64_t>(f.n) + c];
+        }
       }
       Moments mo = moments(s, q, f.scale, f.count, c);
       double invstd = inverse_std(mo.var_z, f.eps);
       if (chunk == 0) {
-        a.stats[c] = s;
-        a.stats[f.n + c] = q;
+        if (!from_gemm) {  // phase 0 wrote the others, which other blocks read now
+          a.stats[c] = s;
+          a.stats[f.n + c] = q;
+        }
         f.save_mean[c] = mo.mean_h;
         f.save_invstd[c] = invstd;
         if (a.running_mean.p != nullptr) {
@@ -541,7 +578,8 @@ void finalize_normalize(FinalizeArgs const& a, cudaStream_t stream) {
   check_cuda(cudaGetLastError(), "finalize_normalize");
 }
 
-size_t batch_norm_train_workspace(int m, int n) { return column_stats_workspace(m, n); }
+// The partials, then one flag byte a column (the GEMM-statistics path).
+size_t batch_norm_train_workspace(int m, int n) { return column_stats_workspace(m, n) + n; }
 
 // A cooperative launch: all blocks resident at once, as the grid barrier needs,
 // so the grid is at most what the occupancy calculator fits on the device.
@@ -572,10 +610,21 @@ void batch_norm_train(TrainArgs const& a, cudaStream_t stream) {
     };
     // R = 2: with 4 rows in flight the kernel spills under its 64 registers
     // and ran 30-40% slower (H100, benchmarks/NOTES.md v0.8).
-    if (can_vectorize<T>(f.n, f.ldh, {f.h, f.y}))
-      launch(batch_norm_train_kernel<T, TO, V, 2>, V);
+    bool vec = can_vectorize<T>(f.n, f.ldh, {f.h, f.y});
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {  // the statistics GEMM is bf16 only
+      if (a.u_sum != nullptr) {
+        if (vec)
+          launch(batch_norm_train_kernel<T, TO, V, 2, true>, V);
+        else
+          launch(batch_norm_train_kernel<T, TO, 1, 2, true>, 1);
+        return;
+      }
+    }
+    if (a.u_sum != nullptr) throw std::runtime_error("cutlass_fused: GEMM statistics exist for bf16 only");
+    if (vec)
+      launch(batch_norm_train_kernel<T, TO, V, 2, false>, V);
     else
-      launch(batch_norm_train_kernel<T, TO, 1, 2>, 1);
+      launch(batch_norm_train_kernel<T, TO, 1, 2, false>, 1);
   });
 }
 

@@ -79,6 +79,13 @@ struct TrainArgs {
   bool cumulative;                // momentum = 1 / num_batches_tracked (after its increment)
   void* workspace;                // batch_norm_train_workspace(m, n) bytes
   int sm_count;                   // of the device: the grid must be co-resident
+  // Optional: the statistics GEMM's per-CTA fp32 sums of h and h^2 (u_sum[t * u_ld + c],
+  // t < u_tiles). Columns whose sums are trustworthy take them; the rest (non-finite,
+  // or a mean so large against the spread that fp32 lost bits) take the exact pass.
+  float const* u_sum = nullptr;
+  float const* u_sumsq = nullptr;
+  int u_tiles = 0;
+  int64_t u_ld = 0;
 };
 size_t batch_norm_train_workspace(int m, int n);
 void batch_norm_train(TrainArgs const& a, cudaStream_t stream);

@@ -3,6 +3,9 @@
 //   out = ((x @ w^T) + b) * a + c          per-column b (input dtype), a, c (fp32); null b, c read 0, null a 1
 //   train kernels also add each column's sum and sum of squares of `out`
 //   (before rounding to the output dtype) into col_sum / col_sumsq, in fp64.
+//   stats kernels swap the operands (x is the weight, w the input: out is
+//   W x^T, column-major, i.e. h row-major with ldo its row stride) and leave
+//   per-CTA fp32 sums of u = h - shift and u^2 per feature in u_sum / u_sumsq.
 #pragma once
 
 #include <cstddef>
@@ -24,6 +27,9 @@ struct GemmEvtArgs {
   void* out = nullptr;      int64_t ldo = 0;  // M x N, row-major
   double* col_sum = nullptr;                  // train kernels only; see KernelInfo::stats
   double* col_sumsq = nullptr;
+  float const* shift = nullptr;               // stats kernels: per feature, or nullptr for zero
+  float* u_sum = nullptr;                     // stats kernels: (ceil(batch / tile_n), round_up(features, tile_m))
+  float* u_sumsq = nullptr;
   void* workspace = nullptr;                  // workspace_size() bytes, 16-byte aligned
   int device = 0;                             // the device the pointers live on
   int sm_count = 0;
@@ -40,7 +46,7 @@ struct KernelInfo {
   char const* name;
   char const* family;  // "sm90" | "sm80"
   char const* dtype;   // "bf16" | "f16" | "tf32" | "f32x3"
-  char const* mode;    // "train" | "eval"
+  char const* mode;    // "train" | "eval" | "stats"
   char const* stats;   // train: "partial" (col_sum/col_sumsq are ceil(m/tile_m) x round_up(n, tile_n)
                        // partials) or "atomic" (n-vectors); eval: "none"
   int tile_m, tile_n, tile_k;

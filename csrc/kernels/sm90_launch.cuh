@@ -24,7 +24,12 @@ struct Launch {
     typename Kernel::StrideD stride_out{};
     cute::get<0>(stride_x) = p.ldx;
     cute::get<0>(stride_w) = p.ldw;
-    cute::get<0>(stride_out) = p.ldo;
+    // Row-major D: (ldo, 1); column-major D (stats kernels' W x^T): (1, ldo).
+    if constexpr (cute::is_static_v<cute::remove_cvref_t<decltype(cute::get<0>(stride_out))>>) {
+      cute::get<1>(stride_out) = p.ldo;
+    } else {
+      cute::get<0>(stride_out) = p.ldo;
+    }
     typename Gemm::Arguments args{};
     args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
     args.problem_shape = {p.m, p.n, p.k, 1};

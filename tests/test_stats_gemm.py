@@ -1,0 +1,82 @@
+"""The statistics GEMM (sm90 bf16 training): h and per-batch-tile fp32 sums of h and h^2 from one
+swapped-operand kernel, so that the training tail reads h once (csrc/ops_cuda.cpp, stats_gemm).
+
+Its sums are fp32, so it is held against the exact path (CUTLASS_FUSED_STATS=0: our fp64 pass
+over h) to fp32's accuracy, and its fallback against float64: a column whose mean dwarfs its
+spread must take the exact pass, where fp32 sums would lose the variance entirely.
+"""
+import pytest
+import torch
+
+from cutlass_fused.ops import ops
+from common import HOPPER, params
+
+needs_hopper = pytest.mark.skipif(not HOPPER, reason="needs an sm90 GPU (the statistics GEMM is sm90 only)")
+
+# Big enough for the kernel's 128 x 256 tiles to fill half the GPU; 1000 leaves a partial batch
+# tile (the zero-filled rows must not reach the sums), 5125 an unaligned feature count.
+SHAPES = [(1000, 96, 5125), (16384, 64, 256), (4096, 512, 1024)]
+
+
+def train(x, p, monkeypatch, stats):
+    monkeypatch.setenv("CUTLASS_FUSED_STATS", "1" if stats else "0")
+    rm, rv = p["running_mean"].clone(), p["running_var"].clone()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        out = ops.linear_scale_batch_norm_train(x, p["weight"], p["bias"], p["scale"], p["bn_weight"], p["bn_bias"],
+                                                rm, rv, None, 0.1, 1e-5, "sm90", False)
+        torch.cuda.synchronize()
+    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    used = any("_stats_" in k for k in kernels)
+    return out, rm, rv, used
+
+
+def column_moments(h):
+    h = h.double()
+    return h.mean(0), h.var(0, unbiased=False)
+
+
+@needs_hopper
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_stats_gemm_matches_exact_path(shape, monkeypatch):
+    m, k, n = shape
+    p = params(k, n, "cuda", torch.bfloat16, seed=m)
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    (y, h, stats, mean, invstd), rm, rv, used = train(x, p, monkeypatch, stats=True)
+    (y0, h0, stats0, mean0, invstd0), rm0, rv0, used0 = train(x, p, monkeypatch, stats=False)
+    assert used and not used0, "the statistics GEMM ran where it should not, or not where it should"
+    # h: the same products, summed over K in another tile order: at most a rounding step apart.
+    assert (h.float() - h0.float()).abs().max() <= 2 ** -7 * h0.float().abs().max()
+    # The statistics against float64 of each path's own h.
+    for hh, mu, istd in ((h, mean, invstd), (h0, mean0, invstd0)):
+        ref_mean, ref_var = column_moments(hh)
+        scale = p["scale"].double()
+        ref_invstd = 1 / torch.sqrt(ref_var * scale * scale + 1e-5)
+        spread = ref_var.sqrt() + 1e-30
+        assert ((mu - ref_mean).abs() / spread).max() < 1e-5
+        assert ((istd - ref_invstd).abs() / ref_invstd).max() < 1e-5
+    # y: bf16 either way; the paths' statistics differ far below its rounding.
+    assert (y.float() - y0.float()).abs().max() <= 2 ** -6 * max(1.0, y0.float().abs().max().item())
+    for a, b in ((rm, rm0), (rv, rv0)):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@needs_hopper
+def test_stats_gemm_falls_back_where_fp32_loses_the_variance(monkeypatch):
+    """Columns whose mean is ~100x their spread: fp32 sums of h^2 would keep ~7 bits of the
+    variance, so those columns must take the exact pass (the others may keep the GEMM's sums).
+    (Not 1000x: bf16 would round h ~ 1000 to a constant, 8 apart, leaving no variance to test.)"""
+    m, k, n = 4096, 256, 1024
+    p = params(k, n, "cuda", torch.bfloat16, seed=7)
+    robust = torch.arange(0, n, 3, device="cuda")
+    p["bias"][robust] = 100 * p["weight"].float().norm(dim=1)[robust]
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    (y, h, stats, mean, invstd), _, _, used = train(x, p, monkeypatch, stats=True)
+    assert used
+    ref_mean, ref_var = column_moments(h)
+    var = stats[1] / m - (stats[0] / m) ** 2
+    rel = ((var - ref_var).abs() / ref_var)
+    assert rel[robust].max() < 1e-6, f"robust columns' variance off by {rel[robust].max():.3g}"
+    assert rel.max() < 1e-4
+    scale = p["scale"].double()
+    ref_invstd = 1 / torch.sqrt(ref_var * scale * scale + 1e-5)
+    assert ((invstd - ref_invstd).abs() / ref_invstd).max() < 1e-5
