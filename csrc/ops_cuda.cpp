@@ -488,16 +488,23 @@ at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor con
   col_vec(running_var, "running_var", n, dev);
   if (m == 0) return at::empty({0, n}, x.options().dtype(output_dtype(x.scalar_type(), scale.scalar_type())));
   c10::cuda::CUDAGuard guard(dev);
-  char const* dt = kernel_dtype(x.scalar_type());
-  char const* fam = pick_family(family, dt, dev);
-  bool split = split_tf32x3(fam, dt);
-  auto const& info = lookup(fam, dt, "eval", m, n, k, x.device());
-
   int64_t kn = padded_ld(n, x.scalar_type());  // as in linear_h
   // One (2, kn) allocation: its second row starts kn floats in, which keeps it
   // 16-byte aligned for the EVT.
   auto ac = eval_fold(scale, bn_weight, bn_bias, running_mean, running_var, eps, kn, cache);
-  auto ops = operands(x, weight, kn, split, cache);
+  auto out = output_dtype(x.scalar_type(), scale.scalar_type());
+  if (out != x.scalar_type()) {
+    // A 16-bit layer with a wider scale (as under autocast): the unfused model
+    // stores h in x's dtype (an fp16 h overflows there) and forms z and y in
+    // fp32. So does this path: h from the GEMM, then y = h * a + c in one fp32
+    // pass, which moves the bytes that widening a 16-bit y would.
+    auto y = at::addcmul(ac[1].narrow(0, 0, n), linear_h(x, weight, bias, family, cache), ac[0].narrow(0, 0, n));
+    return y.scalar_type() == out ? y : y.to(out);
+  }
+  char const* dt = kernel_dtype(x.scalar_type());
+  char const* fam = pick_family(family, dt, dev);
+  auto const& info = lookup(fam, dt, "eval", m, n, k, x.device());
+  auto ops = operands(x, weight, kn, split_tf32x3(fam, dt), cache);
   auto b = bias_vector(bias, x.scalar_type(), kn);
   auto y = empty_padded(m, n, x.options());
   poison(y);
@@ -506,10 +513,6 @@ at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor con
   p.a = ac[0].data_ptr<float>();
   p.c = ac[1].data_ptr<float>();
   run(info, p, x);
-  // The kernel stores x's dtype; where h * scale promotes (a 16-bit layer with an
-  // fp32 scale, as under autocast) y widens to match the unfused model's dtype.
-  auto out = output_dtype(x.scalar_type(), scale.scalar_type());
-  if (out != y.scalar_type()) return y.to(out);
   return y.is_contiguous() ? y : y.contiguous();
 }
 
