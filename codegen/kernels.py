@@ -65,11 +65,10 @@ class Kernel:
 # in the 2026-11-21 probe (notes/cutlass-evt-facts.md). TF32 halves the K tile
 # so a stage costs the same shared memory as the 16-bit one.
 #
-# Only eval-mode kernels (no statistics) are built: training stores h with them
-# and sums it in our ordered column-statistics pass, which measured faster on an
-# H100 than the fp64 statistics EVT at every large shape (3-11%; NOTES.md,
-# v0.7). The generator still emits train kernels (mode="train") for the work on
-# a cheaper statistics epilogue.
+# No train-mode kernel (fp64 statistics EVT) is built: our ordered column pass
+# over h measured faster on an H100 at every large shape (3-11%; NOTES.md, v0.7).
+# bf16 training uses the "stats" kernels below (fp32 tile sums, NOTES.md v0.10);
+# the generator still emits mode "train" for experiments.
 _SM90 = [
     # bf16: 256x128, cluster 1x2 (cuBLAS's own choice here) measured best or level
     # on an H100 at 1024x8192^2, 16384x4096^2 and 4096^3 (python -m cutlass_fused.tune,
@@ -89,6 +88,12 @@ _SM90 += [
 # and B): 128 features x 256 batch rows, cuBLAS's 256x128 turned around; the
 # cluster pairs CTAs along the features, which share the x tile.
 _SM90 += [Kernel("sm90", "bf16", "stats", (128, 256, 64), (2, 1, 1))]
+# Further statistics candidates for the tuner: no cluster, the cluster along the
+# batch (CTAs share the W tile), 256 features x 128 batch rows, and a 128x128
+# tile that find_kernel takes for batches too small for 128x256 to fill the GPU.
+_SM90 += [Kernel("sm90", "bf16", "stats", (128, 256, 64), c) for c in ((1, 1, 1), (1, 2, 1))]
+_SM90 += [Kernel("sm90", "bf16", "stats", (256, 128, 64), c) for c in ((2, 1, 1), (1, 2, 1))]
+_SM90 += [Kernel("sm90", "bf16", "stats", (128, 128, 64), (2, 1, 1))]
 
 # Smaller bf16 tiles for problems too small to fill the GPU with the default's
 # tiles (batch <= 256 at 8192 features: 64 CTAs of 256x128 on 132 SMs).

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # compute-sanitizer over a GPU subset of the tests: both kernel families, every
 # dtype, unaligned shapes (769, 1000, batch 3), train and eval, forward and
-# backward, and the fused training kernel's multi-item path (1000 x 5125).
+# backward, the fused training kernel's multi-item path (1000 x 5125), and the
+# statistics GEMM with its exact fallback (bf16, sm90).
 # PyTorch's caching allocator would hide out-of-bounds accesses inside its
 # blocks, so memcheck runs with it off.
 # Usage: bash scripts/sanitize.sh [memcheck] [racecheck] [synccheck]   (default: all three)
@@ -14,8 +15,9 @@ FILES=(
   "tests/test_forward.py::test_training tests/test_forward.py::test_eval"
   "tests/test_backward.py::test_training_grads tests/test_backward.py::test_eval_grads"
   "tests/test_forward.py::test_fused_train_matches_split_ops"
+  "tests/test_stats_gemm.py"
 )
-KEYS=("cuda and (3x769x1000 or 1000x1000x769)" "cuda" "1000x96x5125 or 333x128x130")
+KEYS=("cuda and (3x769x1000 or 1000x1000x769)" "cuda" "1000x96x5125 or 333x128x130" "1000x96x5125 or falls_back")
 rc=0
 tools=("$@")
 [ ${#tools[@]} -eq 0 ] && tools=(memcheck racecheck synccheck)

@@ -8,6 +8,8 @@ spread must take the exact pass, where fp32 sums would lose the variance entirel
 import pytest
 import torch
 
+import cutlass_fused
+from codegen.kernels import KERNELS
 from cutlass_fused.ops import ops
 from common import HOPPER, params
 
@@ -18,7 +20,8 @@ needs_hopper = pytest.mark.skipif(not HOPPER, reason="needs an sm90 GPU (the sta
 SHAPES = [(1000, 96, 5125), (16384, 64, 256), (4096, 512, 1024)]
 
 
-def train(x, p, monkeypatch, stats):
+def train(x, p, monkeypatch, stats, kernel="_stats_"):
+    """The fused training forward, and whether a kernel whose name holds `kernel` ran."""
     monkeypatch.setenv("CUTLASS_FUSED_STATS", "1" if stats else "0")
     rm, rv = p["running_mean"].clone(), p["running_var"].clone()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -26,7 +29,7 @@ def train(x, p, monkeypatch, stats):
                                                 rm, rv, None, 0.1, 1e-5, "sm90", False)
         torch.cuda.synchronize()
     kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    used = any("_stats_" in k for k in kernels)
+    used = any(kernel in k for k in kernels)
     return out, rm, rv, used
 
 
@@ -35,15 +38,32 @@ def column_moments(h):
     return h.mean(0), h.var(0, unbiased=False)
 
 
+# Every statistics kernel of the table (the tuner's candidates), each forced in turn.
+STATS_KERNELS = [k.name for k in KERNELS if k.mode == "stats"]
+
+
 @needs_hopper
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_stats_gemm_matches_exact_path(shape, monkeypatch):
+    check_against_exact_path(shape, monkeypatch, "_stats_")
+
+
+@needs_hopper
+@pytest.mark.parametrize("kernel", STATS_KERNELS)
+def test_each_stats_kernel(kernel, monkeypatch):
+    if kernel not in cutlass_fused.built_kernels():
+        pytest.skip(f"{kernel} is not in this build")
+    monkeypatch.setenv("CUTLASS_FUSED_KERNEL", kernel)
+    check_against_exact_path(SHAPES[0], monkeypatch, kernel)
+
+
+def check_against_exact_path(shape, monkeypatch, kernel):
     m, k, n = shape
     p = params(k, n, "cuda", torch.bfloat16, seed=m)
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-    (y, h, stats, mean, invstd), rm, rv, used = train(x, p, monkeypatch, stats=True)
-    (y0, h0, stats0, mean0, invstd0), rm0, rv0, used0 = train(x, p, monkeypatch, stats=False)
-    assert used and not used0, "the statistics GEMM ran where it should not, or not where it should"
+    (y, h, stats, mean, invstd), rm, rv, used = train(x, p, monkeypatch, True, kernel)
+    (y0, h0, stats0, mean0, invstd0), rm0, rv0, used0 = train(x, p, monkeypatch, False, "_stats_")
+    assert used and not used0, f"{kernel} ran where it should not, or not where it should"
     # h: the same products, summed over K in another tile order: at most a rounding step apart.
     assert (h.float() - h0.float()).abs().max() <= 2 ** -7 * h0.float().abs().max()
     # The statistics against float64 of each path's own h.
@@ -70,7 +90,7 @@ def test_stats_gemm_falls_back_where_fp32_loses_the_variance(monkeypatch):
     robust = torch.arange(0, n, 3, device="cuda")
     p["bias"][robust] = 100 * p["weight"].float().norm(dim=1)[robust]
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-    (y, h, stats, mean, invstd), _, _, used = train(x, p, monkeypatch, stats=True)
+    (y, h, stats, mean, invstd), _, _, used = train(x, p, monkeypatch, True)
     assert used
     ref_mean, ref_var = column_moments(h)
     var = stats[1] / m - (stats[0] / m) ** 2
