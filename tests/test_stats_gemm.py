@@ -5,6 +5,8 @@ Its sums are fp32, so it is held against the exact path (CUTLASS_FUSED_STATS=0: 
 over h) to fp32's accuracy, and its fallback against float64: a column whose mean dwarfs its
 spread must take the exact pass, where fp32 sums would lose the variance entirely.
 """
+import os
+
 import pytest
 import torch
 
@@ -20,17 +22,27 @@ needs_hopper = pytest.mark.skipif(not HOPPER, reason="needs an sm90 GPU (the sta
 SHAPES = [(1000, 96, 5125), (16384, 64, 256), (4096, 512, 1024)]
 
 
+# compute-sanitizer holds CUPTI, so the profiler sees no kernels under it: scripts/sanitize.sh
+# sets this, and the tests then check only the numbers.
+NO_PROFILER = bool(os.environ.get("CUTLASS_FUSED_NO_PROFILER"))
+
+
 def train(x, p, monkeypatch, stats, kernel="_stats_"):
-    """The fused training forward, and whether a kernel whose name holds `kernel` ran."""
+    """The fused training forward, and whether a kernel whose name holds `kernel` ran
+    (None where the profiler cannot tell)."""
     monkeypatch.setenv("CUTLASS_FUSED_STATS", "1" if stats else "0")
     rm, rv = p["running_mean"].clone(), p["running_var"].clone()
+    def run():
+        return ops.linear_scale_batch_norm_train(x, p["weight"], p["bias"], p["scale"], p["bn_weight"], p["bn_bias"],
+                                                 rm, rv, None, 0.1, 1e-5, "sm90", False)
+
+    if NO_PROFILER:
+        return run(), rm, rv, None
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        out = ops.linear_scale_batch_norm_train(x, p["weight"], p["bias"], p["scale"], p["bn_weight"], p["bn_bias"],
-                                                rm, rv, None, 0.1, 1e-5, "sm90", False)
+        out = run()
         torch.cuda.synchronize()
     kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    used = any(kernel in k for k in kernels)
-    return out, rm, rv, used
+    return out, rm, rv, any(kernel in k for k in kernels)
 
 
 def column_moments(h):
@@ -63,7 +75,7 @@ def check_against_exact_path(shape, monkeypatch, kernel):
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
     (y, h, stats, mean, invstd), rm, rv, used = train(x, p, monkeypatch, True, kernel)
     (y0, h0, stats0, mean0, invstd0), rm0, rv0, used0 = train(x, p, monkeypatch, False, "_stats_")
-    assert used and not used0, f"{kernel} ran where it should not, or not where it should"
+    assert NO_PROFILER or (used and not used0), f"{kernel} ran where it should not, or not where it should"
     # h: the same products, summed over K in another tile order: at most a rounding step apart.
     assert (h.float() - h0.float()).abs().max() <= 2 ** -7 * h0.float().abs().max()
     # The statistics against float64 of each path's own h.
@@ -91,7 +103,7 @@ def test_stats_gemm_falls_back_where_fp32_loses_the_variance(monkeypatch):
     p["bias"][robust] = 100 * p["weight"].float().norm(dim=1)[robust]
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
     (y, h, stats, mean, invstd), _, _, used = train(x, p, monkeypatch, True)
-    assert used
+    assert NO_PROFILER or used
     ref_mean, ref_var = column_moments(h)
     var = stats[1] / m - (stats[0] / m) ** 2
     rel = ((var - ref_var).abs() / ref_var)
