@@ -10,6 +10,8 @@ Z = (acc + b) * a + c, with b, a, c row vectors; null b and c read 0, null a 1:
           Z = H * scale without dividing by scale, and the backward needs H)
   eval:   y = BN_eval(Z) = (acc + b) * A + C        A = scale*gamma*invstd,
                                                     C = beta - running_mean*gamma*invstd
+          (fp16: y = round(round(acc + b) * scale) * A + C, A = gamma*invstd:
+          evaluate_rounded, so that h and z overflow as the unfused model's)
 Adding b before scaling keeps PyTorch's order of operations, and no division
 by scale or gamma is ever needed.
 """
@@ -30,6 +32,18 @@ def train(accum, b, a, c):
 
 def evaluate(accum, b, a, c):
     D = (accum + b) * a + c
+    return D
+
+
+def evaluate_rounded(accum, b, s, a, c):
+    # fp16 eval (kernels.py): the unfused model rounds h = x W^T + b and then
+    # z = h * scale to fp16, where either can overflow to inf, before the batch
+    # norm; generate.py makes the H and Z nodes round to the output dtype, and
+    # the fold passes a = gamma*invstd, c as in evaluate, and s = scale. With
+    # s and a null (1) and c null (0) it is h alone (linear_h).
+    H = accum + b
+    Z = H * s
+    D = multiply_add(Z, a, c)
     return D
 
 

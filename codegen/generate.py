@@ -88,6 +88,9 @@ def _emit(cg, k: Kernel) -> tuple[str, list[str]]:
         fn = epilogues.train
         for s in ("col_sum", "col_sumsq"):
             ex[s] = T(element=DataType.f64, shape=(1, N), layout_tag=LayoutType.RowMajor)
+    elif k.dtype == "f16":
+        fn = epilogues.evaluate_rounded
+        ex["s"] = T(element=f32, shape=(1, N), layout_tag=LayoutType.RowMajor)
     else:
         fn = epilogues.evaluate
     if k.family == "sm90":
@@ -154,6 +157,14 @@ def _patch(k: Kernel, src: str) -> tuple[str, str]:
         h_node = re.search(r"using \w+ = \S+EVT<\s*(\w+),\s*Accum,\s*B>;", src).group(1)
         src = _sub(rf"(using {h_node} = \S+<\s*)cutlass::plus,", rf"\1cutlass_fused::plus_rounded_to_{k.dtype},",
                    src, 1, "H rounded to the output dtype")
+    if k.mode == "eval" and k.dtype == "f16":
+        # h and z = h * scale rounded to fp16 (epilogues.evaluate_rounded).
+        h_node = re.search(r"using \w+ = \S+EVT<\s*(\w+),\s*Accum,\s*B>;", src).group(1)
+        src = _sub(rf"(using {h_node} = \S+<\s*)cutlass::plus,", r"\1cutlass_fused::plus_rounded_to_f16,",
+                   src, 1, "H rounded to fp16")
+        z_node = re.search(rf"using \w+ = \S+EVT<\s*(\w+),\s*\w+,\s*S>;", src).group(1)
+        src = _sub(rf"(using {z_node} = \S+<\s*)cutlass::multiplies,", r"\1cutlass_fused::multiplies_rounded_to_f16,",
+                   src, 1, "Z rounded to fp16")
     if k.epi_tile:
         shape = ", ".join(f"cute::_{t}" for t in k.epi_tile)
         src = _sub(r"(cute::Shape<cute::_\d+,cute::_\d+,cute::_\d+>,\s*)cutlass::epilogue::collective::EpilogueTileAuto",
@@ -173,7 +184,7 @@ def _patch(k: Kernel, src: str) -> tuple[str, str]:
 # Leaf arguments of the EVT nodes our epilogues use. `{}` value-initialises a
 # node: the 0.0 literals become zero scalars, and Accum/Compute take nothing.
 _LEAVES = {
-    "A": "{p.a, 1.f}", "C": "{p.c}",   # row broadcasts; nullptr reads 1 (A) or 0
+    "A": "{p.a, 1.f}", "C": "{p.c}", "S": "{p.s, 1.f}",   # row broadcasts; nullptr reads 1 (A, S) or 0
     "B": "{static_cast<ElementOut const*>(p.b)}",   # the bias, in the input dtype
     "ColSum": "{p.col_sum}", "ColSumsq": "{p.col_sumsq}",
     "Shift": "{p.shift}", "USum": "{p.u_sum}", "USumsq": "{p.u_sumsq}",  # stats kernels; null shift reads 0

@@ -24,6 +24,7 @@ struct Entry {
   std::array<TensorStamp, 5> stamps;
   double eps = 0;
   int64_t kn = 0;
+  bool scale_apart = false;
   at::Tensor fold;
 
   bool expired() const {
@@ -44,10 +45,11 @@ ColVec col(OptTensor const& t) {
   return {t->data_ptr(), dt};
 }
 
-at::Tensor compute(std::array<OptTensor, 5> const& v, double eps, int64_t kn, cudaStream_t stream) {
-  auto fold = at::empty({2, kn}, v[0]->options().dtype(at::kFloat));
+at::Tensor compute(std::array<OptTensor, 5> const& v, double eps, int64_t kn, bool scale_apart, cudaStream_t stream) {
+  auto fold = at::empty({scale_apart ? 3 : 2, kn}, v[0]->options().dtype(at::kFloat));
   fold_eval(static_cast<int>(v[0]->size(0)), static_cast<int>(kn), col(v[0]), col(v[1]), col(v[2]), col(v[3]),
-            col(v[4]), eps, fold[0].data_ptr<float>(), fold[1].data_ptr<float>(), stream);
+            col(v[4]), eps, fold[0].data_ptr<float>(), fold[1].data_ptr<float>(),
+            scale_apart ? fold[2].data_ptr<float>() : nullptr, stream);
   return fold;
 }
 
@@ -55,7 +57,7 @@ at::Tensor compute(std::array<OptTensor, 5> const& v, double eps, int64_t kn, cu
 
 at::Tensor eval_fold(at::Tensor const& scale, OptTensor const& bn_weight, OptTensor const& bn_bias,
                      at::Tensor const& running_mean, at::Tensor const& running_var, double eps, int64_t kn,
-                     bool cache) {
+                     bool cache, bool scale_apart) {
   std::array<OptTensor, 5> v{scale, bn_weight, bn_bias, running_mean, running_var};
   auto stream = at::cuda::getCurrentCUDAStream();
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -64,19 +66,19 @@ at::Tensor eval_fold(at::Tensor const& scale, OptTensor const& bn_weight, OptTen
   // it with whatever the vectors hold then.
   bool cacheable = cache && capture == cudaStreamCaptureStatusNone &&
                    std::all_of(v.begin(), v.end(), [](OptTensor const& t) { return TensorStamp::stampable(t); });
-  if (!cacheable) return compute(v, eps, kn, stream.stream());
+  if (!cacheable) return compute(v, eps, kn, scale_apart, stream.stream());
   std::lock_guard<std::mutex> lock(cache_mutex);
   auto& c = entries();
   c.erase(std::remove_if(c.begin(), c.end(), [](Entry const& e) { return e.expired(); }), c.end());
   for (auto& e : c) {
-    bool same = e.eps == eps && e.kn == kn;
+    bool same = e.eps == eps && e.kn == kn && e.scale_apart == scale_apart;
     for (size_t i = 0; same && i < v.size(); ++i) same = e.stamps[i].matches(v[i]);
     if (same) {
       e.fold.record_stream(stream);  // it may have been made on another stream
       return e.fold;
     }
   }
-  Entry e{{}, eps, kn, compute(v, eps, kn, stream.stream())};
+  Entry e{{}, eps, kn, scale_apart, compute(v, eps, kn, scale_apart, stream.stream())};
   for (size_t i = 0; i < v.size(); ++i) e.stamps[i] = TensorStamp::of(v[i]);
   // A layer's older folds can never match again once a vector has moved on.
   auto same_owner = [&](Entry const& old) {

@@ -491,8 +491,10 @@ at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor con
   int64_t kn = padded_ld(n, x.scalar_type());  // as in linear_h
   // One (2, kn) allocation: its second row starts kn floats in, which keeps it
   // 16-byte aligned for the EVT.
-  auto ac = eval_fold(scale, bn_weight, bn_bias, running_mean, running_var, eps, kn, cache);
   auto out = output_dtype(x.scalar_type(), scale.scalar_type());
+  // An all-fp16 layer's eval kernel rounds h and z = h * scale itself (gemm_evt.h).
+  bool scale_apart = out == at::kHalf && x.scalar_type() == at::kHalf;
+  auto ac = eval_fold(scale, bn_weight, bn_bias, running_mean, running_var, eps, kn, cache, scale_apart);
   if (out != x.scalar_type()) {
     // A 16-bit layer with a wider scale (as under autocast): the unfused model
     // stores h in x's dtype (an fp16 h overflows there) and forms z and y in
@@ -512,6 +514,7 @@ at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor con
   p.b = ptr_or_null(b);
   p.a = ac[0].data_ptr<float>();
   p.c = ac[1].data_ptr<float>();
+  if (scale_apart) p.s = ac[2].data_ptr<float>();
   run(info, p, x);
   return y.is_contiguous() ? y : y.contiguous();
 }

@@ -244,15 +244,7 @@ def overflowing(device, where, params_dtype, running_var):
 @pytest.mark.parametrize("where", ["z", "h"])
 @pytest.mark.parametrize("params_dtype", [torch.float16, torch.float32], ids=["f16-params", "f32-params"])
 @pytest.mark.parametrize("running_var", [1.0, 6e4], ids=["rv1", "rv6e4"])
-def test_fp16_overflow(device, family, path, training, where, params_dtype, running_var, request):
-    if device == "cuda" and not training and params_dtype == torch.float16 and (where == "h" or running_var > 1):
-        # Known gap (README, "Bad inputs"): an all-fp16 layer's eval epilogue folds the batch
-        # norm into h * a + c and never forms z, so an fp16 overflow of h or z does not show. It
-        # needs the epilogue to round h and z as the unfused model does (a codegen change). With
-        # an fp32 scale, eval takes h from the GEMM and normalizes it in fp32, as PyTorch does.
-        # Where z overflows and running_var = 1, y = h * a overflows fp16 too, so both give inf
-        # (measured: those 4 cases pass on an H100).
-        request.applymarker(pytest.mark.xfail(reason="CUDA fp16 eval epilogue does not form z", strict=True))
+def test_fp16_overflow(device, family, path, training, where, params_dtype, running_var):
     t = overflowing(device, where, params_dtype, running_var)
     with cutlass_fused.use_kernel_family(family):
         compare(path, t, training, floor=FLOOR["f16"])

@@ -41,7 +41,7 @@ using C = cutlass::epilogue::threadblock::VisitorRowBroadcast<
 >;
 
 using Compute0 = cutlass::epilogue::threadblock::VisitorCompute<
-    cutlass::plus, float, float,
+    cutlass_fused::plus_rounded_to_f16, float, float,
     cutlass::FloatRoundStyle::round_to_nearest
 >;
 
@@ -50,24 +50,30 @@ using EVTCompute0 = cutlass::epilogue::threadblock::Sm80EVT<
     Accum,
     B>;
 
+using S = cutlass::epilogue::threadblock::VisitorRowBroadcast<
+    OutputTileThreadMap, float,
+    cute::Stride<cute::Int<0>, cute::Int<1>, cute::Int<0>>
+>;
+
 using Compute1 = cutlass::epilogue::threadblock::VisitorCompute<
-    cutlass::multiplies, float, float,
+    cutlass_fused::multiplies_rounded_to_f16, float, float,
     cutlass::FloatRoundStyle::round_to_nearest
 >;
 
 using EVTCompute1 = cutlass::epilogue::threadblock::Sm80EVT<
     Compute1,
     EVTCompute0,
-    A>;
+    S>;
 
 using Compute2 = cutlass::epilogue::threadblock::VisitorCompute<
-    cutlass::plus, cutlass::half_t, float,
+    cutlass::multiply_add, cutlass::half_t, float,
     cutlass::FloatRoundStyle::round_to_nearest
 >;
 
 using EVTCompute2 = cutlass::epilogue::threadblock::Sm80EVT<
     Compute2,
     EVTCompute1,
+    A,
     C>;
 
 using D = cutlass::epilogue::threadblock::VisitorAuxStore<
@@ -107,7 +113,7 @@ struct cutlass_tensorop_f16_s16816gemm_f16_256x128_64x3_tn_align8_type :
 using Kernel = cutlass_tensorop_f16_s16816gemm_f16_256x128_64x3_tn_align8_type;
 
 inline sm80::Fusion<Kernel> fusion_args(GemmEvtArgs const& p) {
-  return { { { { {}, {static_cast<cutlass::half_t const*>(p.b)}, {} }, {p.a, 1.f}, {} }, {p.c}, {} }, {static_cast<cutlass::half_t*>(p.out), {p.ldo, cute::_1{}, cute::_0{}}} };
+  return { { { { {}, {static_cast<cutlass::half_t const*>(p.b)}, {} }, {p.s, 1.f}, {} }, {p.a, 1.f}, {p.c}, {} }, {static_cast<cutlass::half_t*>(p.out), {p.ldo, cute::_1{}, cute::_0{}}} };
 }
 
 inline char const* name() { return "sm80_f16_eval_256x128x64_s3"; }

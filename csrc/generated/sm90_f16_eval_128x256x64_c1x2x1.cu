@@ -40,7 +40,7 @@ using C = cutlass::epilogue::fusion::Sm90RowBroadcast<
 >;
 
 using Compute0 = cutlass::epilogue::fusion::Sm90Compute<
-    cutlass::plus, float, float,
+    cutlass_fused::plus_rounded_to_f16, float, float,
     cutlass::FloatRoundStyle::round_to_nearest
 >;
 
@@ -49,24 +49,30 @@ using EVTCompute0 = cutlass::epilogue::fusion::Sm90EVT<
     Accum,
     B>;
 
+using S = cutlass::epilogue::fusion::Sm90RowBroadcast<
+    0 /*Stages*/, typename EpilogueDescriptor::TileShape, float, float,
+    cute::Stride<cute::Int<0>, cute::Int<1>, cute::Int<0>>
+>;
+
 using Compute1 = cutlass::epilogue::fusion::Sm90Compute<
-    cutlass::multiplies, float, float,
+    cutlass_fused::multiplies_rounded_to_f16, float, float,
     cutlass::FloatRoundStyle::round_to_nearest
 >;
 
 using EVTCompute1 = cutlass::epilogue::fusion::Sm90EVT<
     Compute1,
     EVTCompute0,
-    A>;
+    S>;
 
 using Compute2 = cutlass::epilogue::fusion::Sm90Compute<
-    cutlass::plus, cutlass::half_t, float,
+    cutlass::multiply_add, cutlass::half_t, float,
     cutlass::FloatRoundStyle::round_to_nearest
 >;
 
 using EVTCompute2 = cutlass::epilogue::fusion::Sm90EVT<
     Compute2,
     EVTCompute1,
+    A,
     C>;
 
 using ElementD = cutlass::half_t;
@@ -116,7 +122,7 @@ struct cutlass3x_sm90_tensorop_s0x0x0gemm_f16_f16_f32_f16_f16_128x512x64_1x2x1_0
 using Kernel = cutlass3x_sm90_tensorop_s0x0x0gemm_f16_f16_f32_f16_f16_128x512x64_1x2x1_0_tnt_align8_warpspecialized_cooperative_epi_tma_type;
 
 inline sm90::Fusion<Kernel> fusion_args(GemmEvtArgs const& p) {
-  return { { { {}, {static_cast<cutlass::half_t const*>(p.b)}, {} }, {p.a, 1.f}, {} }, {p.c}, {} };
+  return { { { {}, {static_cast<cutlass::half_t const*>(p.b)}, {} }, {p.s, 1.f}, {} }, {p.a, 1.f}, {p.c}, {} };
 }
 
 inline char const* name() { return "sm90_f16_eval_128x256x64_c1x2x1"; }

@@ -122,8 +122,10 @@ void batch_norm_backward(BackwardArgs const& a, cudaStream_t stream);
 
 // Eval-mode folding: out_a = scale * w * invstd, out_c = b - running_mean * w * invstd,
 // with invstd = 1 / sqrt(running_var + eps), into fp32 vectors for the EVT;
-// zero in columns n .. kn, the padding the GEMM computes.
+// zero in columns n .. kn, the padding the GEMM computes. With out_s (the fp16
+// eval kernels, which round z = h * scale themselves), out_s = scale and
+// out_a = w * invstd.
 void fold_eval(int n, int kn, ColVec scale, ColVec weight, ColVec bias, ColVec running_mean, ColVec running_var, double eps,
-               float* out_a, float* out_c, cudaStream_t stream);
+               float* out_a, float* out_c, float* out_s, cudaStream_t stream);
 
 }  // namespace cutlass_fused

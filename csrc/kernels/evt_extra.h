@@ -16,27 +16,29 @@ struct take_last {
   CUTLASS_HOST_DEVICE T operator()(T const&, T const&, T const& last) const { return last; }
 };
 
-// a + b, rounded once to R and widened back: the node forming the stored
+// op(a, b), rounded once to R and widened back. The node forming the stored
 // output uses it, so the statistics are those of the output as stored in R,
-// exactly what the finalize reads.
+// exactly what the finalize reads; fp16 eval rounds h and z = h * scale so
+// that they overflow where the unfused model's do.
 // (Giving the node R as its output type instead breaks Sm90RowReduction, which
 // cannot convert a 16-bit Array element proxy to double.)
-template <class R, class T>
-struct plus_rounded_to {
-  CUTLASS_HOST_DEVICE T operator()(T const& a, T const& b) const { return T(R(a + b)); }
+template <class R, template <class> class Op, class T>
+struct rounded_to {
+  CUTLASS_HOST_DEVICE T operator()(T const& a, T const& b) const { return T(R(Op<T>{}(a, b))); }
 };
 
-template <class R, class E, int N>
-struct plus_rounded_to<R, cutlass::Array<E, N>> {
+template <class R, template <class> class Op, class E, int N>
+struct rounded_to<R, Op, cutlass::Array<E, N>> {
   using T = cutlass::Array<E, N>;
   CUTLASS_HOST_DEVICE T operator()(T const& a, T const& b) const {
     cutlass::NumericArrayConverter<R, E, N> down;
     cutlass::NumericArrayConverter<E, R, N> up;
-    return up(down(cutlass::plus<T>{}(a, b)));
+    return up(down(Op<T>{}(a, b)));
   }
 };
 
-template <class T> using plus_rounded_to_bf16 = plus_rounded_to<cutlass::bfloat16_t, T>;
-template <class T> using plus_rounded_to_f16 = plus_rounded_to<cutlass::half_t, T>;
+template <class T> using plus_rounded_to_bf16 = rounded_to<cutlass::bfloat16_t, cutlass::plus, T>;
+template <class T> using plus_rounded_to_f16 = rounded_to<cutlass::half_t, cutlass::plus, T>;
+template <class T> using multiplies_rounded_to_f16 = rounded_to<cutlass::half_t, cutlass::multiplies, T>;
 
 }  // namespace cutlass_fused

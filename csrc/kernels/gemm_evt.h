@@ -1,6 +1,8 @@
 // The fused GEMM's torch-free interface: raw pointers, sizes and a stream.
 //
 //   out = ((x @ w^T) + b) * a + c          per-column b (input dtype), a, c (fp32); null b, c read 0, null a 1
+//   f16 eval kernels: out = f16(f16((x @ w^T) + b) * s) * a + c, with s (fp32) null read as 1:
+//   h and z = h * scale round (and overflow) as the unfused model's do
 //   train kernels also add each column's sum and sum of squares of `out`
 //   (before rounding to the output dtype) into col_sum / col_sumsq, in fp64.
 //   stats kernels swap the operands (x is the weight, w the input: out is
@@ -24,6 +26,7 @@ struct GemmEvtArgs {
   void const* b = nullptr;                    // N, in the input dtype (fp32 for tf32/f32x3), or nullptr for zero
   float const* a = nullptr;                   // N, or nullptr for one
   float const* c = nullptr;                   // N, or nullptr for zero
+  float const* s = nullptr;                   // f16 eval kernels: N, or nullptr for one (see below)
   void* out = nullptr;      int64_t ldo = 0;  // M x N, row-major
   double* col_sum = nullptr;                  // train kernels only; see KernelInfo::stats
   double* col_sumsq = nullptr;
