@@ -154,9 +154,10 @@ def _patch(k: Kernel, src: str) -> tuple[str, str]:
         src = _sub(r"cutlass::multiply_add,", "cutlass_fused::take_last,", src, 1, "D = H")
         # H rounded to the output dtype before the sums: the statistics are of the h that is
         # stored, as the exact pass over h computes them.
-        h_node = re.search(r"using \w+ = \S+EVT<\s*(\w+),\s*Accum,\s*B>;", src).group(1)
-        src = _sub(rf"(using {h_node} = \S+<\s*)cutlass::plus,", rf"\1cutlass_fused::plus_rounded_to_{k.dtype},",
-                   src, 1, "H rounded to the output dtype")
+        if k.dtype in ("bf16", "f16"):
+            h_node = re.search(r"using \w+ = \S+EVT<\s*(\w+),\s*Accum,\s*B>;", src).group(1)
+            src = _sub(rf"(using {h_node} = \S+<\s*)cutlass::plus,", rf"\1cutlass_fused::plus_rounded_to_{k.dtype},",
+                       src, 1, "H rounded to the output dtype")
     if k.mode == "eval" and k.dtype == "f16":
         # h and z = h * scale rounded to fp16 (epilogues.evaluate_rounded).
         h_node = re.search(r"using \w+ = \S+EVT<\s*(\w+),\s*Accum,\s*B>;", src).group(1)

@@ -196,7 +196,7 @@ at::Tensor linear_h(at::Tensor const& x, at::Tensor const& weight, c10::optional
   return h;
 }
 
-// The statistics GEMM (sm90 bf16, csrc/kernels/gemm_evt.h "stats" kernels): h and
+// The statistics GEMM (sm90 bf16 and TF32, csrc/kernels/gemm_evt.h "stats" kernels): h and
 // each batch tile's fp32 sums of h and h^2, so that the training tail reads h
 // once. Used where one is built and its tiles fill half the GPU (smaller
 // problems keep linear_h's smaller tiles); CUTLASS_FUSED_STATS=0 turns it off.

@@ -1,4 +1,4 @@
-"""The statistics GEMM (sm90 bf16 training): h and per-batch-tile fp32 sums of h and h^2 from one
+"""The statistics GEMM (sm90 bf16 and TF32 training): h and per-batch-tile fp32 sums of h and h^2 from one
 swapped-operand kernel, so that the training tail reads h once (csrc/ops_cuda.cpp, stats_gemm).
 
 Its sums are fp32, so it is held against the exact path (CUTLASS_FUSED_STATS=0: our fp64 pass
@@ -54,10 +54,21 @@ def column_moments(h):
 STATS_KERNELS = [k.name for k in KERNELS if k.mode == "stats"]
 
 
+# bf16, and fp32 with TF32 allowed (fp32 without TF32 keeps the exact pass).
+DTYPES = ["bf16", "tf32"]
+
+
+def inputs(dtype, m, k, n, seed, monkeypatch):
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", dtype == "tf32")
+    dt = torch.bfloat16 if dtype == "bf16" else torch.float32
+    return params(k, n, "cuda", dt, seed=seed), torch.randn(m, k, device="cuda").to(dt)
+
+
 @needs_hopper
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_stats_gemm_matches_exact_path(shape, monkeypatch):
-    check_against_exact_path(shape, monkeypatch, "_stats_")
+def test_stats_gemm_matches_exact_path(shape, dtype, monkeypatch):
+    check_against_exact_path(shape, dtype, monkeypatch, "_stats_")
 
 
 @needs_hopper
@@ -66,13 +77,12 @@ def test_each_stats_kernel(kernel, monkeypatch):
     if kernel not in cutlass_fused.built_kernels():
         pytest.skip(f"{kernel} is not in this build")
     monkeypatch.setenv("CUTLASS_FUSED_KERNEL", kernel)
-    check_against_exact_path(SHAPES[0], monkeypatch, kernel)
+    check_against_exact_path(SHAPES[0], kernel.split("_")[1], monkeypatch, kernel)
 
 
-def check_against_exact_path(shape, monkeypatch, kernel):
+def check_against_exact_path(shape, dtype, monkeypatch, kernel):
     m, k, n = shape
-    p = params(k, n, "cuda", torch.bfloat16, seed=m)
-    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    p, x = inputs(dtype, m, k, n, m, monkeypatch)
     (y, h, stats, mean, invstd), rm, rv, used = train(x, p, monkeypatch, True, kernel)
     (y0, h0, stats0, mean0, invstd0), rm0, rv0, used0 = train(x, p, monkeypatch, False, "_stats_")
     assert NO_PROFILER or (used and not used0), f"{kernel} ran where it should not, or not where it should"
@@ -93,15 +103,15 @@ def check_against_exact_path(shape, monkeypatch, kernel):
 
 
 @needs_hopper
-def test_stats_gemm_falls_back_where_fp32_loses_the_variance(monkeypatch):
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_stats_gemm_falls_back_where_fp32_loses_the_variance(dtype, monkeypatch):
     """Columns whose mean is ~100x their spread: fp32 sums of h^2 would keep ~7 bits of the
     variance, so those columns must take the exact pass (the others may keep the GEMM's sums).
     (Not 1000x: bf16 would round h ~ 1000 to a constant, 8 apart, leaving no variance to test.)"""
     m, k, n = 4096, 256, 1024
-    p = params(k, n, "cuda", torch.bfloat16, seed=7)
+    p, x = inputs(dtype, m, k, n, 7, monkeypatch)
     robust = torch.arange(0, n, 3, device="cuda")
     p["bias"][robust] = 100 * p["weight"].float().norm(dim=1)[robust]
-    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
     (y, h, stats, mean, invstd), _, _, used = train(x, p, monkeypatch, True)
     assert NO_PROFILER or used
     ref_mean, ref_var = column_moments(h)

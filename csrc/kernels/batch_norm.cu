@@ -377,8 +377,8 @@ __global__ void __launch_bounds__(256, 4) batch_norm_train_kernel(TrainArgs a, i
   if constexpr (FromGemm) {
     // Phase 0: each column's sums from the GEMM's fp32 partials, added in fp64 in tile order.
     // The partials err by ~2^-20 of the sum of squares, so var = q/m - mean^2 is trusted only
-    // where mean^2 <= kTrust var (relative error <= ~(1 + kTrust) 2^-20, far below bf16's);
-    // other columns, and any with a NaN or an Inf, take the exact pass below.
+    // where mean^2 <= kTrust var (relative error <= ~(1 + kTrust) 2^-20, far below bf16's and
+    // TF32's); other columns, and any with a NaN or an Inf, take the exact pass below.
     constexpr double kTrust = 64;
     for (int c = blockIdx.x * 256 + threadIdx.y * 32 + threadIdx.x; c < f.n; c += gridDim.x * 256) {
       double s = 0, q = 0;
@@ -613,7 +613,8 @@ void batch_norm_train(TrainArgs const& a, cudaStream_t stream) {
     // R = 2: with 4 rows in flight the kernel spills under its 64 registers
     // and ran 30-40% slower (H100, benchmarks/NOTES.md v0.8).
     bool vec = can_vectorize<T>(f.n, f.ldh, {f.h, f.y});
-    if constexpr (std::is_same_v<T, __nv_bfloat16>) {  // the statistics GEMM is bf16 only
+    // Statistics GEMMs exist for bf16 and TF32 (fp16's statistics must see z overflow).
+    if constexpr (std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, float>) {
       if (a.u_sum != nullptr) {
         if (vec)
           launch(batch_norm_train_kernel<T, TO, V, 2, true>, V);
@@ -622,7 +623,7 @@ void batch_norm_train(TrainArgs const& a, cudaStream_t stream) {
         return;
       }
     }
-    if (a.u_sum != nullptr) throw std::runtime_error("cutlass_fused: GEMM statistics exist for bf16 only");
+    if (a.u_sum != nullptr) throw std::runtime_error("cutlass_fused: GEMM statistics exist for bf16 and TF32 only");
     if (vec)
       launch(batch_norm_train_kernel<T, TO, V, 2, false>, V);
     else
