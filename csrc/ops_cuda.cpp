@@ -489,8 +489,8 @@ at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor con
   if (m == 0) return at::empty({0, n}, x.options().dtype(output_dtype(x.scalar_type(), scale.scalar_type())));
   c10::cuda::CUDAGuard guard(dev);
   int64_t kn = padded_ld(n, x.scalar_type());  // as in linear_h
-  // One (2, kn) allocation: its second row starts kn floats in, which keeps it
-  // 16-byte aligned for the EVT.
+  // One (2 or 3, kn) allocation: each row starts a multiple of kn floats in,
+  // which keeps it 16-byte aligned for the EVT.
   auto out = output_dtype(x.scalar_type(), scale.scalar_type());
   // An all-fp16 layer's eval kernel rounds h and z = h * scale itself (gemm_evt.h).
   bool scale_apart = out == at::kHalf && x.scalar_type() == at::kHalf;
