@@ -9,6 +9,7 @@ import os
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import cutlass_fused
 from codegen.kernels import KERNELS
@@ -122,3 +123,27 @@ def test_stats_gemm_falls_back_where_fp32_loses_the_variance(dtype, monkeypatch)
     scale = p["scale"].double()
     ref_invstd = 1 / torch.sqrt(ref_var * scale * scale + 1e-5)
     assert ((invstd - ref_invstd).abs() / ref_invstd).max() < 1e-5
+
+
+@needs_hopper
+def test_stats_gemm_counts_the_batch_for_cumulative_momentum(monkeypatch):
+    """momentum=None: the tail adds one to num_batches_tracked and every block reads it as
+    1 / count. With the GEMM's sums it is counted before the first grid barrier (the second one
+    is skipped when no column takes the exact pass), so check it against the exact path."""
+    m, k, n = SHAPES[0]
+    p, x = inputs("bf16", m, k, n, 11, monkeypatch)
+    got = []
+    for stats in (True, False):
+        monkeypatch.setenv("CUTLASS_FUSED_STATS", "1" if stats else "0")
+        rm, rv = p["running_mean"].clone(), p["running_var"].clone()
+        nbt = torch.tensor(3, device="cuda")
+        ops.linear_scale_batch_norm_train(x, p["weight"], p["bias"], p["scale"], p["bn_weight"], p["bn_bias"],
+                                          rm, rv, nbt, None, 1e-5, "sm90", False)
+        got.append((nbt.item(), rm, rv))
+    (c1, rm1, rv1), (c0, rm0, rv0) = got
+    assert c1 == c0 == 4
+    assert torch.allclose(rm1, rm0, rtol=1e-5, atol=1e-6) and torch.allclose(rv1, rv0, rtol=1e-5, atol=1e-6)
+    # momentum 1/4: a quarter of the way from the old running mean to the batch mean.
+    h = F.linear(x.float(), p["weight"].float(), p["bias"].float()).double()
+    ref = 0.75 * p["running_mean"].double() + 0.25 * (h * p["scale"].double()).mean(0)
+    assert (rm1.double() - ref).abs().max() < 1e-2

@@ -391,6 +391,8 @@ __global__ void __launch_bounds__(256, 4) batch_norm_train_kernel(TrainArgs a, i
       a.stats[c] = s;
       a.stats[f.n + c] = q;
     }
+    if (a.num_batches_tracked != nullptr && blockIdx.x == 0 && threadIdx.x == 0 && threadIdx.y == 0)
+      *a.num_batches_tracked += 1;  // before the barrier: the second one may be skipped
     cooperative_groups::this_grid().sync();
   }
   // z = h * scale is rounded to T where y is T (see SumSquares: fp16 only).
@@ -406,9 +408,22 @@ __global__ void __launch_bounds__(256, 4) batch_norm_train_kernel(TrainArgs a, i
     }
     chunk_partials<SumSquares<T>, V>(terms, f.m, f.n, rows, group, item / groups, pa, pb);
   }
-  if (a.num_batches_tracked != nullptr && blockIdx.x == 0 && threadIdx.x == 0 && threadIdx.y == 0)
+  if (!FromGemm && a.num_batches_tracked != nullptr && blockIdx.x == 0 && threadIdx.x == 0 && threadIdx.y == 0)
     *a.num_batches_tracked += 1;  // read by every block after the barrier (cumulative momentum)
-  cooperative_groups::this_grid().sync();
+  // With the GEMM's sums, phase 2 needs this barrier only for the exact partials of flagged
+  // columns. Every block reads all the flags, so all take the same branch (else: deadlock).
+  bool any_exact = !FromGemm;
+  if constexpr (FromGemm) {
+    // Independent word loads (exact is 8-byte aligned; its bytes are 0 or 1): with an early
+    // exit, each load waited on the last, ~3 us at 8192 columns (H100).
+    auto const* words = reinterpret_cast<unsigned const*>(exact);
+    int tid = threadIdx.y * 32 + threadIdx.x;
+    unsigned flagged = 0;
+    for (int i = tid; i < f.n / 4; i += 256) flagged |= words[i];
+    for (int c = f.n / 4 * 4 + tid; c < f.n; c += 256) flagged |= exact[c];
+    any_exact = __syncthreads_or(flagged != 0);
+  }
+  if (any_exact) cooperative_groups::this_grid().sync();
 
   for (int item = blockIdx.x; item < items; item += gridDim.x) {
     int group = item % groups, chunk = item / groups;
