@@ -67,7 +67,7 @@ class Kernel:
 #
 # No train-mode kernel (fp64 statistics EVT) is built: our ordered column pass
 # over h measured faster on an H100 at every large shape (3-11%; NOTES.md, v0.7).
-# bf16 training uses the "stats" kernels below (fp32 tile sums, NOTES.md v0.10);
+# bf16 and TF32 training use the "stats" kernels below (fp32 tile sums, NOTES.md v0.10);
 # the generator still emits mode "train" for experiments.
 _SM90 = [
     # bf16: 256x128, cluster 1x2 (cuBLAS's own choice here) measured best or level
