@@ -26,6 +26,9 @@ Fields
   epi_tile sm90 epilogue tile (M, N); None is EpilogueTileAuto. fp64 statistics
            need one large enough that the CTA's fp64 row-reduction buffer fits
            in the D staging buffer it reuses (a static_assert in CUTLASS).
+  promote  sm90 f32x3 only: MMAs (k = 8 each) the tensor cores accumulate before
+           the sum is added into the fp32 accumulator (a launch argument of
+           CUTLASS's promoted mainloop; a multiple of a k-tile's MMAs)
 """
 from dataclasses import dataclass
 
@@ -41,6 +44,7 @@ class Kernel:
     warps: tuple = (2, 2, 1)
     stages: int | None = None
     epi_tile: tuple | None = None
+    promote: int | None = None
 
     @property
     def stats(self) -> str:
@@ -58,6 +62,8 @@ class Kernel:
         tail = f"c{c}" if self.family == "sm90" else f"s{self.stages}"
         if self.schedule == "TmaWarpSpecializedPingpong":
             tail += "_pingpong"
+        if self.promote:
+            tail += f"_p{self.promote}"
         return f"{self.family}_{self.dtype}_{self.mode}_{t}_{tail}"
 
 
@@ -110,11 +116,13 @@ _SM90 += [Kernel("sm90", "bf16", "eval", tile, (1, 2, 1)) for tile in ((128, 128
 # the CTA tile is halved to 128x128 to stay within the register budget; there
 # is no train kernel: with fp64 statistics it spilled 1.6 KB and ran 18% slower
 # than the eval kernel plus a separate column-statistics pass (H100).
-_SM90 += [Kernel("sm90", "f32x3", "eval", (128, 128, 32), (1, 2, 1))]
-# Tuned on an H100 (benchmarks/NOTES.md, v0.9): clusters 2x1 and 1x1 were level
-# with 1x2 or slower, ping-pong 64x128 1.4-2.1x slower. A 64-deep K tile fails
-# can_implement: the promotion interval (4 MMAs) must be a multiple of a k-tile's
-# MMAs (8), and promoting every 8 would drift more.
+_SM90 += [Kernel("sm90", "f32x3", "eval", (128, 128, 32), (1, 2, 1), promote=p) for p in (8, 4)]
+# Tuned on an H100 (benchmarks/NOTES.md, v0.9, v0.11): clusters 2x1, 1x1 and 2x2
+# were level with 1x2 or slower, tiles 128x192 slower, ping-pong 64x128 1.4-2.1x
+# slower. A 64-deep fp32 K tile (128 KiB of operands a stage) leaves no room for
+# two stages. Promoting every 8 MMAs instead of 4 ran the GEMM ~4% faster at
+# 16384x4096^2 (level at 1024x8192^2), and its error stayed within twice
+# SGEMM's at K = 48, 300 and 1024 (NOTES.md v0.11); 4 stays as a candidate.
 
 # sm80: the tile cutlass_cppgen picks by default for bf16 (256x128x64, 4 warps
 # of 64x64, 3 stages), known to run correctly on Hopper too. fp32 kernels use

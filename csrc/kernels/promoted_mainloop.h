@@ -6,8 +6,9 @@
 // K = 8192, where SGEMM erred 4e-7. CUTLASS's FP8 mainloop avoids this by
 // accumulating a few k-blocks in the tensor cores and then adding them into a
 // separate accumulator with ordinary (round-to-nearest) fp32 adds, every
-// `mma_promotion_interval` (4) MMAs. Nothing in it is specific to FP8: this
-// takes the mainloop that CollectiveBuilder chose and swaps in that policy.
+// `mma_promotion_interval` MMAs (the kernel table's `promote`). Nothing in it
+// is specific to FP8: this takes the mainloop that CollectiveBuilder chose and
+// swaps in that policy.
 #pragma once
 
 #include "cutlass/gemm/collective/collective_builder.hpp"

@@ -11,7 +11,10 @@ namespace cutlass_fused::sm90 {
 template <class Kernel>
 using Fusion = typename Kernel::CollectiveEpilogue::FusionCallbacks::Arguments;
 
-template <class Kernel, Fusion<Kernel> (*fusion_args)(GemmEvtArgs const&), char const* (*name)()>
+// PromotionInterval: for the promoted (f32x3) mainloop, the MMAs between
+// promotions (codegen/kernels.py `promote`); 0 for every other mainloop.
+template <class Kernel, Fusion<Kernel> (*fusion_args)(GemmEvtArgs const&), char const* (*name)(),
+          int PromotionInterval = 0>
 struct Launch {
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
   using ElementA = typename Kernel::ElementA;
@@ -36,6 +39,7 @@ struct Launch {
     args.mainloop = {static_cast<ElementA const*>(p.x), stride_x, static_cast<ElementB const*>(p.w), stride_w};
     // No C operand (ElementC = void); D is the EVT's output.
     args.epilogue = {fusion_args(p), nullptr, stride_out, static_cast<ElementD*>(p.out), stride_out};
+    if constexpr (PromotionInterval > 0) args.mainloop.mma_promotion_interval = PromotionInterval;
     args.hw_info.device_id = p.device;
     args.hw_info.sm_count = p.sm_count;
     return args;
