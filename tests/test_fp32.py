@@ -9,7 +9,7 @@ import torch
 import cutlass_fused
 from cutlass_fused.ops import ops
 from cutlass_fused.seed import SeedModel as Seed
-from common import CUDA, FAMILIES, FAMILY_IDS, max_err, needs_cuda, precision
+from common import CUDA, FAMILIES, FAMILY_IDS, HOPPER, max_err, needs_cuda, precision
 
 CUDA_FAMILIES = [pytest.param(d, f, id=i) for (d, f), i in zip(FAMILIES, FAMILY_IDS) if d == "cuda"]
 
@@ -52,6 +52,40 @@ def test_h_error_within_twice_sgemm(device, family, k):
         pytest.xfail(f"sm90 3xTF32 at K=8192: {e_ours:.3g} against SGEMM's {e_sgemm:.3g}; 1.96-3.7x "
                      "over seeds on an H100 (benchmarks/NOTES.md, v0.11)")
     assert e_ours <= 2 * e_sgemm + 1e-7, f"K={k}: relative error {e_ours:.3g} > 2 x SGEMM's {e_sgemm:.3g} + 1e-7"
+
+
+@pytest.mark.skipif(not HOPPER, reason="needs an sm90 GPU for the sm90 3xTF32 routes")
+@pytest.mark.parametrize("route", ["mainloop", "memory"])
+@pytest.mark.parametrize("m,k,n", [(2, 48, 520), (3, 769, 1000), (1000, 300, 5125), (257, 1024, 136)])
+def test_sm90_3xtf32_routes(monkeypatch, route, m, k, n):
+    """Both sm90 3xTF32 routes (x split by the GEMM's mainloop, or by a pass before it) against
+    float64 within 2x SGEMM's error, and with non-finite x and W where PyTorch's fp32 GEMM has them."""
+    monkeypatch.setenv("CUTLASS_FUSED_SPLIT", route)
+    torch.manual_seed(m + k + n)
+    x, w, b = torch.randn(m, k, device="cuda"), torch.randn(n, k, device="cuda") / k ** 0.5, torch.randn(n, device="cuda")
+    ref = torch.nn.functional.linear(x.double(), w.double(), b.double())
+    with precision("cuda", "sm90", "f32"):
+        h = ops.linear_stats(x, w, b, "sm90", False)[0]
+        sgemm = torch.nn.functional.linear(x, w, b)
+        scale = ref.abs().max().item()
+        assert max_err(h, ref) / scale <= 2 * max_err(sgemm, ref) / scale + 1e-7
+        # Non-finite values in one row of x (one k-tile's worth) and one row of W, including an x
+        # that rounds up to infinity in TF32 and a W entry that meets an infinite x.
+        x[m // 2, : min(k, 40)] = float("inf")
+        x[m // 2, 0] = float("nan") if m > 2 else x[m // 2, 0]
+        x[0, k - 1] = float("-inf")
+        x[m - 1, k // 2] = torch.finfo(torch.float32).max
+        w[n // 3, k - 1] = float("inf")
+        w[n - 1, 5] = 0.0
+        h = ops.linear_stats(x, w, b, "sm90", False)[0]
+        sgemm = torch.nn.functional.linear(x, w, b)
+    assert torch.equal(torch.isnan(h), torch.isnan(sgemm)), "NaN where SGEMM has none, or none where it has"
+    assert torch.equal(torch.isinf(h), torch.isinf(sgemm)) and torch.equal(h[torch.isinf(h)], sgemm[torch.isinf(sgemm)])
+    finite = torch.isfinite(sgemm)
+    ref = torch.nn.functional.linear(x.double(), w.double(), b.double())
+    assert finite.sum() >= (m - 2) * (n - 1), "the non-finite values reach more of h than their rows and column"
+    if finite.any():
+        assert max_err(h[finite], ref[finite]) <= 2 * max_err(sgemm[finite], ref[finite]) + 1e-6 * ref[finite].abs().max()
 
 
 @needs_cuda
