@@ -20,7 +20,7 @@ def main():
     ap.add_argument("--k", type=int, action="append", help="reduction sizes (default 48 300 1024 8192)")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
-    names = [n for n in cutlass_fused.built_kernels() if "_f32x3_eval_" in n or "_f32x3_split_" in n]
+    names = [n for n in cutlass_fused.built_kernels() if "_f32x3_eval_" in n]
     for k in args.k or [48, 300, 1024, 8192]:
         worst = {n: 0.0 for n in names}
         for seed in range(3):
@@ -32,10 +32,9 @@ def main():
             e_sgemm = err(torch.nn.functional.linear(x, w, b), ref)
             for n in names:
                 os.environ["CUTLASS_FUSED_KERNEL"] = n
-                os.environ["CUTLASS_FUSED_SPLIT"] = "mainloop" if "_split_" in n else "memory"
                 with cutlass_fused.use_kernel_family(n.split("_")[0]):
                     h = ops.linear_stats(x, w, b, n.split("_")[0], False)[0]
-                del os.environ["CUTLASS_FUSED_KERNEL"], os.environ["CUTLASS_FUSED_SPLIT"]
+                del os.environ["CUTLASS_FUSED_KERNEL"]
                 worst[n] = max(worst[n], err(h, ref) / e_sgemm)
         for n in names:
             print(f"f32 accuracy K={k:5d} {n:40s} error / SGEMM's {worst[n]:.2f}")

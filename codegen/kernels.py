@@ -18,9 +18,6 @@ Fields
                     partial sums of u = h - shift and u^2 per feature, laid out
                     (ceil(batch / tile_n), round_up(features, tile_m)); tile is
                     (features, batch, K)
-           "split"  sm90 f32x3 only: eval's epilogue, over raw x and W's cached split
-                    as an N x K x 3 tensor (big, again, small); the mainloop splits x
-                    in shared memory (csrc/kernels/split_mainloop.h)
   tile     CTA tile (M, N, K)
   cluster  sm90 cluster shape; the cutlass_cppgen "threadblock_shape" is tile*cluster
   schedule sm90 kernel schedule name in cutlass_library.KernelScheduleType
@@ -120,12 +117,6 @@ _SM90 += [Kernel("sm90", "bf16", "eval", tile, (1, 2, 1)) for tile in ((128, 128
 # is no train kernel: with fp64 statistics it spilled 1.6 KB and ran 18% slower
 # than the eval kernel plus a separate column-statistics pass (H100).
 _SM90 += [Kernel("sm90", "f32x3", "eval", (128, 128, 32), (1, 2, 1), promote=p) for p in (8, 4)]
-# x split in the mainloop (csrc/kernels/split_mainloop.h): one raw x tile and
-# W's three parts a stage, half the stages the plain mainloop would get,
-# promoted every k-tile. The binding prefers it where built
-# (CUTLASS_FUSED_SPLIT=memory takes the kernels above).
-_SM90 += [Kernel("sm90", "f32x3", "split", (128, 128, 32), (1, 2, 1), promote=12)]
-_SM90 += [Kernel("sm90", "f32x3", "split", (128, 128, 16), (1, 2, 1), promote=6)]
 # Tuned on an H100 (benchmarks/NOTES.md, v0.9, v0.11): clusters 2x1, 1x1 and 2x2
 # were level with 1x2 or slower, tiles 128x192 slower, ping-pong 64x128 1.4-2.1x
 # slower. A 64-deep fp32 K tile (128 KiB of operands a stage) leaves no room for

@@ -76,30 +76,6 @@ KernelInfo const& lookup(char const* family, char const* dtype, char const* mode
   return *info;
 }
 
-// How the forward GEMM gets its operands: as they are; for sm90 3xTF32, both
-// split in memory (x by a pass before the GEMM), or x raw and split by the
-// mainloop (mode "split", csrc/kernels/split_mainloop.h), preferred where
-// built. CUTLASS_FUSED_SPLIT=memory takes the former (read per call: tests
-// and the tuner compare both).
-enum class Split { none, memory, mainloop };
-
-struct ForwardKernel {
-  KernelInfo const& info;
-  Split split;
-};
-
-ForwardKernel forward_kernel(char const* family, char const* dtype, int64_t m, int64_t n, int64_t k,
-                             at::Device device) {
-  if (!split_tf32x3(family, dtype)) return {lookup(family, dtype, "eval", m, n, k, device), Split::none};
-  char const* env = std::getenv("CUTLASS_FUSED_SPLIT");
-  if (env == nullptr || std::string(env) != "memory") {
-    auto const* info = find_kernel(family, dtype, "split", static_cast<int>(m), static_cast<int>(n),
-                                   static_cast<int>(k), sm_count(device.index()));
-    if (info != nullptr) return {*info, Split::mainloop};
-  }
-  return {lookup(family, dtype, "eval", m, n, k, device), Split::memory};
-}
-
 // Tests set CUTLASS_FUSED_POISON=1 so that every output starts as NaN and an
 // element a kernel forgot to write cannot pass as a plausible value.
 void poison(at::Tensor& t) {
@@ -136,22 +112,16 @@ at::Tensor weight_rows(at::Tensor const& w, int64_t rows) {
 }
 
 // The GEMM's operands: x and w as they are (16-byte aligned rows, w padded to
-// kn rows), or split for 3xTF32: both with K tripled, or x as it is and w's
-// three parts w_part apart.
+// kn rows), or split for 3xTF32 with K tripled.
 struct Operands {
   at::Tensor x, w;
-  int64_t w_part = 0;
+  int64_t k;
 };
 
-Operands operands(at::Tensor const& x, at::Tensor const& weight, int64_t kn, Split split, bool cache) {
-  switch (split) {
-    case Split::none: return {aligned_rows(x), weight_rows(weight, kn)};
-    case Split::mainloop: {
-      auto xa = aligned_rows(x);  // its K padded as the split's parts are
-      return {xa, split_weight_tf32x3(weight, kn, cache), xa.size(1)};
-    }
-    default: return {split_tf32x3(x, x.size(0), SplitOrder::big_small_big), split_weight_tf32x3(weight, kn, cache)};
-  }
+Operands operands(at::Tensor const& x, at::Tensor const& weight, int64_t kn, bool split, bool cache) {
+  if (!split) return {aligned_rows(x), weight_rows(weight, kn), x.size(1)};
+  auto xs = split_tf32x3(x, x.size(0), SplitOrder::big_small_big);
+  return {xs, split_weight_tf32x3(weight, kn, cache), xs.size(1)};
 }
 
 void const* ptr_or_null(c10::optional<at::Tensor> const& t) { return t.has_value() ? t->data_ptr() : nullptr; }
@@ -208,21 +178,21 @@ at::Tensor linear_h(at::Tensor const& x, at::Tensor const& weight, c10::optional
   int64_t m = x.size(0), n = weight.size(0), k = x.size(1);
   char const* dt = kernel_dtype(x.scalar_type());
   char const* fam = pick_family(family, dt, x.device());
-  auto kernel = forward_kernel(fam, dt, m, n, k, x.device());
+  bool split = split_tf32x3(fam, dt);
+  auto const& info = lookup(fam, dt, "eval", m, n, k, x.device());
 
   // Both families need N to be a multiple of 16 bytes (sm80 stores whole
   // vectors, sm90's can_implement rejects D otherwise): the kernel computes kn
   // columns, from zero weight rows, into the padded rows of h.
   int64_t kn = padded_ld(n, x.scalar_type());
-  auto ops = operands(x, weight, kn, kernel.split, cache);
+  auto ops = operands(x, weight, kn, split, cache);
   auto b = bias_vector(bias, x.scalar_type(), kn);
   auto h = empty_padded(m, n, x.options());
   poison(h);
 
   GemmEvtArgs p = gemm_args(ops.x, ops.w, h, kn);
-  p.w_part = ops.w_part;
   p.b = ptr_or_null(b);
-  run(kernel.info, p, x);
+  run(info, p, x);
   return h;
 }
 
@@ -535,18 +505,17 @@ at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor con
   }
   char const* dt = kernel_dtype(x.scalar_type());
   char const* fam = pick_family(family, dt, dev);
-  auto kernel = forward_kernel(fam, dt, m, n, k, x.device());
-  auto ops = operands(x, weight, kn, kernel.split, cache);
+  auto const& info = lookup(fam, dt, "eval", m, n, k, x.device());
+  auto ops = operands(x, weight, kn, split_tf32x3(fam, dt), cache);
   auto b = bias_vector(bias, x.scalar_type(), kn);
   auto y = empty_padded(m, n, x.options());
   poison(y);
   GemmEvtArgs p = gemm_args(ops.x, ops.w, y, kn);
-  p.w_part = ops.w_part;
   p.b = ptr_or_null(b);
   p.a = ac[0].data_ptr<float>();
   p.c = ac[1].data_ptr<float>();
   if (scale_apart) p.s = ac[2].data_ptr<float>();
-  run(kernel.info, p, x);
+  run(info, p, x);
   return y.is_contiguous() ? y : y.contiguous();
 }
 

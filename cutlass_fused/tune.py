@@ -5,8 +5,7 @@
 Each candidate runs the layer's eval and training forward (no grad), selected through
 $CUTLASS_FUSED_KERNEL, and is reported as a ratio to torch.mm of the same shape and run.
 Statistics kernels (mode "stats") run the training forward only; eval kernels run it with
-the GEMM statistics off ($CUTLASS_FUSED_STATS=0). f32: the "eval" kernels run over x split in
-memory ($CUTLASS_FUSED_SPLIT=memory), the "split" kernels split x in their mainloop.
+the GEMM statistics off ($CUTLASS_FUSED_STATS=0).
 The kernels are codegen/kernels.py's rows; the first row of a (family, dtype) is the default.
 f32 is fp32 with TF32 disallowed: the f32x3 (3xTF32) kernels.
 """
@@ -42,7 +41,7 @@ def main(argv=None):
 
 def run(args, argv):
     stem = f"{args.family}_{'f32x3' if args.dtype == 'f32' else args.dtype}_"
-    names = [n for n in cutlass_fused.built_kernels() if n.startswith((stem + "eval_", stem + "stats_", stem + "split_"))]
+    names = [n for n in cutlass_fused.built_kernels() if n.startswith((stem + "eval_", stem + "stats_"))]
     if not names:
         raise SystemExit(f"cutlass_fused.tune: this build has no {stem}eval_* kernels")
     device = torch.device("cuda", torch.cuda.current_device())
@@ -57,8 +56,6 @@ def run(args, argv):
             stats = name.startswith(stem + "stats_")
             os.environ["CUTLASS_FUSED_KERNEL"] = name
             os.environ["CUTLASS_FUSED_STATS"] = "1" if stats else "0"
-            # f32x3 eval kernels run over x split in memory; "split" kernels split it themselves.
-            os.environ["CUTLASS_FUSED_SPLIT"] = "mainloop" if name.startswith(stem + "split_") else "memory"
             try:
                 with cutlass_fused.use_kernel_family(args.family):
                     ms = {mode: median_ms(case.fn("cutlass_fused", mode), True)
@@ -68,8 +65,7 @@ def run(args, argv):
                 rows.append({"shape": list(shape), "dtype": args.dtype, "kernel": name, "error": str(e)})
                 continue
             finally:
-                for var in ("CUTLASS_FUSED_KERNEL", "CUTLASS_FUSED_STATS", "CUTLASS_FUSED_SPLIT"):
-                    del os.environ[var]
+                del os.environ["CUTLASS_FUSED_KERNEL"], os.environ["CUTLASS_FUSED_STATS"]
             rows.append({"shape": list(shape), "dtype": args.dtype, "kernel": name, "mm_ms": mm,
                          **{f"{m}_ms": t for m, t in ms.items()}})
             ev = f"{ms['eval'] / mm:10.3f}" if "eval" in ms else f"{'-':>10s}"

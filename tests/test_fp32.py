@@ -54,13 +54,11 @@ def test_h_error_within_twice_sgemm(device, family, k):
     assert e_ours <= 2 * e_sgemm + 1e-7, f"K={k}: relative error {e_ours:.3g} > 2 x SGEMM's {e_sgemm:.3g} + 1e-7"
 
 
-@pytest.mark.skipif(not HOPPER, reason="needs an sm90 GPU for the sm90 3xTF32 routes")
-@pytest.mark.parametrize("route", ["mainloop", "memory"])
+@pytest.mark.skipif(not HOPPER, reason="needs an sm90 GPU for the sm90 3xTF32 path")
 @pytest.mark.parametrize("m,k,n", [(2, 48, 520), (3, 769, 1000), (1000, 300, 5125), (257, 1024, 136)])
-def test_sm90_3xtf32_routes(monkeypatch, route, m, k, n):
-    """Both sm90 3xTF32 routes (x split by the GEMM's mainloop, or by a pass before it) against
+def test_sm90_3xtf32_unaligned_and_non_finite(m, k, n):
+    """sm90's 3xTF32 (operands split, then the promoted TF32 GEMM) at unaligned sizes, against
     float64 within 2x SGEMM's error, and with non-finite x and W where PyTorch's fp32 GEMM has them."""
-    monkeypatch.setenv("CUTLASS_FUSED_SPLIT", route)
     torch.manual_seed(m + k + n)
     x, w, b = torch.randn(m, k, device="cuda"), torch.randn(n, k, device="cuda") / k ** 0.5, torch.randn(n, device="cuda")
     ref = torch.nn.functional.linear(x.double(), w.double(), b.double())

@@ -23,7 +23,6 @@ struct GemmEvtArgs {
   int m = 0, n = 0, k = 0;
   void const* x = nullptr;  int64_t ldx = 0;  // M x K, row-major
   void const* w = nullptr;  int64_t ldw = 0;  // N x K, row-major (nn.Linear weight)
-  int64_t w_part = 0;                         // "split" kernels: w is N x K x 3, parts this far apart
   void const* b = nullptr;                    // N, in the input dtype (fp32 for tf32/f32x3), or nullptr for zero
   float const* a = nullptr;                   // N, or nullptr for one
   float const* c = nullptr;                   // N, or nullptr for zero

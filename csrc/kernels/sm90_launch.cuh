@@ -27,9 +27,6 @@ struct Launch {
     typename Kernel::StrideD stride_out{};
     cute::get<0>(stride_x) = p.ldx;
     cute::get<0>(stride_w) = p.ldw;
-    if constexpr (!cute::is_static_v<cute::remove_cvref_t<decltype(cute::get<2>(stride_w))>>) {
-      cute::get<2>(stride_w) = p.w_part;
-    }
     // Row-major D: (ldo, 1); column-major D (stats kernels' W x^T): (1, ldo).
     if constexpr (cute::is_static_v<cute::remove_cvref_t<decltype(cute::get<0>(stride_out))>>) {
       cute::get<1>(stride_out) = p.ldo;
