@@ -152,6 +152,19 @@ def _patch(k: Kernel, src: str) -> tuple[str, str]:
                    r"\1,\n    4 /* Alignment */, true /* EnableNullptr */, false /* FinalReduction */\n>;",
                    src, 2, "non-final column reduction")  # OOB checks stay: rows past the batch would add b
         src = _sub(r"cutlass::multiply_add,", "cutlass_fused::take_last,", src, 1, "D = H")
+        if k.dtype == "f32x3":
+            # fp64 tile sums (patch 6): u = h - shift, u^2, the reductions' compute type (which
+            # a non-final reduction also writes) and the DAG's intermediates, so that the
+            # sums of an fp32 h are as exact as our fp64 pass over it.
+            src = _sub(r"(using USum(?:sq)? = cutlass::epilogue::fusion::Sm90ColReduction<[^;]*?EpilogueDescriptor::"
+                       r"TileShape, float,\s*)float,", r"\1double,", src, 2, "fp64 tile sums")
+            head, tail = src.split("using USum =", 1)
+            head = _sub(r"(Compute<\s*cutlass::minus), float, float,", r"\1, double, double,", head, 1, "fp64 u")
+            body, rest = tail.split("using USumsq", 1)
+            body = _sub(r"(Compute<\s*cutlass::(?:plus|multiplies)), float, float,", r"\1, double, double,", body, 2,
+                        "fp64 u^2")
+            src = head + "using USum =" + body + "using USumsq" + rest
+            src = _sub(r"(TopologicalVisitor<\s*)float,", r"\1double,", src, 1, "fp64 DAG intermediates")
         # H rounded to the output dtype before the sums: the statistics are of the h that is
         # stored, as the exact pass over h computes them.
         if k.dtype in ("bf16", "f16"):

@@ -14,9 +14,10 @@ Fields
            "eval"   y = (acc + b)*a + c, nothing else (also the sm80 deterministic
                     train path, followed by our column-statistics kernel)
            "stats"  sm90 only, A and B swapped: D' = W x^T (features x batch, stored
-                    column-major, which is h row-major), h = acc + b, and per-CTA fp32
+                    column-major, which is h row-major), h = acc + b, and per-CTA
                     partial sums of u = h - shift and u^2 per feature, laid out
-                    (ceil(batch / tile_n), round_up(features, tile_m)); tile is
+                    (ceil(batch / tile_n), round_up(features, tile_m)): fp32
+                    ("partial"), fp64 for f32x3 ("partial64"); tile is
                     (features, batch, K)
   tile     CTA tile (M, N, K)
   cluster  sm90 cluster shape; the cutlass_cppgen "threadblock_shape" is tile*cluster
@@ -50,7 +51,7 @@ class Kernel:
     def stats(self) -> str:
         """How a train kernel leaves its column statistics: partial, atomic or none."""
         if self.mode == "stats":
-            return "partial"
+            return "partial64" if self.dtype == "f32x3" else "partial"
         if self.mode != "train":
             return "none"
         return "partial" if self.family == "sm90" else "atomic"
@@ -102,7 +103,7 @@ _SM90 += [Kernel("sm90", "bf16", "stats", (256, 128, 64), c) for c in ((2, 1, 1)
 _SM90 += [Kernel("sm90", "bf16", "stats", (128, 128, 64), (2, 1, 1))]
 # TF32 (fp32 allowed to use TF32): the tf32 eval tile turned around. Its fp32
 # tile sums are far more precise than TF32's own error; fp32 without TF32
-# (f32x3) keeps the exact pass, which fp32 tile sums would not match.
+# (f32x3, below) needs fp64 tile sums to match PyTorch's fp32 statistics.
 _SM90 += [Kernel("sm90", "tf32", "stats", (128, 256, 32), (2, 1, 1))]
 
 # Smaller bf16 tiles for problems too small to fill the GPU with the default's
@@ -113,8 +114,8 @@ _SM90 += [Kernel("sm90", "bf16", "eval", tile, (1, 2, 1)) for tile in ((128, 128
 # sm90 fp32 without TF32: the TF32 kernel run over operands split for 3xTF32
 # (the binding splits them, K tripled) with accumulator promotion
 # (csrc/kernels/promoted_mainloop.h). Promotion keeps a second accumulator, so
-# the CTA tile is halved to 128x128 to stay within the register budget; there
-# is no train kernel: with fp64 statistics it spilled 1.6 KB and ran 18% slower
+# the CTA tile is halved to 128x128 to stay within the register budget. A train
+# kernel (fp64 statistics in a row reduction) spilled 1.6 KB and ran 18% slower
 # than the eval kernel plus a separate column-statistics pass (H100).
 _SM90 += [Kernel("sm90", "f32x3", "eval", (128, 128, 32), (1, 2, 1), promote=p) for p in (8, 4)]
 # Tuned on an H100 (benchmarks/NOTES.md, v0.9, v0.11): clusters 2x1, 1x1 and 2x2
@@ -123,6 +124,12 @@ _SM90 += [Kernel("sm90", "f32x3", "eval", (128, 128, 32), (1, 2, 1), promote=p) 
 # two stages. Promoting every 8 MMAs instead of 4 ran the GEMM ~4% faster at
 # 16384x4096^2 (level at 1024x8192^2), and its error stayed within twice
 # SGEMM's at K = 48, 300 and 1024 (NOTES.md v0.11); 4 stays as a candidate.
+# Its training GEMM with the statistics in the epilogue (mode "stats", swapped
+# operands: the eval tile turned around, the cluster again pairing the CTAs
+# that share the x tile). Its tile sums are fp64 (a column reduction keeps two
+# rows a thread, so this costs registers the row reduction above did not have),
+# as exact as our fp64 pass over h, so only non-finite columns take that pass.
+_SM90 += [Kernel("sm90", "f32x3", "stats", (128, 128, 32), (2, 1, 1), promote=8)]
 
 # sm80: the tile cutlass_cppgen picks by default for bf16 (256x128x64, 4 warps
 # of 64x64, 3 stages), known to run correctly on Hopper too. fp32 kernels use

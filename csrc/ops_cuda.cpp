@@ -12,6 +12,7 @@
 
 #include "kernels/batch_norm.h"
 #include "kernels/gemm_evt.h"
+#include "kernels/inf_fix.h"
 #include "eval_fold_cuda.h"
 #include "ops.h"
 #include "tf32x3_cuda.h"
@@ -126,6 +127,37 @@ Operands operands(at::Tensor const& x, at::Tensor const& weight, int64_t kn, boo
 
 void const* ptr_or_null(c10::optional<at::Tensor> const& t) { return t.has_value() ? t->data_ptr() : nullptr; }
 
+// The sm80 family's fp32 GEMM (CUTLASS's in-kernel 3xTF32) turns an infinite
+// operand into NaN; csrc/kernels/inf_fix.h rewrites the outputs that x's and
+// W's infinite rows reach, after the GEMM (out = (h + b) * a + c, b fp32).
+// Where no row holds an infinity this is a pass over x (W's flags are cached
+// as its split is) and a launch that reads the flags.
+bool in_kernel_tf32x3(char const* family, char const* dtype) {
+  return std::string(family) == "sm80" && std::string(dtype) == "f32x3";
+}
+
+void fix_infinite_operands(Operands const& ops, at::Tensor const& weight, int64_t n, bool cache, void const* b,
+                           float const* a, float const* c, at::Tensor& out) {
+  auto x_flags = inf_rows(ops.x);
+  auto w_flags = weight_inf_rows(weight, cache);
+  InfFixArgs f{};
+  f.x = ops.x.data_ptr<float>();
+  f.ldx = ops.x.stride(0);
+  f.w = ops.w.data_ptr<float>();
+  f.ldw = ops.w.stride(0);
+  f.x_flags = x_flags.data_ptr<unsigned char>();
+  f.w_flags = w_flags.data_ptr<unsigned char>();
+  f.b = static_cast<float const*>(b);
+  f.a = a;
+  f.c = c;
+  f.out = out.data_ptr<float>();
+  f.ldo = out.stride(0);
+  f.m = static_cast<int>(ops.x.size(0));
+  f.n = static_cast<int>(n);
+  f.k = static_cast<int>(weight.size(1));
+  fix_inf_products(f, at::cuda::getCurrentCUDAStream().stream());
+}
+
 void check_device(at::Tensor const& t, at::Device d, char const* name) {
   TORCH_CHECK(t.device() == d, "cutlass_fused: expected ", name, " to be on ", d, " like input, but got ", t.device());
 }
@@ -193,26 +225,26 @@ at::Tensor linear_h(at::Tensor const& x, at::Tensor const& weight, c10::optional
   GemmEvtArgs p = gemm_args(ops.x, ops.w, h, kn);
   p.b = ptr_or_null(b);
   run(info, p, x);
+  if (in_kernel_tf32x3(fam, dt)) fix_infinite_operands(ops, weight, n, cache, p.b, nullptr, nullptr, h);
   return h;
 }
 
-// The statistics GEMM (sm90 bf16 and TF32, csrc/kernels/gemm_evt.h "stats" kernels): h and
-// each batch tile's fp32 sums of h and h^2, so that the training tail reads h
-// once. Used where one is built and its tiles fill half the GPU (smaller
-// problems keep linear_h's smaller tiles); CUTLASS_FUSED_STATS=0 turns it off.
+// The statistics GEMM (sm90, csrc/kernels/gemm_evt.h "stats" kernels): h and each batch
+// tile's sums of h and h^2 (fp32; fp64 for 3xTF32, whose h is fp32 data), so that the
+// training tail reads h once. Used where one is built and its tiles fill half the GPU
+// (smaller problems keep linear_h's smaller tiles); CUTLASS_FUSED_STATS=0 turns it off.
 struct StatsGemm {
-  at::Tensor h, u;  // u: (2, tiles, ld) fp32
+  at::Tensor h, u;  // u: (2, tiles, ld), fp32 or fp64
   int tiles = 0;
   int64_t ld = 0;
 };
 
 c10::optional<StatsGemm> stats_gemm(at::Tensor const& x, at::Tensor const& weight,
-                                    c10::optional<at::Tensor> const& bias, c10::string_view family) {
+                                    c10::optional<at::Tensor> const& bias, c10::string_view family, bool cache) {
   char const* env = std::getenv("CUTLASS_FUSED_STATS");  // read per call: tests compare both paths
-  bool off = env != nullptr && std::string(env) == "0";
+  if (env != nullptr && std::string(env) == "0") return c10::nullopt;
   char const* dt = kernel_dtype(x.scalar_type());
   char const* fam = pick_family(family, dt, x.device());
-  if (off || split_tf32x3(fam, dt)) return c10::nullopt;
   int64_t m = x.size(0), n = weight.size(0), kn = padded_ld(n, x.scalar_type());
   int sms = sm_count(x.get_device());
   // Features are the kernel's M, the batch its N.
@@ -221,18 +253,20 @@ c10::optional<StatsGemm> stats_gemm(at::Tensor const& x, at::Tensor const& weigh
   if (info == nullptr) return c10::nullopt;
   int64_t tiles = (m + info->tile_n - 1) / info->tile_n, ld = (kn + info->tile_m - 1) / info->tile_m * info->tile_m;
   if (tiles * (ld / info->tile_m) < std::max(1, sms / 2)) return c10::nullopt;
-  auto xa = aligned_rows(x);
-  auto w = weight_rows(weight, kn);
+  // Swapped: the weight is the A operand (kn rows), x the B operand, h^T the column-major D.
+  // Split for 3xTF32, W's segments [big | again | small] meet x's [big | small | again]:
+  // the same three products as the eval kernel's, in the other operand order.
+  auto ops = operands(x, weight, kn, split_tf32x3(fam, dt), cache);
   auto b = bias_vector(bias, x.scalar_type(), kn);
   auto h = empty_padded(m, n, x.options());
   poison(h);
-  auto u = at::empty({2, tiles, ld}, x.options().dtype(at::kFloat));
+  bool fp64 = std::string(info->stats) == "partial64";
+  auto u = at::empty({2, tiles, ld}, x.options().dtype(fp64 ? at::kDouble : at::kFloat));
   poison(u);
-  // Swapped: the weight is the A operand (kn rows), x the B operand, h^T the column-major D.
-  GemmEvtArgs p = gemm_args(w, xa, h, m);
+  GemmEvtArgs p = gemm_args(ops.w, ops.x, h, m);
   p.b = ptr_or_null(b);
-  p.u_sum = u[0].data_ptr<float>();
-  p.u_sumsq = u[1].data_ptr<float>();
+  p.u_sum = u[0].data_ptr();
+  p.u_sumsq = u[1].data_ptr();
   run(*info, p, x);
   return StatsGemm{h, u, static_cast<int>(tiles), ld};
 }
@@ -401,7 +435,7 @@ TrainOut linear_scale_batch_norm_train_cuda(at::Tensor const& x, at::Tensor cons
   }
   check_num_batches_tracked(num_batches_tracked, dev);
   c10::cuda::CUDAGuard guard(dev);
-  auto sg = stats_gemm(x, weight, bias, family);
+  auto sg = stats_gemm(x, weight, bias, family, cache);
   auto h = sg ? sg->h : linear_h(x, weight, bias, family, cache);
   auto scale_d = dense(scale), bn_weight_d = dense(bn_weight), bn_bias_d = dense(bn_bias);  // alive until the launch
   auto out = normalized(h, *scale_d, m, bn_weight_d, bn_bias_d, eps);
@@ -416,8 +450,9 @@ TrainOut linear_scale_batch_norm_train_cuda(at::Tensor const& x, at::Tensor cons
   t.workspace = ws.data_ptr();
   t.sm_count = sm_count(dev.index());
   if (sg) {
-    t.u_sum = sg->u[0].data_ptr<float>();
-    t.u_sumsq = sg->u[1].data_ptr<float>();
+    t.u_sum = sg->u[0].data_ptr();
+    t.u_sumsq = sg->u[1].data_ptr();
+    t.u_fp64 = sg->u.scalar_type() == at::kDouble;
     t.u_tiles = sg->tiles;
     t.u_ld = sg->ld;
   }
@@ -516,6 +551,7 @@ at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor con
   p.c = ac[1].data_ptr<float>();
   if (scale_apart) p.s = ac[2].data_ptr<float>();
   run(info, p, x);
+  if (in_kernel_tf32x3(fam, dt)) fix_infinite_operands(ops, weight, n, cache, p.b, p.a, p.c, y);
   return y.is_contiguous() ? y : y.contiguous();
 }
 

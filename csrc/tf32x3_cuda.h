@@ -1,4 +1,5 @@
-// 3xTF32 operands for the sm90 family's fp32 GEMMs (csrc/tf32x3_cuda.cpp).
+// fp32 without TF32 (3xTF32): the sm90 family's split operands, the sm80
+// family's rows holding an infinity (csrc/tf32x3_cuda.cpp).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -15,5 +16,10 @@ at::Tensor split_tf32x3(at::Tensor const& t, int64_t rows_out, SplitOrder order)
 // w (N x K) as the B operand, cached while w is unchanged and grad mode is off
 // (and `cache`: the ops' schema argument, csrc/ops.cpp).
 at::Tensor split_weight_tf32x3(at::Tensor const& w, int64_t rows_out, bool cache);
+
+// Byte flags of t's rows (R x C, fp32, CUDA, unit column stride) that hold +-inf
+// (csrc/kernels/inf_fix.h); weight_inf_rows caches w's as split_weight_tf32x3 does.
+at::Tensor inf_rows(at::Tensor const& t);
+at::Tensor weight_inf_rows(at::Tensor const& w, bool cache);
 
 }  // namespace cutlass_fused

@@ -206,3 +206,99 @@ def test_float64_gradients_stay_float64(training):
     for (name, p), q in zip(ours.named_parameters(), seed.parameters()):
         assert p.grad.dtype == torch.float64
         assert (p.grad - q.grad).abs().max().item() <= 1e-10 * max(1.0, q.grad.abs().max().item()), name
+
+
+def _layer_and_input(device, m=96, k=40, n=24, seed=0):
+    torch.manual_seed(seed)
+    layer = cutlass_fused.LinearScaleBatchNorm1d(k, n, device=device)
+    x = torch.randn(m, k, device=device, requires_grad=True)
+    dy = torch.randn(m, n, device=device)
+    return layer, x, dy
+
+
+def _grads(layer, x):
+    return [x.grad.clone()] + [p.grad.clone() for p in layer.parameters()]
+
+
+@pytest.mark.parametrize("device,family", FAMILIES, ids=FAMILY_IDS)
+def test_retain_graph_backward_twice(device, family):
+    """The backward lets go of h unless the graph is retained: retain_graph=True
+    gives a second backward the same gradients, and a third one PyTorch's error."""
+    layer, x, dy = _layer_and_input(device)
+    with precision(device, family, "f32"):
+        y = layer(x)
+        y.backward(dy, retain_graph=True)
+        first = _grads(layer, x)
+        x.grad = None
+        layer.zero_grad(set_to_none=True)
+        y.backward(dy)
+        second = _grads(layer, x)
+        for a, b in zip(first, second):
+            assert torch.equal(a, b)
+        with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+            y.backward(dy)
+
+
+@pytest.mark.parametrize("device,family", FAMILIES, ids=FAMILY_IDS)
+def test_saved_tensor_hooks_see_h(device, family):
+    """Under saved-tensor hooks (activation offload, checkpointing) h goes through
+    them like every other saved tensor, and the gradients are unchanged."""
+    layer, x, dy = _layer_and_input(device)
+    with precision(device, family, "f32"):
+        layer(x).backward(dy)
+        plain = _grads(layer, x)
+        x.grad = None
+        layer.zero_grad(set_to_none=True)
+        packed = []
+
+        def pack(t):
+            packed.append(tuple(t.shape))
+            return t.clone()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            y = layer(x)
+        y.backward(dy)
+    assert tuple(y.shape) in packed  # h, the only saved batch x features tensor
+    for a, b in zip(plain, _grads(layer, x)):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("device,family", FAMILIES, ids=FAMILY_IDS)
+def test_changed_h_output_refuses_backward(device, family):
+    """h, an output of the op that the backward needs, changed in place: the
+    backward refuses, as it would for a tensor saved with save_for_backward."""
+    layer, x, dy = _layer_and_input(device)
+    with precision(device, family, "f32"):
+        y, h, *_ = ops.linear_scale_batch_norm_train(
+            x, layer.gemm.weight, layer.gemm.bias, layer.scale, layer.bn.weight, layer.bn.bias,
+            None, None, None, 0.1, 1e-5, family, False)
+        h.add_(1)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.backward(dy)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("family", [f for d, f in FAMILIES if d == "cuda"])
+def test_backward_frees_h_before_the_gemms(family):
+    """Peak memory of the backward: h is freed once dh exists, so the dX and dW
+    GEMMs run without it (one batch x features tensor less than before, which
+    brought the step's peak to torch.compile's; issue 7, target 8)."""
+    m, k, n = 2048, 4096, 1024  # dX and dW outweigh dh, so the GEMMs' phase is the peak
+    layer, x, dy = _layer_and_input("cuda", m, k, n)
+    layer = layer.to(torch.bfloat16)
+    x = x.detach().to(torch.bfloat16).requires_grad_()
+    dy = dy.to(torch.bfloat16)
+    mn, xk, nk = m * n * 2, m * k * 2, n * k * 2
+    with precision("cuda", family, "bf16"):
+        for _ in range(2):  # the second step runs with the allocator warm
+            x.grad = None
+            layer.zero_grad(set_to_none=True)
+            y = layer(x)
+            torch.cuda.synchronize()
+            after_forward = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            y.backward(dy)
+            torch.cuda.synchronize()
+            extra = torch.cuda.max_memory_allocated() - after_forward
+    # dh is made while h is alive (+mn), then dX and dW while dh is and h is not (+xk + nk):
+    # keeping h would make that mn + xk + nk. Slack for the small vectors and workspaces.
+    assert extra <= max(mn, xk + nk) + mn // 4, (extra, mn, xk, nk)

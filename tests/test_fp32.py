@@ -88,6 +88,36 @@ def test_sm90_3xtf32_unaligned_and_non_finite(m, k, n):
 
 @needs_cuda
 @pytest.mark.parametrize("device,family", CUDA_FAMILIES)
+def test_infinite_operands_in_a_forward_only_loop(device, family):
+    """Eval under no_grad, where what is derived from the weight is cached: an infinite x, an
+    infinite weight entry set in place, a zero weight entry meeting it, then both made finite
+    again. Each call has NaN and +-Inf where the unfused fp32 model has them (sm80's in-kernel
+    3xTF32 alone would give NaN for every infinity) and its finite values within 1e-4."""
+    torch.manual_seed(0)
+    ref = Seed(96, 40).to(device).eval()
+    ours = cutlass_fused.LinearScaleBatchNorm1d(96, 40, device=device).eval()
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randn(33, 96, device=device)
+    weights = (ref.gemm.weight, ours.gemm.weight)
+
+    def set_w(i, j, v):
+        for w in weights:
+            w[i, j] = v
+    steps = [lambda: None, lambda: x.__setitem__((5, 7), float("inf")), lambda: set_w(3, 0, -float("inf")),
+             lambda: set_w(1, 7, 0.0), lambda: x.__setitem__((5, 7), 1.0), lambda: set_w(3, 0, 0.5)]
+    with torch.no_grad(), precision(device, family, "f32"):
+        for i, step in enumerate(steps):
+            step()
+            for _ in range(2):  # the second call takes the cached weight flags
+                y, y_ref = ours(x), ref(x)
+                for what, mask in (("NaN", torch.isnan), ("+Inf", torch.isposinf), ("-Inf", torch.isneginf)):
+                    assert torch.equal(mask(y), mask(y_ref)), f"step {i}: {what} at {mask(y).nonzero().tolist()}"
+                finite = torch.isfinite(y_ref)
+                assert max_err(y[finite], y_ref[finite]) < 1e-4, f"step {i}"
+
+
+@needs_cuda
+@pytest.mark.parametrize("device,family", CUDA_FAMILIES)
 def test_weight_split_cache_follows_the_weight(device, family):
     """A forward-only loop reuses the weight's split; in-place updates, a reloaded state
     and a new weight of the same shape each take effect at once."""

@@ -67,6 +67,8 @@ __device__ __forceinline__ void store(ColOut v, int c, double x) {
   }
 }
 
+struct NoSums {};  // a tag for P = void (batch_norm_train_kernel)
+
 unsigned blocks(int64_t work, int per_block) { return static_cast<unsigned>((work + per_block - 1) / per_block); }
 
 __global__ void reduce_partials_kernel(double const* __restrict__ psum, double const* __restrict__ psumsq, int rows,
@@ -366,28 +368,34 @@ __global__ void finalize_normalize_kernel(FinalizeArgs a) {
 // Work items are (column group, row chunk), column groups fastest so that the
 // blocks in flight read neighbouring columns of the same rows; each block
 // takes the same items in both phases, so phase 2 mostly re-reads h from L2.
-template <class T, class TO, int V, int R, bool FromGemm>
+// P: the type of the GEMM's tile sums (float or double), or void where the
+// statistics are the exact pass's alone.
+template <class T, class TO, int V, int R, class P>
 __global__ void __launch_bounds__(256, 4) batch_norm_train_kernel(TrainArgs a, int rows, int chunks, int groups) {
   using A = Acc<T>;
+  constexpr bool FromGemm = !std::is_void_v<P>;
   FinalizeArgs const& f = a.norm;
   auto* pa = static_cast<double*>(a.workspace);
   auto* pb = pa + static_cast<int64_t>(chunks) * f.n;
   auto* exact = reinterpret_cast<unsigned char*>(pb + static_cast<int64_t>(chunks) * f.n);  // FromGemm only
   int items = groups * chunks;
   if constexpr (FromGemm) {
-    // Phase 0: each column's sums from the GEMM's fp32 partials, added in fp64 in tile order.
-    // The partials err by ~2^-20 of the sum of squares, so var = q/m - mean^2 is trusted only
-    // where mean^2 <= kTrust var (relative error <= ~(1 + kTrust) 2^-20, far below bf16's and
-    // TF32's); other columns, and any with a NaN or an Inf, take the exact pass below.
-    constexpr double kTrust = 64;
+    // Phase 0: each column's sums from the GEMM's partials, added in fp64 in tile order.
+    // fp32 partials err by ~2^-20 of the sum of squares, so var = q/m - mean^2 is trusted only
+    // where mean^2 <= 64 var (relative error <= ~65 2^-20, far below bf16's and TF32's);
+    // fp64 partials (fp32 h) are as exact as the pass. Other columns, and any with a NaN or
+    // an Inf, take the exact pass below.
+    constexpr double kTrust = std::is_same_v<P, double> ? INFINITY : 64;
+    auto const* us = static_cast<P const*>(a.u_sum);
+    auto const* uq = static_cast<P const*>(a.u_sumsq);
     for (int c = blockIdx.x * 256 + threadIdx.y * 32 + threadIdx.x; c < f.n; c += gridDim.x * 256) {
       double s = 0, q = 0;
       for (int t = 0; t < a.u_tiles; ++t) {
-        s += a.u_sum[t * a.u_ld + c];
-        q += a.u_sumsq[t * a.u_ld + c];
+        s += us[t * a.u_ld + c];
+        q += uq[t * a.u_ld + c];
       }
       double mean = s / f.count, var = q / f.count - mean * mean;
-      exact[c] = !(isfinite(s) && isfinite(q) && mean * mean <= kTrust * var);
+      exact[c] = !(isfinite(s) && isfinite(q) && (kTrust == INFINITY || mean * mean <= kTrust * var));
       a.stats[c] = s;
       a.stats[f.n + c] = q;
     }
@@ -628,21 +636,22 @@ void batch_norm_train(TrainArgs const& a, cudaStream_t stream) {
     // R = 2: with 4 rows in flight the kernel spills under its 64 registers
     // and ran 30-40% slower (H100, benchmarks/NOTES.md v0.8).
     bool vec = can_vectorize<T>(f.n, f.ldh, {f.h, f.y});
-    // Statistics GEMMs exist for bf16 and TF32 (fp16's statistics must see z overflow).
-    if constexpr (std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, float>) {
-      if (a.u_sum != nullptr) {
-        if (vec)
-          launch(batch_norm_train_kernel<T, TO, V, 2, true>, V);
-        else
-          launch(batch_norm_train_kernel<T, TO, 1, 2, true>, 1);
-        return;
-      }
+    // Statistics GEMMs exist for bf16 (fp32 sums) and fp32 (fp32 sums for TF32, fp64 for
+    // 3xTF32); fp16's statistics must see z overflow, which the pass emulates.
+    auto launch_from = [&](auto p) {
+      using P = std::conditional_t<std::is_same_v<decltype(p), NoSums>, void, decltype(p)>;
+      if (vec)
+        launch(batch_norm_train_kernel<T, TO, V, 2, P>, V);
+      else
+        launch(batch_norm_train_kernel<T, TO, 1, 2, P>, 1);
+    };
+    if (a.u_sum == nullptr) return launch_from(NoSums{});
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      if (!a.u_fp64) return launch_from(float{});
+    } else if constexpr (std::is_same_v<T, float>) {
+      return a.u_fp64 ? launch_from(double{}) : launch_from(float{});
     }
-    if (a.u_sum != nullptr) throw std::runtime_error("cutlass_fused: GEMM statistics exist for bf16 and TF32 only");
-    if (vec)
-      launch(batch_norm_train_kernel<T, TO, V, 2, false>, V);
-    else
-      launch(batch_norm_train_kernel<T, TO, 1, 2, false>, 1);
+    throw std::runtime_error("cutlass_fused: GEMM statistics exist for bf16 (fp32 sums) and fp32 only");
   });
 }
 

@@ -79,11 +79,13 @@ struct TrainArgs {
   bool cumulative;                // momentum = 1 / num_batches_tracked (after its increment)
   void* workspace;                // batch_norm_train_workspace(m, n) bytes
   int sm_count;                   // of the device: the grid must be co-resident
-  // Optional: the statistics GEMM's per-CTA fp32 sums of h and h^2 (u_sum[t * u_ld + c],
-  // t < u_tiles). Columns whose sums are trustworthy take them; the rest (non-finite,
-  // or a mean so large against the spread that fp32 lost bits) take the exact pass.
-  float const* u_sum = nullptr;
-  float const* u_sumsq = nullptr;
+  // Optional: the statistics GEMM's per-CTA sums of h and h^2 (u_sum[t * u_ld + c],
+  // t < u_tiles), fp32 or (u_fp64) fp64. Columns whose sums are trustworthy take them;
+  // the rest (non-finite, or for fp32 sums a mean so large against the spread that
+  // they lost bits) take the exact pass.
+  void const* u_sum = nullptr;
+  void const* u_sumsq = nullptr;
+  bool u_fp64 = false;
   int u_tiles = 0;
   int64_t u_ld = 0;
 };

@@ -7,7 +7,8 @@
 //   (before rounding to the output dtype) into col_sum / col_sumsq, in fp64.
 //   stats kernels swap the operands (x is the weight, w the input: out is
 //   W x^T, column-major, i.e. h row-major with ldo its row stride) and leave
-//   per-CTA fp32 sums of u = h - shift and u^2 per feature in u_sum / u_sumsq.
+//   per-CTA sums of u = h - shift and u^2 per feature in u_sum / u_sumsq
+//   (fp32; fp64 for f32x3, see KernelInfo::stats).
 #pragma once
 
 #include <cstddef>
@@ -31,8 +32,8 @@ struct GemmEvtArgs {
   double* col_sum = nullptr;                  // train kernels only; see KernelInfo::stats
   double* col_sumsq = nullptr;
   float const* shift = nullptr;               // stats kernels: per feature, or nullptr for zero
-  float* u_sum = nullptr;                     // stats kernels: (ceil(batch / tile_n), round_up(features, tile_m))
-  float* u_sumsq = nullptr;
+  void* u_sum = nullptr;                      // stats kernels: (ceil(batch / tile_n), round_up(features, tile_m)),
+  void* u_sumsq = nullptr;                    // fp32 ("partial") or fp64 ("partial64", f32x3)
   void* workspace = nullptr;                  // workspace_size() bytes, 16-byte aligned
   int device = 0;                             // the device the pointers live on
   int sm_count = 0;
@@ -51,7 +52,8 @@ struct KernelInfo {
   char const* dtype;   // "bf16" | "f16" | "tf32" | "f32x3"
   char const* mode;    // "train" | "eval" | "stats"
   char const* stats;   // train: "partial" (col_sum/col_sumsq are ceil(m/tile_m) x round_up(n, tile_n)
-                       // partials) or "atomic" (n-vectors); eval: "none"
+                       // partials) or "atomic" (n-vectors); stats: "partial" (fp32 u_sum/u_sumsq)
+                       // or "partial64" (fp64); eval: "none"
   int tile_m, tile_n, tile_k;
   KernelEntry const& (*entry)();
 };
