@@ -2,7 +2,8 @@
 # compute-sanitizer over a GPU subset of the tests: both kernel families, every
 # dtype, unaligned shapes (769, 1000, batch 3), train and eval, forward and
 # backward, the fused training kernel's multi-item path (1000 x 5125), and the
-# statistics GEMM with its exact fallback (bf16, sm90).
+# statistics GEMM with its exact fallback (bf16, TF32 and 3xTF32, sm90), and the
+# sm80 family's rewrite of outputs that an infinite operand reaches.
 # PyTorch's caching allocator would hide out-of-bounds accesses inside its
 # blocks, so memcheck runs with it off.
 # Usage: bash scripts/sanitize.sh [memcheck] [racecheck] [synccheck]   (default: all three)
@@ -16,8 +17,10 @@ FILES=(
   "tests/test_backward.py::test_training_grads tests/test_backward.py::test_eval_grads"
   "tests/test_forward.py::test_fused_train_matches_split_ops"
   "tests/test_stats_gemm.py"
+  "tests/test_fp32.py::test_infinite_operands_in_a_forward_only_loop"
 )
-KEYS=("cuda and (3x769x1000 or 1000x1000x769)" "cuda" "1000x96x5125 or 333x128x130" "1000x96x5125 or falls_back")
+KEYS=("cuda and (3x769x1000 or 1000x1000x769)" "cuda" "1000x96x5125 or 333x128x130" "1000x96x5125 or falls_back"
+      "cuda")
 rc=0
 tools=("$@")
 [ ${#tools[@]} -eq 0 ] && tools=(memcheck racecheck synccheck)
