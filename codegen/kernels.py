@@ -104,7 +104,7 @@ _SM90 += [Kernel("sm90", "bf16", "stats", (128, 128, 64), (2, 1, 1))]
 # TF32 (fp32 allowed to use TF32): the tf32 eval tile turned around. Its fp32
 # tile sums are far more precise than TF32's own error; fp32 without TF32
 # (f32x3, below) needs fp64 tile sums to match PyTorch's fp32 statistics.
-_SM90 += [Kernel("sm90", "tf32", "stats", (128, 256, 32), (2, 1, 1))]
+_SM90 += [Kernel("sm90", "tf32", "stats", (128, 256, 32), c) for c in ((2, 1, 1), (1, 2, 1))]
 
 # Smaller bf16 tiles for problems too small to fill the GPU with the default's
 # tiles (batch <= 256 at 8192 features: 64 CTAs of 256x128 on 132 SMs).
@@ -125,11 +125,14 @@ _SM90 += [Kernel("sm90", "f32x3", "eval", (128, 128, 32), (1, 2, 1), promote=p) 
 # 16384x4096^2 (level at 1024x8192^2), and its error stayed within twice
 # SGEMM's at K = 48, 300 and 1024 (NOTES.md v0.11); 4 stays as a candidate.
 # Its training GEMM with the statistics in the epilogue (mode "stats", swapped
-# operands: the eval tile turned around, the cluster again pairing the CTAs
-# that share the x tile). Its tile sums are fp64 (a column reduction keeps two
-# rows a thread, so this costs registers the row reduction above did not have),
-# as exact as our fp64 pass over h, so only non-finite columns take that pass.
-_SM90 += [Kernel("sm90", "f32x3", "stats", (128, 128, 32), (2, 1, 1), promote=8)]
+# operands: the eval tile turned around). Its tile sums are fp64 (a column
+# reduction keeps two rows a thread, which the row reduction above could not
+# afford), as exact as our fp64 pass over h, so only non-finite columns take
+# that pass. The cluster pairs CTAs along the batch, which share the W tile:
+# GEMM 1109 / 5031 us at 1024x8192^2 / 16384x4096^2 against 1290 / 5413 for
+# the pair sharing the x tile (kept as a candidate) and 1293 / 8645 for no
+# cluster (H100, benchmarks/stats_ab.py; NOTES.md v0.12).
+_SM90 += [Kernel("sm90", "f32x3", "stats", (128, 128, 32), c, promote=8) for c in ((1, 2, 1), (2, 1, 1))]
 
 # sm80: the tile cutlass_cppgen picks by default for bf16 (256x128x64, 4 warps
 # of 64x64, 3 stages), known to run correctly on Hopper too. fp32 kernels use
