@@ -107,6 +107,10 @@ def test_robust_variance(device, family, mode):
 
 @pytest.mark.parametrize("device,family", FAMILIES, ids=FAMILY_IDS)
 def test_deterministic(device, family):
+    """Under torch.use_deterministic_algorithms(True) three runs agree to the bit, and are right:
+    y and the running stats against float64 of the unfused model (2x PyTorch's bf16 error plus a
+    floor), and each family's column statistics (linear_stats: the ordered fp64 pass on sm80 and
+    the CPU) against float64 sums of its h."""
     m, k, n = 1000, 256, 264
     p = params(k, n, device, torch.bfloat16)
     x = torch.randn(m, k, device=device).bfloat16()
@@ -118,11 +122,25 @@ def test_deterministic(device, family):
                 rm, rv = p["running_mean"].clone(), p["running_var"].clone()
                 y = cutlass_fused.linear_scale_batch_norm(x, p["weight"], p["bias"], p["scale"], p["bn_weight"],
                                                           p["bn_bias"], rm, rv, True)
-                outs.append((y, rm, rv))
+                h, stats = ops.linear_stats(x, p["weight"], p["bias"], family, False)
+                outs.append((y, rm, rv, h, stats))
     finally:
         torch.use_deterministic_algorithms(False)
-    for y, rm, rv in outs[1:]:
-        assert torch.equal(y, outs[0][0]) and torch.equal(rm, outs[0][1]) and torch.equal(rv, outs[0][2])
+    for out in outs[1:]:
+        for name, a, b in zip(("y", "running_mean", "running_var", "h", "stats"), out, outs[0]):
+            assert torch.equal(a, b), name
+    y, rm, rv, h, stats = outs[0]
+    p64 = {k_: v.double().cpu() for k_, v in p.items()}
+    y64, rm64, rv64 = batch_norm(reference_z(x.double().cpu(), p64), p64,
+                                 (p64["running_mean"], p64["running_var"]), True)
+    y_t, rm_t, rv_t = batch_norm(reference_z(x, p), p, (p["running_mean"], p["running_var"]), True)
+    assert_close_rule(y.cpu(), y_t.cpu(), y64, "bf16", "y")
+    assert_close_rule(rm.cpu(), rm_t.cpu(), rm64, "bf16", "running_mean")
+    assert_close_rule(rv.cpu(), rv_t.cpu(), rv64, "bf16", "running_var")
+    h64 = h.double().cpu()
+    for i, want in enumerate((h64.sum(0), (h64 * h64).sum(0))):
+        # fp64 sums of bf16 values: exact but for fp64 rounding.
+        assert (stats[i].cpu() - want).abs().max() <= 1e-12 * want.abs().max(), f"stats[{i}]"
 
 
 def test_cpu_matches_reference_float64():
