@@ -7,7 +7,7 @@ The generated sources are committed, so building the extension needs only the
 CUTLASS headers, not cutlass_cppgen; CI runs --check to keep them honest.
 
 cutlass_cppgen emits the kernel's type definitions; we write the host side
-(csrc/kernels/*_launch.cuh) and patch the emitted text in five documented ways,
+(csrc/kernels/*_launch.cuh) and patch the emitted text in six documented ways,
 each asserted to match exactly so that a new cutlass_cppgen cannot silently
 change what we build (Z is the traced epilogue's output; train kernels run
 with a null `a`, so there Z = h = x W^T + b):
@@ -29,7 +29,10 @@ with a null `a`, so there Z = h = x W^T + b):
      output (fill_workspace static-asserts on 8-byte types), and this path is
      deterministic and leaves room for a cross-rank all-reduce (SyncBN),
   5. sm90 f32x3: the mainloop becomes cutlass_fused::PromotedMainloop (see
-     csrc/kernels/promoted_mainloop.h).
+     csrc/kernels/promoted_mainloop.h),
+  6. f32x3 stats: the column reductions, u = h - shift, u^2 and the DAG get
+     ElementCompute = double, so the per-CTA partials (which a non-final
+     reduction writes in its compute type) are fp64 sums of an fp32 h.
 """
 import argparse
 import difflib
