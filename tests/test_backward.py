@@ -220,6 +220,22 @@ def _grads(layer, x):
     return [x.grad.clone()] + [p.grad.clone() for p in layer.parameters()]
 
 
+def _assert_unfused_grads(layer, x, dy, device, family, got):
+    """got (from _grads) against autograd through the unfused model: float64 on the CPU as the
+    reference, fp32 on `device` as PyTorch's own error (the 2x rule)."""
+    runs = {}
+    for key, dev, dt in (("ref", "cpu", torch.float64), ("same", device, torch.float32)):
+        seed = Seed(layer.gemm.in_features, layer.gemm.out_features).to(dev, dt)
+        seed.load_state_dict(layer.state_dict())
+        xs = x.detach().to(dev, dt).requires_grad_()
+        with precision(device, family, "f32"):
+            seed(xs).backward(dy.to(dev, dt))
+        runs[key] = [xs.grad] + [p.grad for p in seed.parameters()]
+    names = ["x"] + [name for name, _ in layer.named_parameters()]
+    for name, g, same, ref in zip(names, got, runs["same"], runs["ref"]):
+        assert_close_rule_scaled(g, same, ref, "f32", f"d {name}")
+
+
 @pytest.mark.parametrize("device,family", FAMILIES, ids=FAMILY_IDS)
 def test_retain_graph_backward_twice(device, family):
     """The backward lets go of h unless the graph is retained: retain_graph=True
@@ -229,6 +245,7 @@ def test_retain_graph_backward_twice(device, family):
         y = layer(x)
         y.backward(dy, retain_graph=True)
         first = _grads(layer, x)
+        _assert_unfused_grads(layer, x, dy, device, family, first)
         x.grad = None
         layer.zero_grad(set_to_none=True)
         y.backward(dy)
@@ -247,6 +264,7 @@ def test_saved_tensor_hooks_see_h(device, family):
     with precision(device, family, "f32"):
         layer(x).backward(dy)
         plain = _grads(layer, x)
+        _assert_unfused_grads(layer, x, dy, device, family, plain)
         x.grad = None
         layer.zero_grad(set_to_none=True)
         packed = []
