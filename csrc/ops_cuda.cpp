@@ -180,6 +180,7 @@ GemmEvtArgs gemm_args(at::Tensor const& x, at::Tensor const& w, at::Tensor& out,
 
 void run(KernelInfo const& info, GemmEvtArgs& p, at::Tensor const& like) {
   auto const& e = info.entry();
+  choose_tile_order(info, p);
   at::Tensor ws;
   size_t bytes = e.workspace_size(p);
   if (bytes > 0) {

@@ -35,6 +35,11 @@ struct GemmEvtArgs {
   void* u_sum = nullptr;                      // stats kernels: (ceil(batch / tile_n), round_up(features, tile_m)),
   void* u_sumsq = nullptr;                    // fp32 ("partial") or fp64 ("partial64", f32x3)
   void* workspace = nullptr;                  // workspace_size() bytes, 16-byte aligned
+  // sm90 tile order (the persistent scheduler's launch arguments; sm80 ignores them):
+  // tiles are grouped `swizzle` (1, 2, 4 or 8) wide across the raster direction,
+  // which CUTLASS picks (raster 0), or is along M (1) or along N (2).
+  int swizzle = 1;
+  int raster = 0;
   int device = 0;                             // the device the pointers live on
   int sm_count = 0;
 };
@@ -75,6 +80,9 @@ KernelInfo const* kernels_end();
 // with sm_count SMs, or nullptr (see registry.cpp for the rule).
 KernelInfo const* find_kernel(char const* family, char const* dtype, char const* mode, int m, int n, int k,
                               int sm_count);
+
+// Sets p.swizzle and p.raster for `info` on p's problem (see registry.cpp).
+void choose_tile_order(KernelInfo const& info, GemmEvtArgs& p);
 
 // x, w and out rows (and their base pointers) must be 16-byte aligned.
 constexpr int kAlignBytes = 16;

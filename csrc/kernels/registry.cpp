@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 
 #include "kernels/gemm_evt.h"
 
@@ -60,6 +62,28 @@ KernelInfo const* find_kernel(char const* family, char const* dtype, char const*
   }
   if (first != nullptr && ctas(first) >= enough) return first;
   return best;
+}
+
+// The sm90 persistent scheduler's tile order: CUTLASS's own (no swizzle, the
+// raster along the longer side) unless $CUTLASS_FUSED_SWIZZLE (1, 2, 4 or 8)
+// or $CUTLASS_FUSED_RASTER (m or n) say otherwise; read on every call, so that
+// python -m cutlass_fused.tune can measure each order.
+void choose_tile_order(KernelInfo const&, GemmEvtArgs& p) {
+  p.swizzle = 1;
+  p.raster = 0;
+  if (char const* s = std::getenv("CUTLASS_FUSED_SWIZZLE"); s != nullptr && *s != '\0') {
+    std::string v = s;
+    if (v != "1" && v != "2" && v != "4" && v != "8")
+      throw std::invalid_argument("cutlass_fused: expected $CUTLASS_FUSED_SWIZZLE to be 1, 2, 4 or 8, but got '" + v +
+                                  "'");
+    p.swizzle = std::stoi(v);
+  }
+  if (char const* s = std::getenv("CUTLASS_FUSED_RASTER"); s != nullptr && *s != '\0') {
+    std::string v = s;
+    if (v != "m" && v != "n")
+      throw std::invalid_argument("cutlass_fused: expected $CUTLASS_FUSED_RASTER to be m or n, but got '" + v + "'");
+    p.raster = v == "m" ? 1 : 2;
+  }
 }
 
 }  // namespace cutlass_fused

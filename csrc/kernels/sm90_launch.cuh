@@ -40,6 +40,9 @@ struct Launch {
     // No C operand (ElementC = void); D is the EVT's output.
     args.epilogue = {fusion_args(p), nullptr, stride_out, static_cast<ElementD*>(p.out), stride_out};
     if constexpr (PromotionInterval > 0) args.mainloop.mma_promotion_interval = PromotionInterval;
+    using Raster = cutlass::gemm::kernel::detail::RasterOrderOptions;
+    args.scheduler.max_swizzle_size = p.swizzle;
+    args.scheduler.raster_order = p.raster == 1 ? Raster::AlongM : p.raster == 2 ? Raster::AlongN : Raster::Heuristic;
     args.hw_info.device_id = p.device;
     args.hw_info.sm_count = p.sm_count;
     return args;

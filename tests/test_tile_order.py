@@ -1,0 +1,75 @@
+"""The sm90 tile order (the persistent scheduler's swizzle and raster direction, csrc/kernels/registry.cpp).
+
+The order only decides which CTA computes which tile when: every tile's arithmetic, and the
+statistics kernels' per-tile partial sums, are the same in any order, so each order must give
+bitwise the outputs of CUTLASS's own order. The orders are forced through the environment, as
+python -m cutlass_fused.tune forces them.
+"""
+import pytest
+import torch
+
+import cutlass_fused
+from common import CUDA, HOPPER, needs_cuda, params, precision
+
+needs_hopper = pytest.mark.skipif(not HOPPER, reason="needs an sm90 GPU (the tile order is the sm90 scheduler's)")
+
+# An unaligned feature count and a partial batch tile; batch 3 fills a single row of tiles.
+SHAPES = [(1000, 96, 5125), (3, 64, 769), (4096, 256, 1024)]
+ORDERS = [("2", "m"), ("8", "n"), ("4", ""), ("1", "m")]
+
+
+def layer(shape, mode, training):
+    m, k, n = shape
+    dtype = torch.float32 if mode in ("f32", "tf32") else torch.bfloat16
+    p = params(k, n, "cuda", dtype, seed=m + n)
+    mod = cutlass_fused.LinearScaleBatchNorm1d(k, n, device="cuda", dtype=dtype)
+    with torch.no_grad():
+        mod.gemm.weight.copy_(p["weight"])
+        mod.gemm.bias.copy_(p["bias"])
+        mod.scale.copy_(p["scale"])
+    mod.train(training)
+    x = torch.randn(m, k, device="cuda", dtype=dtype, generator=torch.Generator("cuda").manual_seed(m))
+    return mod, x
+
+
+def forward(mod, x):
+    state = {k: v.clone() for k, v in mod.state_dict().items()}
+    with torch.no_grad():
+        y = mod(x)
+    out = [y] + [b.clone() for b in mod.buffers()]
+    mod.load_state_dict(state)  # the next order starts from the same running statistics
+    return out
+
+
+@needs_hopper
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("mode", ["bf16", "f32", "tf32"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_every_tile_order_gives_the_same_bits(shape, mode, training, monkeypatch):
+    mod, x = layer(shape, mode, training)
+    with precision("cuda", "sm90", mode):
+        want = forward(mod, x)
+        for swizzle, raster in ORDERS:
+            monkeypatch.setenv("CUTLASS_FUSED_SWIZZLE", swizzle)
+            monkeypatch.setenv("CUTLASS_FUSED_RASTER", raster)
+            got = forward(mod, x)
+            for a, b in zip(got, want):
+                assert torch.equal(a, b), f"swizzle {swizzle}, raster {raster or 'CUTLASS'} changed the output"
+
+
+@needs_cuda
+@pytest.mark.parametrize("var,value", [("CUTLASS_FUSED_SWIZZLE", "3"), ("CUTLASS_FUSED_RASTER", "k")])
+def test_a_bad_tile_order_is_refused_by_name(var, value, monkeypatch):
+    mod, x = layer((8, 32, 64), "bf16", False)
+    monkeypatch.setenv(var, value)
+    with pytest.raises(RuntimeError, match=f"expected \\${var} to be"):
+        with torch.no_grad():
+            mod(x)
+
+
+@pytest.mark.skipif(CUDA, reason="the CPU path has no tile order")
+def test_the_cpu_path_ignores_the_tile_order(monkeypatch):
+    monkeypatch.setenv("CUTLASS_FUSED_SWIZZLE", "3")
+    m = cutlass_fused.LinearScaleBatchNorm1d(32, 64)
+    with torch.no_grad():
+        assert torch.isfinite(m(torch.randn(8, 32))).all()
