@@ -1,21 +1,24 @@
 """python -m cutlass_fused.tune: time every built GEMM of one family and dtype on the layer.
 
     python -m cutlass_fused.tune [--shape B,IN,OUT ...] [--dtype bf16|f16|tf32|f32] [--family sm90|sm80]
-                                 [--kernel NAME ...] [--swizzle 1,2,4,8] [--raster -,m,n] [--out DIR]
+                                 [--kernel NAME ...] [--swizzle=auto,1,2,4,8] [--raster=-,m,n] [--rounds N]
+                                 [--out DIR]
 
 Each candidate runs the layer's eval and training forward (no grad), selected through
-$CUTLASS_FUSED_KERNEL, and is reported as a ratio to torch.mm of the same shape and run.
+$CUTLASS_FUSED_KERNEL, and is reported as the median, over --rounds, of its ratio to torch.mm of
+the same shape timed right before it.
 Statistics kernels (mode "stats") run the training forward only; eval kernels run it with
 the GEMM statistics off ($CUTLASS_FUSED_STATS=0).
 The kernels are codegen/kernels.py's rows; the first row of a (family, dtype) is the default.
 --swizzle and --raster also time each kernel in each sm90 tile order (the persistent scheduler's
-swizzle and raster direction, through $CUTLASS_FUSED_SWIZZLE and $CUTLASS_FUSED_RASTER; "-" is
-CUTLASS's own raster choice).
+swizzle and raster direction, through $CUTLASS_FUSED_SWIZZLE and $CUTLASS_FUSED_RASTER; "auto"
+is the dispatcher's swizzle and "-" CUTLASS's raster choice).
 f32 is fp32 with TF32 disallowed: the f32x3 (3xTF32) kernels.
 """
 import argparse
 import json
 import os
+import statistics
 import sys
 from pathlib import Path
 
@@ -32,8 +35,10 @@ def main(argv=None):
     ap.add_argument("--dtype", choices=("bf16", "f16", "tf32", "f32"), default="bf16")
     ap.add_argument("--family", choices=("sm90", "sm80"), default="sm90")
     ap.add_argument("--kernel", action="append", help="only this kernel (repeatable)")
-    ap.add_argument("--swizzle", type=lambda v: v.split(","), default=["1"], help="swizzle sizes, e.g. 1,2,4,8")
+    ap.add_argument("--swizzle", type=lambda v: v.split(","), default=["auto"],
+                    help="swizzle sizes, e.g. auto,1,2,4,8 (auto: the dispatcher's choice)")
     ap.add_argument("--raster", type=lambda v: v.split(","), default=["-"], help="raster orders, e.g. -,m,n")
+    ap.add_argument("--rounds", type=int, default=1, help="times each candidate; the median ratio is reported")
     ap.add_argument("--out", default=os.environ.get("OUT", "tune_out"))
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -58,17 +63,23 @@ def run(args, argv):
         raise SystemExit(f"cutlass_fused.tune: this build has no {stem}eval_* kernels")
     orders = [(s, r) for s in args.swizzle for r in args.raster]
     for s, r in orders:
-        if s not in ("1", "2", "4", "8") or r not in ("-", "m", "n"):
-            raise SystemExit(f"cutlass_fused.tune: expected --swizzle in 1,2,4,8 and --raster in -,m,n, got {s} {r}")
+        if s not in ("auto", "1", "2", "4", "8") or r not in ("-", "m", "n"):
+            raise SystemExit(f"cutlass_fused.tune: expected --swizzle in auto,1,2,4,8 and --raster in -,m,n, "
+                             f"got {s} {r}")
     device = torch.device("cuda", torch.cuda.current_device())
     rows = []
-    print(f"{'shape':16s} {'kernel':40s} {'order':>6s} {'eval x mm':>10s} {'train x mm':>10s}")
+    print(f"{'shape':16s} {'kernel':40s} {'order':>7s} {'eval x mm':>10s} {'train x mm':>10s}")
     for shape in args.shape or SHAPES:
         case = Case(shape, args.dtype, device)
-        mm = median_ms(case.fn("torch.mm", "train"), True)
-        for name in names:
-            for swizzle, raster in orders:
-                rows.append(time_kernel(case, name, stem, mm, args.family, swizzle, raster))
+        mm = case.fn("torch.mm", "train")
+        cands = [Candidate(case, n, stem, args.family, s, r) for n in names for s, r in orders]
+        # Each candidate is timed right after torch.mm, in every round: the GPU's clocks drift as
+        # it heats (H100: ~6% over a tuning run), and the ratio of neighbours cancels that.
+        for _ in range(args.rounds):
+            for c in cands:
+                c.time(mm)
+        for c in cands:
+            rows.append(c.report())
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "tune.json").write_text(json.dumps({"meta": meta(argv, device), "rows": rows}, indent=1) + "\n")
@@ -76,30 +87,54 @@ def run(args, argv):
     return 0
 
 
-def time_kernel(case, name, stem, mm, family, swizzle, raster):
-    """One kernel in one tile order on one shape: a row of tune.json, printed as it is measured."""
-    # A stats kernel serves only the training forward. An eval kernel serves training
-    # only with the GEMM statistics off (they take the stats kernel's default).
-    stats = name.startswith(stem + "stats_")
-    env = {"CUTLASS_FUSED_KERNEL": name, "CUTLASS_FUSED_STATS": "1" if stats else "0",
-           "CUTLASS_FUSED_SWIZZLE": swizzle, "CUTLASS_FUSED_RASTER": "" if raster == "-" else raster}
-    shape = "x".join(map(str, case.shape))
-    order = f"s{swizzle}{raster}"
-    row = {"shape": list(case.shape), "dtype": case.dtype_name, "kernel": name, "swizzle": int(swizzle), "raster": raster}
-    os.environ.update(env)
-    try:
-        with cutlass_fused.use_kernel_family(family):
-            ms = {mode: median_ms(case.fn("cutlass_fused", mode), True)
-                  for mode in (("train",) if stats else ("eval", "train"))}
-    except RuntimeError as e:  # a candidate that cannot run this shape (can_implement) is reported
-        print(f"{shape:16s} {name:40s} {order:>6s} cannot run: {str(e)[:120]}")
-        return {**row, "error": str(e)}
-    finally:
-        for k in env:
-            del os.environ[k]
-    ev = f"{ms['eval'] / mm:10.3f}" if "eval" in ms else f"{'-':>10s}"
-    print(f"{shape:16s} {name:40s} {order:>6s} {ev} {ms['train'] / mm:10.3f}", flush=True)
-    return {**row, "mm_ms": mm, **{f"{m}_ms": t for m, t in ms.items()}}
+class Candidate:
+    """One kernel in one tile order on one shape, forced through the environment."""
+
+    def __init__(self, case, name, stem, family, swizzle, raster):
+        self.case, self.name, self.family = case, name, family
+        self.swizzle, self.raster = swizzle, raster
+        # A stats kernel serves only the training forward. An eval kernel serves training
+        # only with the GEMM statistics off (they take the stats kernel's default).
+        stats = name.startswith(stem + "stats_")
+        self.modes = ("train",) if stats else ("eval", "train")
+        self.env = {"CUTLASS_FUSED_KERNEL": name, "CUTLASS_FUSED_STATS": "1" if stats else "0",
+                    "CUTLASS_FUSED_SWIZZLE": "" if swizzle == "auto" else swizzle,
+                    "CUTLASS_FUSED_RASTER": "" if raster == "-" else raster}
+        self.ms, self.mm_ms, self.error = {m: [] for m in self.modes}, [], None
+
+    def time(self, mm):
+        if self.error:
+            return
+        os.environ.update(self.env)
+        try:
+            with cutlass_fused.use_kernel_family(self.family):
+                for mode in self.modes:
+                    fn = self.case.fn("cutlass_fused", mode)
+                    self.mm_ms.append(median_ms(mm, True))
+                    self.ms[mode].append(median_ms(fn, True))
+        except RuntimeError as e:  # a candidate that cannot run this shape (can_implement) is reported
+            self.error = str(e)
+        finally:
+            for k in self.env:
+                del os.environ[k]
+
+    def ratio(self, mode):
+        mms = self.mm_ms[self.modes.index(mode)::len(self.modes)]
+        return statistics.median(t / m for t, m in zip(self.ms[mode], mms))
+
+    def report(self):
+        shape = "x".join(map(str, self.case.shape))
+        order = f"s{self.swizzle}{self.raster}"
+        row = {"shape": list(self.case.shape), "dtype": self.case.dtype_name, "kernel": self.name,
+               "swizzle": self.swizzle, "raster": self.raster}
+        if self.error:
+            print(f"{shape:16s} {self.name:40s} {order:>7s} cannot run: {self.error[:120]}")
+            return {**row, "error": self.error}
+        ratios = {m: self.ratio(m) for m in self.modes}
+        ev = f"{ratios['eval']:10.3f}" if "eval" in ratios else f"{'-':>10s}"
+        print(f"{shape:16s} {self.name:40s} {order:>7s} {ev} {ratios['train']:10.3f}", flush=True)
+        return {**row, "mm_ms": statistics.median(self.mm_ms), **{f"{m}_ms": statistics.median(t)
+                for m, t in self.ms.items()}, **{f"{m}_x_mm": r for m, r in ratios.items()}}
 
 
 if __name__ == "__main__":

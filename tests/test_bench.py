@@ -4,7 +4,7 @@ import json
 import pytest
 
 from cutlass_fused import bench
-from common import CUDA
+from common import CUDA, HOPPER
 
 ROW_KEYS = {"shape", "dtype", "mode", "impl", "graphs", "ms", "tflops", "ratio_to_mm", "peak_extra_mib", "kernels",
             "host_us"}
@@ -53,3 +53,15 @@ def test_tune_times_every_candidate(tmp_path):
     rows = json.loads((tmp_path / "tune.json").read_text())["rows"]
     built = {n for n in __import__("cutlass_fused").built_kernels() if n.startswith("sm80_bf16_eval_")}
     assert {r["kernel"] for r in rows} == built and all(r["eval_ms"] > 0 and r["train_ms"] > 0 for r in rows)
+
+
+@pytest.mark.skipif(not HOPPER, reason="tile orders are the sm90 scheduler's")
+def test_tune_times_each_tile_order_in_rounds(tmp_path):
+    from cutlass_fused import tune
+    name = next(n for n in __import__("cutlass_fused").built_kernels() if n.startswith("sm90_bf16_eval_"))
+    argv = ["--shape", "64,96,40", "--kernel", name, "--swizzle=auto,8", "--raster=-,m", "--rounds", "2",
+            "--out", str(tmp_path)]
+    assert tune.main(argv) == 0
+    rows = json.loads((tmp_path / "tune.json").read_text())["rows"]
+    assert [(r["swizzle"], r["raster"]) for r in rows] == [("auto", "-"), ("auto", "m"), ("8", "-"), ("8", "m")]
+    assert all(r["kernel"] == name and r["eval_x_mm"] > 0 and r["train_x_mm"] > 0 for r in rows)

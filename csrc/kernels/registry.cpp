@@ -64,13 +64,55 @@ KernelInfo const* find_kernel(char const* family, char const* dtype, char const*
   return best;
 }
 
-// The sm90 persistent scheduler's tile order: CUTLASS's own (no swizzle, the
-// raster along the longer side) unless $CUTLASS_FUSED_SWIZZLE (1, 2, 4 or 8)
-// or $CUTLASS_FUSED_RASTER (m or n) say otherwise; read on every call, so that
+namespace {
+
+// Operand rows (of A and B together) that one wave of `ctas` CTAs reads, when
+// tiles are visited as CUTLASS's persistent scheduler visits them: along the
+// raster direction (CUTLASS's heuristic: along M when there are more N tiles,
+// else along N), `swizzle` tiles wide across it. No reuse between waves is
+// assumed: it is what a wave costs once neither operand stays in L2.
+double wave_rows(int64_t tiles_m, int64_t tiles_n, int tile_m, int tile_n, int swizzle, int ctas) {
+  bool along_m = tiles_n > tiles_m;
+  double along = along_m ? tiles_m : tiles_n, across_tiles = along_m ? tiles_n : tiles_m;
+  double along_rows = along_m ? tile_m : tile_n, across_rows = along_m ? tile_n : tile_m;
+  double a, b;
+  if (double(ctas) / swizzle >= along) {
+    a = along;
+    b = std::min(across_tiles, ctas / along);
+  } else {
+    a = double(ctas) / swizzle;
+    b = swizzle;
+  }
+  return a * along_rows + b * across_rows;
+}
+
+}  // namespace
+
+// The sm90 persistent scheduler's tile order. CUTLASS's own (no swizzle)
+// sweeps the whole of one operand in every wave; where that is at least twice
+// the operand traffic of a wave 8 (or 4, 2) tiles wide across the raster, the
+// swizzle is taken (16384 x 8192^2 bf16: the statistics GEMM 1.237 -> 1.110 x
+// torch.mm, H100, benchmarks/NOTES.md v0.13). The swizzle must divide both
+// tile counts twice over (clusters are at most 2 wide), or CUTLASS pads the
+// grid with empty tiles that still run (1024 x 8192^2 f32 stats, swizzle 8:
+// 2.6x slower). $CUTLASS_FUSED_SWIZZLE (1, 2, 4 or 8) and
+// $CUTLASS_FUSED_RASTER (m or n) override it; read on every call, so that
 // python -m cutlass_fused.tune can measure each order.
-void choose_tile_order(KernelInfo const&, GemmEvtArgs& p) {
+void choose_tile_order(KernelInfo const& info, GemmEvtArgs& p) {
   p.swizzle = 1;
   p.raster = 0;
+  int64_t tiles_m = (p.m + info.tile_m - 1) / info.tile_m, tiles_n = (p.n + info.tile_n - 1) / info.tile_n;
+  if (std::strcmp(info.family, "sm90") == 0 && p.sm_count > 0) {
+    double base = wave_rows(tiles_m, tiles_n, info.tile_m, info.tile_n, 1, p.sm_count), best = base;
+    for (int s : {2, 4, 8}) {
+      if (tiles_m % (2 * s) != 0 || tiles_n % (2 * s) != 0) continue;
+      double rows = wave_rows(tiles_m, tiles_n, info.tile_m, info.tile_n, s, p.sm_count);
+      if (rows <= 0.5 * base && rows < best) {
+        best = rows;
+        p.swizzle = s;
+      }
+    }
+  }
   if (char const* s = std::getenv("CUTLASS_FUSED_SWIZZLE"); s != nullptr && *s != '\0') {
     std::string v = s;
     if (v != "1" && v != "2" && v != "4" && v != "8")
