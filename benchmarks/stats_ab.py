@@ -2,7 +2,9 @@
 exact pass (CUTLASS_FUSED_STATS=0) and eval, against eager, in rounds so that clock drift hits
 all alike; then the per-kernel split of each from torch.profiler.
 
-    python benchmarks/stats_ab.py [--rounds 3] [--kernel NAME ...]
+    python benchmarks/stats_ab.py [--rounds 3] [--kernel NAME ...] [--swizzle S ...]
+
+--swizzle adds the default statistics kernel in that tile order ($CUTLASS_FUSED_SWIZZLE).
 """
 import argparse
 import os
@@ -32,11 +34,13 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--kernel", action="append", help="statistics kernels (default: every f32x3 one built)")
+    ap.add_argument("--swizzle", action="append", default=[], help="also the default kernel in this swizzle")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     kernels = args.kernel or [k for k in cutlass_fused.built_kernels() if k.startswith("sm90_f32x3_stats_")]
     # (label, environment, training)
     configs = [(k.split("_stats_")[1], {"CUTLASS_FUSED_STATS": "1", "CUTLASS_FUSED_KERNEL": k}, True) for k in kernels]
+    configs += [(f"default s{s}", {"CUTLASS_FUSED_STATS": "1", "CUTLASS_FUSED_SWIZZLE": s}, True) for s in args.swizzle]
     configs += [("pass", {"CUTLASS_FUSED_STATS": "0"}, True), ("eval", {}, False), ("eager", None, True)]
     for m, k, n in [(1024, 8192, 8192), (16384, 4096, 4096)]:
         torch.manual_seed(0)
@@ -49,6 +53,7 @@ def main():
             for _ in range(args.rounds):
                 for label, env, train in configs:
                     os.environ.pop("CUTLASS_FUSED_KERNEL", None)
+                    os.environ.pop("CUTLASS_FUSED_SWIZZLE", None)
                     os.environ.update(env or {})
                     mod = seed if env is None else ours
                     mod.train(train)
@@ -60,6 +65,7 @@ def main():
                 split = ""
                 if env is not None:
                     os.environ.pop("CUTLASS_FUSED_KERNEL", None)
+                    os.environ.pop("CUTLASS_FUSED_SWIZZLE", None)
                     os.environ.update(env)
                     ours.train(train)
                     _, per_kernel = profile(lambda: ours(x), calls=10)
@@ -67,8 +73,8 @@ def main():
                                              sorted(per_kernel.items(), key=lambda kv: -kv[1]))
                 print(f"  {label:24s} {t:8.4f} ({min(times[label]):.4f}-{max(times[label]):.4f})  "
                       f"{eager / t:5.3f}x{split}")
-        os.environ.pop("CUTLASS_FUSED_KERNEL", None)
-        os.environ.pop("CUTLASS_FUSED_STATS", None)
+        for var in ("CUTLASS_FUSED_KERNEL", "CUTLASS_FUSED_STATS", "CUTLASS_FUSED_SWIZZLE"):
+            os.environ.pop(var, None)
 
 
 if __name__ == "__main__":
