@@ -14,8 +14,9 @@ from common import CUDA, HOPPER, needs_cuda, params, precision
 needs_hopper = pytest.mark.skipif(not HOPPER, reason="needs an sm90 GPU (the tile order is the sm90 scheduler's)")
 
 # An unaligned feature count and a partial batch tile; batch 3 fills a single row of tiles;
-# 16384 x 8192 outputs, where the dispatcher itself takes swizzle 8 (registry.cpp).
-SHAPES = [(1000, 96, 5125), (3, 64, 769), (4096, 256, 1024), (16384, 64, 8192)]
+# 16384 x 8192 and 16384 x 4096 outputs, where the dispatcher itself takes swizzle 8 (bf16 by its
+# rule, fp32 statistics by its table; registry.cpp).
+SHAPES = [(1000, 96, 5125), (3, 64, 769), (4096, 256, 1024), (16384, 64, 8192), (16384, 32, 4096)]
 ORDERS = [("1", ""), ("2", "m"), ("8", "n"), ("4", ""), ("1", "m")]
 
 
