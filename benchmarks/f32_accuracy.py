@@ -1,6 +1,7 @@
 """Error of every built fp32 (3xTF32) kernel against cuBLAS SGEMM's, as tests/test_fp32.py
 measures it: max |h - float64| / max |float64| of h = x W^T + b, as a ratio to SGEMM's on the
 same data, the worst of three seeds, at several K. Issue 8's rule: at most 2 (plus a 1e-7 floor).
+Eval kernels are run through linear_stats, statistics kernels through the training forward's h.
     python benchmarks/f32_accuracy.py [--k 48 --k 300 ...]"""
 import argparse
 import os
@@ -20,7 +21,7 @@ def main():
     ap.add_argument("--k", type=int, action="append", help="reduction sizes (default 48 300 1024 8192)")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
-    names = [n for n in cutlass_fused.built_kernels() if "_f32x3_eval_" in n]
+    names = [n for n in cutlass_fused.built_kernels() if "_f32x3_eval_" in n or "_f32x3_stats_" in n]
     for k in args.k or [48, 300, 1024, 8192]:
         worst = {n: 0.0 for n in names}
         for seed in range(3):
@@ -31,10 +32,16 @@ def main():
             ref = torch.nn.functional.linear(x.double(), w.double(), b.double())
             e_sgemm = err(torch.nn.functional.linear(x, w, b), ref)
             for n in names:
-                os.environ["CUTLASS_FUSED_KERNEL"] = n
-                with cutlass_fused.use_kernel_family(n.split("_")[0]):
-                    h = ops.linear_stats(x, w, b, n.split("_")[0], False)[0]
-                del os.environ["CUTLASS_FUSED_KERNEL"]
+                family = n.split("_")[0]
+                os.environ.update(CUTLASS_FUSED_KERNEL=n, CUTLASS_FUSED_STATS="1")
+                with cutlass_fused.use_kernel_family(family):
+                    if "_stats_" in n:
+                        ones = torch.ones(520, device="cuda")
+                        h = ops.linear_scale_batch_norm_train(x, w, b, ones, None, None, None, None, None, 0.1,
+                                                              1e-5, family, False)[1]
+                    else:
+                        h = ops.linear_stats(x, w, b, family, False)[0]
+                del os.environ["CUTLASS_FUSED_KERNEL"], os.environ["CUTLASS_FUSED_STATS"]
                 worst[n] = max(worst[n], err(h, ref) / e_sgemm)
         for n in names:
             print(f"f32 accuracy K={k:5d} {n:40s} error / SGEMM's {worst[n]:.2f}")

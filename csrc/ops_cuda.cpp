@@ -121,7 +121,7 @@ struct Operands {
 
 Operands operands(at::Tensor const& x, at::Tensor const& weight, int64_t kn, bool split, bool cache) {
   if (!split) return {aligned_rows(x), weight_rows(weight, kn), x.size(1)};
-  auto xs = split_tf32x3(x, x.size(0), SplitOrder::big_small_big);
+  auto xs = split_tf32x3(x, x.size(0), SplitOrder::small_big_big);
   return {xs, split_weight_tf32x3(weight, kn, cache), xs.size(1)};
 }
 
@@ -573,7 +573,7 @@ at::Tensor matmul_cuda(at::Tensor const& a, at::Tensor const& b, c10::string_vie
   // rows, B' from b's columns (b^T's rows, read transposed), both split.
   int64_t m = a.size(0), n = b.size(1), kn = padded_ld(n, at::kFloat);
   auto const& info = lookup("sm90", dt, "eval", m, n, a.size(1), a.device());
-  auto as = split_tf32x3(a, m, SplitOrder::big_small_big), bs = split_tf32x3(b.t(), kn, SplitOrder::big_big_small);
+  auto as = split_tf32x3(a, m, SplitOrder::small_big_big), bs = split_tf32x3(b.t(), kn, SplitOrder::big_small_big);
   auto out = empty_padded(m, n, a.options());
   poison(out);
   GemmEvtArgs p = gemm_args(as, bs, out, kn);

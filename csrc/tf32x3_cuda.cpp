@@ -82,7 +82,7 @@ at::Tensor split_tf32x3(at::Tensor const& t, int64_t rows_out, SplitOrder order)
 
 at::Tensor split_weight_tf32x3(at::Tensor const& w, int64_t rows_out, bool cache) {
   return derived(w, Derived::split, rows_out, cache,
-                 [&] { return split_tf32x3(w, rows_out, SplitOrder::big_big_small); });
+                 [&] { return split_tf32x3(w, rows_out, SplitOrder::big_small_big); });
 }
 
 at::Tensor inf_rows(at::Tensor const& t) {

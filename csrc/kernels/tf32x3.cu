@@ -52,9 +52,10 @@ __global__ void split_rows_kernel(float const* __restrict__ in, int64_t rows_in,
     }
     float4* row = reinterpret_cast<float4*>(out + r * 3 * seg + c0);
     int64_t step = seg / 4;
-    row[0] = big;
-    row[step] = order == SplitOrder::big_small_big ? small : again;
-    row[2 * step] = order == SplitOrder::big_small_big ? again : small;
+    bool small_first = order == SplitOrder::small_big_big;
+    row[0] = small_first ? small : again;
+    row[step] = small_first ? again : small;
+    row[2 * step] = big;
   }
 }
 
@@ -74,9 +75,10 @@ __global__ void split_transposed_kernel(float const* __restrict__ in, int64_t ro
     if (r >= rows_out || c >= seg) continue;
     Parts p = split(tile[threadIdx.x][j]);
     float* row = out + r * 3 * seg + c;
-    row[0] = p.big;
-    row[seg] = order == SplitOrder::big_small_big ? p.small : p.again;
-    row[2 * seg] = order == SplitOrder::big_small_big ? p.again : p.small;
+    bool small_first = order == SplitOrder::small_big_big;
+    row[0] = small_first ? p.small : p.again;
+    row[seg] = small_first ? p.again : p.small;
+    row[2 * seg] = p.big;
   }
 }
 

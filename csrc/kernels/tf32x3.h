@@ -16,9 +16,13 @@
 namespace cutlass_fused {
 
 // Which part goes in each of a row's three K segments. The GEMM's A operand
-// takes [big | small | big] and its B operand [big | big | small], so the
-// K-concatenated dot product is big·big + small·big + big·small.
-enum class SplitOrder { big_small_big, big_big_small };
+// takes [small | big | big] and its B operand [big | small | big], so the
+// K-concatenated dot product is small·big + big·small + big·big. The small
+// products come first: the promoted mainloop adds each chunk of k into one
+// fp32 sum, and a chunk of small products added to the full big·big sum
+// would lose up to half an ulp of that sum each time (2/3 of the chunks);
+// added first, into a sum ~2^-11 as large, they lose ~2^-11 of that.
+enum class SplitOrder { small_big_big, big_small_big };
 
 // out (rows_out x 3 seg, row-major, 16-byte aligned, seg % 4 == 0) from the
 // logical rows_in x cols matrix whose element (r, c) is in[r * stride_r + c * stride_c]:
