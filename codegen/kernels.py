@@ -124,8 +124,9 @@ _SM90 += [Kernel("sm90", "f32x3", "eval", (128, 128, 32), (1, 2, 1), promote=p) 
 # were level with 1x2 or slower, tiles 128x192 slower, ping-pong 64x128 1.4-2.1x
 # slower. A 64-deep fp32 K tile (128 KiB of operands a stage) leaves no room for
 # two stages. Promoting every 8 MMAs instead of 4 ran the GEMM ~4% faster at
-# 16384x4096^2 (level at 1024x8192^2), and its error stayed within twice
-# SGEMM's at K = 48, 300 and 1024 (NOTES.md v0.11); 4 stays as a candidate.
+# 16384x4096^2 (level at 1024x8192^2). With the small products first along K
+# (csrc/kernels/tf32x3.h) its error is 0.24-0.97 of SGEMM's at K = 48 to 16384,
+# promoting every 4: 0.23-1.21 (NOTES.md v0.13); 4 stays as a candidate.
 # Its training GEMM with the statistics in the epilogue (mode "stats", swapped
 # operands: the eval tile turned around). Its tile sums are fp64 (a column
 # reduction keeps two rows a thread, which the row reduction above could not
