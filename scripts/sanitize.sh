@@ -3,7 +3,8 @@
 # dtype, unaligned shapes (769, 1000, batch 3), train and eval, forward and
 # backward, the fused training kernel's multi-item path (1000 x 5125), and the
 # statistics GEMM with its exact fallback (bf16, TF32 and 3xTF32, sm90), and the
-# sm80 family's rewrite of outputs that an infinite operand reaches.
+# sm80 family's rewrite of outputs that an infinite operand reaches, and the sm90
+# GEMMs in forced tile orders.
 # PyTorch's caching allocator would hide out-of-bounds accesses inside its
 # blocks, so memcheck runs with it off.
 # Usage: bash scripts/sanitize.sh [memcheck] [racecheck] [synccheck]   (default: all three)
@@ -18,9 +19,10 @@ FILES=(
   "tests/test_forward.py::test_fused_train_matches_split_ops"
   "tests/test_stats_gemm.py"
   "tests/test_fp32.py::test_infinite_operands_in_a_forward_only_loop"
+  "tests/test_tile_order.py"
 )
 KEYS=("cuda and (3x769x1000 or 1000x1000x769)" "cuda" "1000x96x5125 or 333x128x130" "1000x96x5125 or falls_back"
-      "cuda")
+      "cuda" "1000x96x5125 or 3x64x769")
 rc=0
 tools=("$@")
 [ ${#tools[@]} -eq 0 ] && tools=(memcheck racecheck synccheck)
