@@ -390,8 +390,6 @@ __global__ void __launch_bounds__(256, 4) batch_norm_train_kernel(TrainArgs a, i
     auto const* uq = static_cast<P const*>(a.u_sumsq);
     for (int c = blockIdx.x * 256 + threadIdx.y * 32 + threadIdx.x; c < f.n; c += gridDim.x * 256) {
       double s = 0, q = 0;
-      // Unrolled so that the tiles' loads are in flight together; the adds stay in tile order.
-#pragma unroll 16
       for (int t = 0; t < a.u_tiles; ++t) {
         s += us[t * a.u_ld + c];
         q += uq[t * a.u_ld + c];
