@@ -9,8 +9,8 @@
 namespace cutlass_fused {
 
 // t (R x C, fp32, CUDA, any strides) as a GEMM operand over K' = 3 round_up(C, 4):
-// rows_out x K', each row's three segments in `order`, zero rows past R. The
-// A operand takes small_big_big, the B operand big_small_big.
+// rows_out x K', each row's three segments in `order`, zero rows past R. x
+// takes small_big_big, the weight (and the backward's second operand) big_small_big.
 at::Tensor split_tf32x3(at::Tensor const& t, int64_t rows_out, SplitOrder order);
 
 // w (N x K) as the B operand, cached while w is unchanged and grad mode is off

@@ -15,9 +15,10 @@
 
 namespace cutlass_fused {
 
-// Which part goes in each of a row's three K segments. The GEMM's A operand
-// takes [small | big | big] and its B operand [big | small | big], so the
-// K-concatenated dot product is small·big + big·small + big·big. The small
+// Which part goes in each of a row's three K segments. x takes [small | big |
+// big] and W [big | small | big] (either may be the GEMM's A operand: the
+// statistics kernels swap them), so the K-concatenated dot product is
+// small·big + big·small + big·big. The small
 // products come first: the promoted mainloop adds each chunk of k into one
 // fp32 sum, and a chunk of small products added to the full big·big sum
 // would lose up to half an ulp of that sum each time (2/3 of the chunks);
