@@ -255,8 +255,9 @@ c10::optional<StatsGemm> stats_gemm(at::Tensor const& x, at::Tensor const& weigh
   int64_t tiles = (m + info->tile_n - 1) / info->tile_n, ld = (kn + info->tile_m - 1) / info->tile_m * info->tile_m;
   if (tiles * (ld / info->tile_m) < std::max(1, sms / 2)) return c10::nullopt;
   // Swapped: the weight is the A operand (kn rows), x the B operand, h^T the column-major D.
-  // Split for 3xTF32, W's segments [big | again | small] meet x's [big | small | again]:
-  // the same three products as the eval kernel's, in the other operand order.
+  // Split for 3xTF32, W's segments [again | small | big] meet x's [small | again | big]
+  // (csrc/kernels/tf32x3.h): the same three products as the eval kernel's, in the other
+  // operand order.
   auto ops = operands(x, weight, kn, split_tf32x3(fam, dt), cache);
   auto b = bias_vector(bias, x.scalar_type(), kn);
   auto h = empty_padded(m, n, x.options());
