@@ -113,6 +113,17 @@ __device__ __forceinline__ void store_group(T* p, Group<T, V> const& g) {
   }
 }
 
+// y is written once and read by the next layer: evict-first (st.global.cs), so that the lines of
+// h the GEMM wrote last stay in L2 until the tail reads them (NOTES.md v0.14).
+template <class T, int V>
+__device__ __forceinline__ void store_group_once(T* p, Group<T, V> const& g) {
+  if constexpr (sizeof(g) == 16) {
+    __stcs(reinterpret_cast<uint4*>(p), *reinterpret_cast<uint4 const*>(&g));
+  } else {
+    store_group<T, V>(p, g);
+  }
+}
+
 // V for 16-byte groups of T when n, the row strides and every pointer allow
 // it; 1 otherwise (unaligned sizes such as 769 columns).
 template <class T>
@@ -180,10 +191,12 @@ struct GradSums {
 
 // The partial sums of column group `group` (32 V columns) over row chunk
 // `chunk`, into row `chunk` of pa and pb. Every thread of the block calls it.
+template <int V>
+using PartialsShared = double[2][8][32 * V];
+
 template <class Terms, int V>
 __device__ void chunk_partials(Terms const& terms, int m, int n, int rows, int group, int chunk,
-                               double* __restrict__ pa, double* __restrict__ pb) {
-  __shared__ double sh[2][8][32 * V];
+                               double* __restrict__ pa, double* __restrict__ pb, PartialsShared<V>& sh) {
   int c0 = (group * 32 + threadIdx.x) * V;  // n % V == 0 when V > 1: groups are whole
   int r0 = chunk * rows;
   int r1 = min(m, r0 + rows);
@@ -221,7 +234,8 @@ __device__ void chunk_partials(Terms const& terms, int m, int n, int rows, int g
 template <class Terms, int V>
 __global__ void column_partials_kernel(Terms terms, int m, int n, int rows, double* __restrict__ pa,
                                        double* __restrict__ pb) {
-  chunk_partials<Terms, V>(terms, m, n, rows, blockIdx.x, blockIdx.y, pa, pb);
+  __shared__ PartialsShared<V> sh;
+  chunk_partials<Terms, V>(terms, m, n, rows, blockIdx.x, blockIdx.y, pa, pb, sh);
 }
 
 // Both sums of `terms` over all m rows into out[0:n], out[n:2n], through
@@ -349,6 +363,41 @@ __device__ void normalize_round(FinalizeArgs const& a, int c0, Column<A> const (
   }
 }
 
+// Rows [begin, end) of columns c0 .. c0 + V through a cp.async pipeline of S stages (16-byte
+// groups only): each thread keeps S - 1 rows of h in flight into its own slots of `stage`,
+// which registers could not hold under the kernel's 64-register bound (R = 2 in registers
+// reached ~2.6 TB/s at 16384 x 4096, where a copy reaches ~2.9). Only the issuing thread
+// reads a slot, so cp.async.wait_group alone orders it; no block barrier.
+template <class T, class TO, int V, int S, class A>
+__device__ void normalize_rows_async(FinalizeArgs const& a, int c0, Column<A> const (&col)[V], int64_t begin,
+                                     int64_t end, uint4* stage) {
+  static_assert(sizeof(Group<T, V>) == 16, "16-byte groups only");
+  auto const* h = static_cast<T const*>(a.h);
+  auto* y = static_cast<TO*>(a.y);
+  int tid = threadIdx.y * 32 + threadIdx.x;
+  int64_t first = begin + threadIdx.y;
+  int count = first < end ? static_cast<int>((end - first + 7) / 8) : 0;
+  auto row = [&](int j) { return first + 8 * static_cast<int64_t>(count - 1 - j); };  // last rows first
+  auto issue = [&](int j) {
+    if (j < count) {
+      unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(stage + (j % S) * 256 + tid));
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(h + row(j) * a.ldh + c0) : "memory");
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+  };
+#pragma unroll
+  for (int j = 0; j < S - 1; ++j) issue(j);
+  for (int j = 0; j < count; ++j) {
+    issue(j + S - 1);
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(S - 1) : "memory");
+    Group<T, V> in = *reinterpret_cast<Group<T, V> const*>(stage + (j % S) * 256 + tid);
+    Group<TO, V> out;
+#pragma unroll
+    for (int v = 0; v < V; ++v) out.v[v] = from_float<TO>((A(to_float(in.v[v])) - col[v].mean_h) * col[v].mul + col[v].b);
+    store_group_once<TO, V>(y + row(j) * a.n + c0, out);
+  }
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
 template <class T, class TO, int V, int R, class A>
 __device__ void normalize_rows(FinalizeArgs const& a, int c0, Column<A> const (&col)[V], int64_t begin, int64_t end,
                                int64_t step) {
@@ -379,8 +428,16 @@ __global__ void __launch_bounds__(256, 4) batch_norm_train_kernel(TrainArgs a, i
   auto* pb = pa + static_cast<int64_t>(chunks) * f.n;
   auto* exact = reinterpret_cast<unsigned char*>(pb + static_cast<int64_t>(chunks) * f.n);  // FromGemm only
   int items = groups * chunks;
+  // One buffer for the three phases: phase 0's lane sums, phase 1's partials, phase 2's cp.async
+  // slots (separate arrays exceeded the 48 KiB of static shared memory).
+  constexpr int kScratch = std::max<int>(sizeof(PartialsShared<V>), 4 * 256 * sizeof(uint4));
+  __shared__ uint4 stage[kScratch / sizeof(uint4)];
   if constexpr (FromGemm) {
-    // Phase 0: each column's sums from the GEMM's partials, added in fp64 in tile order.
+    // Phase 0: each column's sums from the GEMM's partials, in fp64. A block takes 32 columns;
+    // its 8 row lanes each add every 8th tile, then the lanes are added in lane order (a fixed
+    // order: bitwise stable). One thread a column walking all u_tiles tiles while the other
+    // blocks waited at the barrier cost 0.6-2.6 us more at 16384 rows (64 tiles), ~1 us less at
+    // 1024-4096 rows (4-16 tiles; H100, NOTES.md v0.14).
     // fp32 partials err by ~2^-20 of the sum of squares, so var = q/m - mean^2 is trusted only
     // where mean^2 <= 64 var (relative error <= ~65 2^-20, far below bf16's and TF32's);
     // fp64 partials (fp32 h) are as exact as the pass. Other columns, and any with a NaN or
@@ -388,16 +445,33 @@ __global__ void __launch_bounds__(256, 4) batch_norm_train_kernel(TrainArgs a, i
     constexpr double kTrust = std::is_same_v<P, double> ? INFINITY : 64;
     auto const* us = static_cast<P const*>(a.u_sum);
     auto const* uq = static_cast<P const*>(a.u_sumsq);
-    for (int c = blockIdx.x * 256 + threadIdx.y * 32 + threadIdx.x; c < f.n; c += gridDim.x * 256) {
+    auto& lanes = *reinterpret_cast<double(*)[2][8][32]>(stage);
+    for (int slice = blockIdx.x; slice * 32 < f.n; slice += gridDim.x) {
+      int c = slice * 32 + threadIdx.x;
       double s = 0, q = 0;
-      for (int t = 0; t < a.u_tiles; ++t) {
-        s += us[t * a.u_ld + c];
-        q += uq[t * a.u_ld + c];
+      if (c < f.n) {
+#pragma unroll 4
+        for (int t = threadIdx.y; t < a.u_tiles; t += 8) {
+          s += us[t * a.u_ld + c];
+          q += uq[t * a.u_ld + c];
+        }
       }
-      double mean = s / f.count, var = q / f.count - mean * mean;
-      exact[c] = !(isfinite(s) && isfinite(q) && (kTrust == INFINITY || mean * mean <= kTrust * var));
-      a.stats[c] = s;
-      a.stats[f.n + c] = q;
+      lanes[0][threadIdx.y][threadIdx.x] = s;
+      lanes[1][threadIdx.y][threadIdx.x] = q;
+      __syncthreads();
+      if (threadIdx.y == 0 && c < f.n) {
+        s = lanes[0][0][threadIdx.x];
+        q = lanes[1][0][threadIdx.x];
+        for (int i = 1; i < 8; ++i) {
+          s += lanes[0][i][threadIdx.x];
+          q += lanes[1][i][threadIdx.x];
+        }
+        double mean = s / f.count, var = q / f.count - mean * mean;
+        exact[c] = !(isfinite(s) && isfinite(q) && (kTrust == INFINITY || mean * mean <= kTrust * var));
+        a.stats[c] = s;
+        a.stats[f.n + c] = q;
+      }
+      __syncthreads();  // before the next slice overwrites `lanes`
     }
     if (a.num_batches_tracked != nullptr && blockIdx.x == 0 && threadIdx.x == 0 && threadIdx.y == 0)
       *a.num_batches_tracked += 1;  // before the barrier: the second one may be skipped
@@ -414,7 +488,8 @@ __global__ void __launch_bounds__(256, 4) batch_norm_train_kernel(TrainArgs a, i
       for (int v = 0; v < V; ++v) need = need || (c0 + v < f.n && exact[c0 + v]);
       if (!__syncthreads_or(need)) continue;
     }
-    chunk_partials<SumSquares<T>, V>(terms, f.m, f.n, rows, group, item / groups, pa, pb);
+    chunk_partials<SumSquares<T>, V>(terms, f.m, f.n, rows, group, item / groups, pa, pb,
+                                     *reinterpret_cast<PartialsShared<V>*>(stage));
   }
   if (!FromGemm && a.num_batches_tracked != nullptr && blockIdx.x == 0 && threadIdx.x == 0 && threadIdx.y == 0)
     *a.num_batches_tracked += 1;  // read by every block after the barrier (cumulative momentum)
@@ -471,9 +546,11 @@ __global__ void __launch_bounds__(256, 4) batch_norm_train_kernel(TrainArgs a, i
     int c0 = (group * 32 + threadIdx.x) * V;
     int64_t begin = static_cast<int64_t>(chunk) * rows, end = begin + rows;
     if (end > f.m) end = f.m;
-    // Last rows first: phase 1 read them last, so more of them are still in
+    // Last rows first (both paths): phase 1 read them last, so more of them are still in
     // L2 when h exceeds it (2.5% less time at 16384 x 4096, H100).
-    if (c0 < f.n) {
+    if constexpr (sizeof(Group<T, V>) == 16) {
+      if (c0 < f.n) normalize_rows_async<T, TO, V, 4>(f, c0, col, begin, end, stage);
+    } else if (c0 < f.n) {
       for (int64_t k = (end - begin - 1) / (8 * R); k >= 0; --k)
         normalize_round<T, TO, V, R>(f, c0, col, begin + k * 8 * R + threadIdx.y, end);
     }
