@@ -124,6 +124,50 @@ __device__ __forceinline__ void store_group_once(T* p, Group<T, V> const& g) {
   }
 }
 
+// A thread's rows through a cp.async pipeline: row j (0 <= j < count) is K 16-byte pieces
+// (one a tensor it reads), fetched S - 1 rows ahead into this thread's own slots of `stage`
+// (S * K * 256 slots: blocks of 32 x 8 threads), then handed to use(j, piece) in order. Loads in
+// flight live in shared memory, not registers: the row passes run under 64-96 registers a thread,
+// where two rows in registers reached ~2.3-2.6 TB/s at 16384 x 4096 and a copy ~2.9 (H100,
+// NOTES.md v0.14). Only the issuing thread reads a slot, so wait_group alone orders it.
+template <int S, int K, class Addr, class Use>
+__device__ __forceinline__ void pipelined_rows(int count, uint4* stage, Addr&& addr, Use&& use) {
+  int tid = threadIdx.y * 32 + threadIdx.x;
+  auto slot = [&](int j, int k) { return stage + ((j % S) * K + k) * 256 + tid; };
+  auto issue = [&](int j) {
+    if (j < count) {
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(slot(j, k)));
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(addr(j, k)) : "memory");
+      }
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+  };
+#pragma unroll
+  for (int j = 0; j < S - 1; ++j) issue(j);
+  for (int j = 0; j < count; ++j) {
+    issue(j + S - 1);
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(S - 1) : "memory");
+    use(j, [&](int k) { return slot(j, k); });
+  }
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
+// Loaders for the Terms below: straight from memory, or a pipelined row's pieces.
+template <int V>
+struct LoadGlobal {
+  template <class U>
+  __device__ Group<U, V> operator()(int, U const* p) const { return load_group<U, V>(p); }
+};
+
+template <int V, class Piece>
+struct LoadStaged {
+  Piece piece;
+  template <class U>
+  __device__ Group<U, V> operator()(int k, U const*) const { return *reinterpret_cast<Group<U, V> const*>(piece(k)); }
+};
+
 // V for 16-byte groups of T when n, the row strides and every pointer allow
 // it; 1 otherwise (unaligned sizes such as 769 columns).
 template <class T>
@@ -154,9 +198,12 @@ struct SumSquares {
   ColVec scale{};
   static constexpr bool kOverflow = std::is_same_v<T, __half>;
   __device__ double center(int c) const { return kOverflow ? load(scale, c, 1.0) : 0.0; }  // the column's scale
-  template <int V>
-  __device__ void add(int64_t r, int c0, double const (&s)[V], double (&a)[V], double (&b)[V]) const {
-    auto x = load_group<T, V>(h + r * ldh + c0);
+  static constexpr bool kPipelined = true;  // one 16-byte piece a row when V > 1
+  static constexpr int kInputs = 1;
+  __device__ void const* input(int, int64_t r, int c0) const { return h + r * ldh + c0; }
+  template <int V, class Load>
+  __device__ void add(int64_t r, int c0, double const (&s)[V], double (&a)[V], double (&b)[V], Load const& load) const {
+    auto x = load(0, h + r * ldh + c0);
 #pragma unroll
     for (int v = 0; v < V; ++v) {
       float f = to_float(x.v[v]);
@@ -176,10 +223,15 @@ template <class T, class TY>
 struct GradSums {
   TY const* dy; T const* h; int64_t ldh; int n; double const* mean_h;
   __device__ double center(int c) const { return mean_h[c]; }
-  template <int V>
-  __device__ void add(int64_t r, int c0, double const (&mu)[V], double (&a)[V], double (&b)[V]) const {
-    auto g = load_group<TY, V>(dy + r * n + c0);
-    auto x = load_group<T, V>(h + r * ldh + c0);
+  static constexpr bool kPipelined = sizeof(TY) == sizeof(T);  // dy's groups are 16 bytes too
+  static constexpr int kInputs = 2;
+  __device__ void const* input(int k, int64_t r, int c0) const {
+    return k == 0 ? static_cast<void const*>(dy + r * n + c0) : static_cast<void const*>(h + r * ldh + c0);
+  }
+  template <int V, class Load>
+  __device__ void add(int64_t r, int c0, double const (&mu)[V], double (&a)[V], double (&b)[V], Load const& load) const {
+    auto g = load(0, dy + r * n + c0);
+    auto x = load(1, h + r * ldh + c0);
 #pragma unroll
     for (int v = 0; v < V; ++v) {
       double d = to_float(g.v[v]);
@@ -194,9 +246,23 @@ struct GradSums {
 template <int V>
 using PartialsShared = double[2][8][32 * V];
 
+// Stages of the pipelined two-tensor passes (column sums, grad_input): 32 KiB of slots a block
+// for dy and h. H100, bf16 16384 x 4096: column sums 118.1 -> 105.8 us, grad_input 153.6
+// -> 142.0 (two runs, NOTES.md v0.14).
+constexpr int kSumStages = 4;
+
+template <class Terms, int V>
+constexpr bool pipelined_sums() { return V > 1 && Terms::kPipelined; }
+
+// Shared memory chunk_partials needs: its pipeline's slots, then the lanes' sums (one buffer).
+template <class Terms, int V>
+constexpr int partials_scratch() {
+  return std::max<int>(sizeof(PartialsShared<V>), pipelined_sums<Terms, V>() ? kSumStages * Terms::kInputs * 4096 : 0);
+}
+
 template <class Terms, int V>
 __device__ void chunk_partials(Terms const& terms, int m, int n, int rows, int group, int chunk,
-                               double* __restrict__ pa, double* __restrict__ pb, PartialsShared<V>& sh) {
+                               double* __restrict__ pa, double* __restrict__ pb, uint4* scratch) {
   int c0 = (group * 32 + threadIdx.x) * V;  // n % V == 0 when V > 1: groups are whole
   int r0 = chunk * rows;
   int r1 = min(m, r0 + rows);
@@ -205,9 +271,22 @@ __device__ void chunk_partials(Terms const& terms, int m, int n, int rows, int g
   if (live) {
 #pragma unroll
     for (int v = 0; v < V; ++v) mu[v] = terms.center(c0 + v);
-#pragma unroll 4
-    for (int r = r0 + threadIdx.y; r < r1; r += 8) terms.template add<V>(r, c0, mu, a, b);
   }
+  // Each lane adds its rows in order either way: the same bits.
+  if constexpr (pipelined_sums<Terms, V>()) {
+    int first = r0 + threadIdx.y;
+    int count = live && first < r1 ? (r1 - first + 7) / 8 : 0;
+    pipelined_rows<kSumStages, Terms::kInputs>(
+        count, scratch, [&](int j, int k) { return terms.input(k, first + 8 * j, c0); },
+        [&](int j, auto piece) {
+          terms.template add<V>(first + 8 * j, c0, mu, a, b, LoadStaged<V, decltype(piece)>{piece});
+        });
+    __syncthreads();  // the slots are `sh` below
+  } else if (live) {
+#pragma unroll 4
+    for (int r = r0 + threadIdx.y; r < r1; r += 8) terms.template add<V>(r, c0, mu, a, b, LoadGlobal<V>{});
+  }
+  auto& sh = *reinterpret_cast<PartialsShared<V>*>(scratch);
 #pragma unroll
   for (int v = 0; v < V; ++v) {
     sh[0][threadIdx.y][threadIdx.x * V + v] = a[v];
@@ -234,8 +313,8 @@ __device__ void chunk_partials(Terms const& terms, int m, int n, int rows, int g
 template <class Terms, int V>
 __global__ void column_partials_kernel(Terms terms, int m, int n, int rows, double* __restrict__ pa,
                                        double* __restrict__ pb) {
-  __shared__ PartialsShared<V> sh;
-  chunk_partials<Terms, V>(terms, m, n, rows, blockIdx.x, blockIdx.y, pa, pb, sh);
+  __shared__ uint4 scratch[partials_scratch<Terms, V>() / sizeof(uint4)];
+  chunk_partials<Terms, V>(terms, m, n, rows, blockIdx.x, blockIdx.y, pa, pb, scratch);
 }
 
 // Both sums of `terms` over all m rows into out[0:n], out[n:2n], through
@@ -363,41 +442,28 @@ __device__ void normalize_round(FinalizeArgs const& a, int c0, Column<A> const (
   }
 }
 
-// Rows [begin, end) of columns c0 .. c0 + V through a cp.async pipeline of S stages (16-byte
-// groups only): each thread keeps S - 1 rows of h in flight into its own slots of `stage`,
-// which registers could not hold under the kernel's 64-register bound (R = 2 in registers
-// reached ~2.6 TB/s at 16384 x 4096, where a copy reaches ~2.9). Only the issuing thread
-// reads a slot, so cp.async.wait_group alone orders it; no block barrier.
+// Rows [begin, end) of columns c0 .. c0 + V, last rows first, through pipelined_rows.
 template <class T, class TO, int V, int S, class A>
-__device__ void normalize_rows_async(FinalizeArgs const& a, int c0, Column<A> const (&col)[V], int64_t begin,
-                                     int64_t end, uint4* stage) {
+__device__ void normalize_rows_pipelined(FinalizeArgs const& a, int c0, Column<A> const (&col)[V], int64_t begin,
+                                         int64_t end, uint4* stage) {
   static_assert(sizeof(Group<T, V>) == 16, "16-byte groups only");
   auto const* h = static_cast<T const*>(a.h);
   auto* y = static_cast<TO*>(a.y);
-  int tid = threadIdx.y * 32 + threadIdx.x;
   int64_t first = begin + threadIdx.y;
   int count = first < end ? static_cast<int>((end - first + 7) / 8) : 0;
-  auto row = [&](int j) { return first + 8 * static_cast<int64_t>(count - 1 - j); };  // last rows first
-  auto issue = [&](int j) {
-    if (j < count) {
-      unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(stage + (j % S) * 256 + tid));
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(h + row(j) * a.ldh + c0) : "memory");
-    }
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-  };
+  auto row = [&](int j) { return first + 8 * static_cast<int64_t>(count - 1 - j); };
+  pipelined_rows<S, 1>(
+      count, stage, [&](int j, int) { return h + row(j) * a.ldh + c0; },
+      [&](int j, auto piece) {
+        auto in = *reinterpret_cast<Group<T, V> const*>(piece(0));
+        Group<TO, V> out;
 #pragma unroll
-  for (int j = 0; j < S - 1; ++j) issue(j);
-  for (int j = 0; j < count; ++j) {
-    issue(j + S - 1);
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(S - 1) : "memory");
-    Group<T, V> in = *reinterpret_cast<Group<T, V> const*>(stage + (j % S) * 256 + tid);
-    Group<TO, V> out;
-#pragma unroll
-    for (int v = 0; v < V; ++v) out.v[v] = from_float<TO>((A(to_float(in.v[v])) - col[v].mean_h) * col[v].mul + col[v].b);
-    store_group_once<TO, V>(y + row(j) * a.n + c0, out);
-  }
-  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+        for (int v = 0; v < V; ++v)
+          out.v[v] = from_float<TO>((A(to_float(in.v[v])) - col[v].mean_h) * col[v].mul + col[v].b);
+        store_group_once<TO, V>(y + row(j) * a.n + c0, out);
+      });
 }
+
 template <class T, class TO, int V, int R, class A>
 __device__ void normalize_rows(FinalizeArgs const& a, int c0, Column<A> const (&col)[V], int64_t begin, int64_t end,
                                int64_t step) {
@@ -428,9 +494,11 @@ __global__ void __launch_bounds__(256, 4) batch_norm_train_kernel(TrainArgs a, i
   auto* pb = pa + static_cast<int64_t>(chunks) * f.n;
   auto* exact = reinterpret_cast<unsigned char*>(pb + static_cast<int64_t>(chunks) * f.n);  // FromGemm only
   int items = groups * chunks;
-  // One buffer for the three phases: phase 0's lane sums, phase 1's partials, phase 2's cp.async
-  // slots (separate arrays exceeded the 48 KiB of static shared memory).
-  constexpr int kScratch = std::max<int>(sizeof(PartialsShared<V>), 4 * 256 * sizeof(uint4));
+  // One buffer for the three phases: phase 0's lane sums, phase 1's slots and partials, phase 2's
+  // slots (separate arrays exceeded the 48 KiB of static shared memory). 6 stages in phase 2:
+  // tail 98.1 us against 99.8 with 4 and 98.7 with 8 (bf16 16384 x 4096^2, H100).
+  constexpr int kStages = 6;
+  constexpr int kScratch = std::max<int>(partials_scratch<SumSquares<T>, V>(), kStages * 4096);
   __shared__ uint4 stage[kScratch / sizeof(uint4)];
   if constexpr (FromGemm) {
     // Phase 0: each column's sums from the GEMM's partials, in fp64. A block takes 32 columns;
@@ -488,8 +556,7 @@ __global__ void __launch_bounds__(256, 4) batch_norm_train_kernel(TrainArgs a, i
       for (int v = 0; v < V; ++v) need = need || (c0 + v < f.n && exact[c0 + v]);
       if (!__syncthreads_or(need)) continue;
     }
-    chunk_partials<SumSquares<T>, V>(terms, f.m, f.n, rows, group, item / groups, pa, pb,
-                                     *reinterpret_cast<PartialsShared<V>*>(stage));
+    chunk_partials<SumSquares<T>, V>(terms, f.m, f.n, rows, group, item / groups, pa, pb, stage);
   }
   if (!FromGemm && a.num_batches_tracked != nullptr && blockIdx.x == 0 && threadIdx.x == 0 && threadIdx.y == 0)
     *a.num_batches_tracked += 1;  // read by every block after the barrier (cumulative momentum)
@@ -549,7 +616,7 @@ __global__ void __launch_bounds__(256, 4) batch_norm_train_kernel(TrainArgs a, i
     // Last rows first (both paths): phase 1 read them last, so more of them are still in
     // L2 when h exceeds it (2.5% less time at 16384 x 4096, H100).
     if constexpr (sizeof(Group<T, V>) == 16) {
-      if (c0 < f.n) normalize_rows_async<T, TO, V, 4>(f, c0, col, begin, end, stage);
+      if (c0 < f.n) normalize_rows_pipelined<T, TO, V, kStages>(f, c0, col, begin, end, stage);
     } else if (c0 < f.n) {
       for (int64_t k = (end - begin - 1) / (8 * R); k >= 0; --k)
         normalize_round<T, TO, V, R>(f, c0, col, begin + k * 8 * R + threadIdx.y, end);
@@ -580,9 +647,24 @@ __device__ GradColumn<A> grad_column(BackwardArgs const& g, double const* sums, 
           static_cast<A>(-a * sdy / count)};
 }
 
+template <class T, class TY, int V, class A>
+__device__ __forceinline__ Group<T, V> grad_input(GradColumn<A> const (&col)[V], Group<TY, V> const& dy,
+                                                  Group<T, V> const& h) {
+  Group<T, V> out;
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    GradColumn<A> const& k = col[v];
+    out.v[v] = from_float<T>(k.a * A(to_float(dy.v[v])) + k.b * (A(to_float(h.v[v])) - k.mean_h) + k.c);
+  }
+  return out;
+}
+
 template <class T, class TY, int V, int R>
 __global__ void grad_input_kernel(BackwardArgs g, double const* __restrict__ sums) {
   using A = Acc<T>;
+  // dy and h of kSumStages rows a thread in flight (pipelined_rows) where both come in 16-byte groups.
+  constexpr bool kPipelined = V > 1 && sizeof(TY) == sizeof(T);
+  __shared__ uint4 stage[kPipelined ? kSumStages * 2 * 256 : 1];
   GradColumn<A> col[V];
   block_columns<V>(g.n, blockIdx.x, col, [&](int c) { return grad_column<A>(g, sums, c); });
   int c0 = (blockIdx.x * 32 + threadIdx.x) * V;
@@ -590,6 +672,22 @@ __global__ void grad_input_kernel(BackwardArgs g, double const* __restrict__ sum
   auto const* dy = static_cast<TY const*>(g.dy);
   auto const* h = static_cast<T const*>(g.h);
   auto* dh = static_cast<T*>(g.dh);
+  if constexpr (kPipelined) {
+    int64_t first = blockIdx.y * 8 + threadIdx.y, step = int64_t{gridDim.y} * 8;
+    int count = first < g.m ? static_cast<int>((g.m - first + step - 1) / step) : 0;
+    pipelined_rows<kSumStages, 2>(
+        count, stage,
+        [&](int j, int k) {
+          int64_t r = first + j * step;
+          return k == 0 ? static_cast<void const*>(dy + r * g.n + c0) : static_cast<void const*>(h + r * g.ldh + c0);
+        },
+        [&](int j, auto piece) {
+          auto const& d = *reinterpret_cast<Group<TY, V> const*>(piece(0));
+          auto const& x = *reinterpret_cast<Group<T, V> const*>(piece(1));
+          store_group<T, V>(dh + (first + j * step) * g.n + c0, grad_input<T, TY, V>(col, d, x));
+        });
+    return;
+  }
   for (int64_t r0 = blockIdx.y * 8 * R + threadIdx.y; r0 < g.m; r0 += int64_t{gridDim.y} * 8 * R) {
     Group<TY, V> in_dy[R];
     Group<T, V> in_h[R];
@@ -604,13 +702,7 @@ __global__ void grad_input_kernel(BackwardArgs g, double const* __restrict__ sum
 #pragma unroll
     for (int i = 0; i < R; ++i) {
       if (r0 + 8 * i >= g.m) break;
-      Group<T, V> out;
-#pragma unroll
-      for (int v = 0; v < V; ++v) {
-        GradColumn<A> const& k = col[v];
-        out.v[v] = from_float<T>(k.a * A(to_float(in_dy[i].v[v])) + k.b * (A(to_float(in_h[i].v[v])) - k.mean_h) + k.c);
-      }
-      store_group<T, V>(dh + (r0 + 8 * i) * g.n + c0, out);
+      store_group<T, V>(dh + (r0 + 8 * i) * g.n + c0, grad_input<T, TY, V>(col, in_dy[i], in_h[i]));
     }
   }
 }
