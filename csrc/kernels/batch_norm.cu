@@ -659,6 +659,29 @@ __device__ __forceinline__ Group<T, V> grad_input(GradColumn<A> const (&col)[V],
   return out;
 }
 
+// The unpipelined rows: R at a time in registers (single columns, or a wider dy).
+template <class T, class TY, int V, int R, class A>
+__device__ void grad_input_rows(BackwardArgs const& g, GradColumn<A> const (&col)[V], int c0, TY const* dy, T const* h,
+                                T* dh) {
+  for (int64_t r0 = blockIdx.y * 8 * R + threadIdx.y; r0 < g.m; r0 += int64_t{gridDim.y} * 8 * R) {
+    Group<TY, V> in_dy[R];
+    Group<T, V> in_h[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      int64_t r = r0 + 8 * i;
+      if (r < g.m) {
+        in_dy[i] = load_group<TY, V>(dy + r * g.n + c0);
+        in_h[i] = load_group<T, V>(h + r * g.ldh + c0);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      if (r0 + 8 * i >= g.m) break;
+      store_group<T, V>(dh + (r0 + 8 * i) * g.n + c0, grad_input<T, TY, V>(col, in_dy[i], in_h[i]));
+    }
+  }
+}
+
 template <class T, class TY, int V, int R>
 __global__ void grad_input_kernel(BackwardArgs g, double const* __restrict__ sums) {
   using A = Acc<T>;
@@ -686,24 +709,8 @@ __global__ void grad_input_kernel(BackwardArgs g, double const* __restrict__ sum
           auto const& x = *reinterpret_cast<Group<T, V> const*>(piece(1));
           store_group<T, V>(dh + (first + j * step) * g.n + c0, grad_input<T, TY, V>(col, d, x));
         });
-    return;
-  }
-  for (int64_t r0 = blockIdx.y * 8 * R + threadIdx.y; r0 < g.m; r0 += int64_t{gridDim.y} * 8 * R) {
-    Group<TY, V> in_dy[R];
-    Group<T, V> in_h[R];
-#pragma unroll
-    for (int i = 0; i < R; ++i) {
-      int64_t r = r0 + 8 * i;
-      if (r < g.m) {
-        in_dy[i] = load_group<TY, V>(dy + r * g.n + c0);
-        in_h[i] = load_group<T, V>(h + r * g.ldh + c0);
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < R; ++i) {
-      if (r0 + 8 * i >= g.m) break;
-      store_group<T, V>(dh + (r0 + 8 * i) * g.n + c0, grad_input<T, TY, V>(col, in_dy[i], in_h[i]));
-    }
+  } else {
+    grad_input_rows<T, TY, V, R>(g, col, c0, dy, h, dh);
   }
 }
 
