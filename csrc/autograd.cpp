@@ -90,14 +90,21 @@ struct TrainFunction : torch::autograd::Function<TrainFunction> {
     at::AutoDispatchBelowAutograd below;
     auto [y, h, stats, mean, invstd] = op.call(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var,
                                                num_batches_tracked, momentum, eps, family, deterministic, cache);
-    // h is held outside the saved variables, so that the backward can free it
-    // once dh exists (see take_h), unless saved-tensor hooks (activation offload,
-    // checkpointing) are to see it.
+    // h, mean and invstd are held outside the saved variables, so that the backward
+    // can free them once dh exists (see take), unless saved-tensor hooks (activation
+    // offload, checkpointing) are to see them.
     bool hooks = at::SavedTensorDefaultHooks::get_hooks().has_value();
-    ctx->save_for_backward({x, weight, hooks ? h : at::Tensor(), mean, invstd, scale, saved(bn_weight)});
+    at::Tensor none;
+    ctx->save_for_backward({x, weight, hooks ? h : none, hooks ? mean : none, hooks ? invstd : none, scale,
+                            saved(bn_weight)});
+    auto keep = [&](std::string const& key, at::Tensor const& t) {
+      ctx->saved_data[key] = t;
+      ctx->saved_data[key + "_version"] = static_cast<int64_t>(t._version());
+    };
     if (!hooks) {
-      ctx->saved_data["h"] = h;
-      ctx->saved_data["h_version"] = static_cast<int64_t>(h._version());
+      keep("h", h);
+      keep("mean", mean);
+      keep("invstd", invstd);
     }
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["family"] = std::string(family);
@@ -108,21 +115,24 @@ struct TrainFunction : torch::autograd::Function<TrainFunction> {
     return {y, h, stats, mean, invstd};
   }
 
-  // h for the backward. Unless the graph is kept for another backward
-  // (retain_graph=True), the context lets go of it here, so that h is freed as
-  // soon as dh is made and the dX and dW GEMMs run without it: the peak memory
-  // of a training step is then one batch-by-features tensor less, as in
-  // torch.compile's backward (issue 7, benchmarks/NOTES.md v0.12).
-  static at::Tensor take_h(AutogradContext* ctx, at::Tensor const& saved_h) {
-    if (saved_h.defined()) return saved_h;  // under saved-tensor hooks
-    at::Tensor h = ctx->saved_data["h"].toTensor();
-    // What save_for_backward would check: an in-place change of h after the forward.
-    TORCH_CHECK(h._version() == ctx->saved_data["h_version"].toInt(),
+  // h (or mean, invstd) for the backward. Unless the graph is kept for another
+  // backward (retain_graph=True), the context lets go of it here, so that it is
+  // freed as soon as dh is made and the dX and dW GEMMs run without it: the peak
+  // memory of a training step is then one batch-by-features tensor less, as in
+  // torch.compile's backward (issue 7, benchmarks/NOTES.md v0.12), and without
+  // the fp64 mean and invstd (2n doubles, which left the peak 0.125 MiB over
+  // compile's at 8192 features; v0.14).
+  static at::Tensor take(AutogradContext* ctx, at::Tensor const& saved, std::string const& key) {
+    if (saved.defined()) return saved;  // under saved-tensor hooks
+    at::Tensor t = ctx->saved_data[key].toTensor();
+    int64_t version = ctx->saved_data[key + "_version"].toInt();
+    // What save_for_backward would check: an in-place change after the forward.
+    TORCH_CHECK(t._version() == version,
                 "one of the variables needed for gradient computation has been modified by an inplace operation: "
-                "the h output of cutlass_fused::linear_scale_batch_norm_train is at version ", h._version(),
-                "; expected version ", ctx->saved_data["h_version"].toInt(), " instead.");
-    if (!torch::autograd::get_current_graph_task_keep_graph()) ctx->saved_data.erase("h");
-    return h;
+                "the ", key, " output of cutlass_fused::linear_scale_batch_norm_train is at version ", t._version(),
+                "; expected version ", version, " instead.");
+    if (!torch::autograd::get_current_graph_task_keep_graph()) ctx->saved_data.erase(key);
+    return t;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -132,14 +142,14 @@ struct TrainFunction : torch::autograd::Function<TrainFunction> {
     at::Tensor const& dy = grads[0];
     if (!dy.defined()) return out;  // y did not reach the loss
     auto s = ctx->get_saved_variables();
-    auto const &x = s[0], &weight = s[1], &mean = s[3], &invstd = s[4], &scale = s[5];
+    auto const &x = s[0], &weight = s[1], &scale = s[5];
     auto need = needs(ctx);
     auto dtypes = ctx->saved_data["dtypes"].toIntList();
     double eps = ctx->saved_data["eps"].toDouble();
-    at::Tensor h = take_h(ctx, s[2]);
-    s[2] = at::Tensor();
+    at::Tensor h = take(ctx, s[2], "h"), mean = take(ctx, s[3], "mean"), invstd = take(ctx, s[4], "invstd");
+    s[2] = s[3] = s[4] = at::Tensor();
     auto [dh, dscale, dgamma, dbeta] = op.call(dy, h, mean, invstd, scale, optional(s[6]), eps);
-    h = at::Tensor();
+    h = mean = invstd = at::Tensor();
     linear_grads(dh, x, weight, need[0], need[1], ctx, out);
     // Exactly zero, but NaN in a column whose statistics, scale, bn_weight or dy are not finite
     // (dscale, w invstd^3 eps sum dy (h - mean), then is NaN or Inf), where PyTorch's sum of dh is NaN.
