@@ -84,7 +84,7 @@ using EVTD = cutlass::epilogue::threadblock::Sm80EVT<
     EVTCompute2>;
 
 
-using GemmKernelBase =
+using GemmKernel =
     typename cutlass::gemm::kernel::DefaultGemmWithVisitor<
     cutlass::bfloat16_t, cutlass::layout::RowMajor, cutlass::ComplexTransform::kNone, 8,
     cutlass::bfloat16_t, cutlass::layout::ColumnMajor, cutlass::ComplexTransform::kNone, 8,
@@ -102,10 +102,6 @@ using GemmKernelBase =
     cutlass::arch::OpMultiplyAdd,
     1 /* epilogue stages */
 >::GemmKernel;
-
-// Define named type
-struct GemmKernel :
-  public GemmKernelBase { };
 
 static sm80::Fusion<GemmKernel> fusion_args(GemmEvtArgs const& p) {
   return { { { { {}, {static_cast<cutlass::bfloat16_t const*>(p.b)}, {} }, {p.a, 1.f}, {} }, {p.c}, {} }, {static_cast<cutlass::bfloat16_t*>(p.out), {p.ldo, cute::_1{}, cute::_0{}}} };

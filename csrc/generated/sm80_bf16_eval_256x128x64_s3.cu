@@ -2,16 +2,19 @@
 // Kernel(family='sm80', dtype='bf16', mode='eval', tile=(256, 128, 64), cluster=(1, 1, 1), schedule='TmaWarpSpecializedCooperative', warps=(4, 2, 1), stages=3, epi_tile=None, promote=None)
 #include "generated/sm80_bf16_eval.cuh"
 
-namespace cutlass_fused {
-namespace gen::sm80_bf16_eval_256x128x64_s3 {
-inline char const* name() { return "sm80_bf16_eval_256x128x64_s3"; }
-}  // namespace gen::sm80_bf16_eval_256x128x64_s3
+namespace cutlass_fused::gen::sm80_bf16_eval_256x128x64_s3 {
+using Gemm = sm80_bf16_eval::Gemm<cutlass::gemm::GemmShape<256, 128, 64>,
+                                  cutlass::gemm::GemmShape<64, 64, 64>,
+                                  3>;
+struct Kernel : Gemm::GemmKernel { };
 
+inline char const* name() { return "sm80_bf16_eval_256x128x64_s3"; }
+}  // namespace cutlass_fused::gen::sm80_bf16_eval_256x128x64_s3
+
+namespace cutlass_fused {
 template <>
 KernelEntry const& kernel_entry<KernelId::sm80_bf16_eval_256x128x64_s3>() {
-  using G = gen::sm80_bf16_eval::Gemm<cutlass::gemm::GemmShape<256, 128, 64>,
-                                      cutlass::gemm::GemmShape<64, 64, 64>,
-                                      3>;
-  return sm80::Launch<G::GemmKernel, &G::fusion_args, &gen::sm80_bf16_eval_256x128x64_s3::name>::entry();
+  namespace g = gen::sm80_bf16_eval_256x128x64_s3;
+  return sm80::Launch<g::Kernel, &g::Gemm::fusion_args, &g::name>::entry();
 }
 }  // namespace cutlass_fused

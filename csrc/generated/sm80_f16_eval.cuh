@@ -90,7 +90,7 @@ using EVTD = cutlass::epilogue::threadblock::Sm80EVT<
     EVTCompute2>;
 
 
-using GemmKernelBase =
+using GemmKernel =
     typename cutlass::gemm::kernel::DefaultGemmWithVisitor<
     cutlass::half_t, cutlass::layout::RowMajor, cutlass::ComplexTransform::kNone, 8,
     cutlass::half_t, cutlass::layout::ColumnMajor, cutlass::ComplexTransform::kNone, 8,
@@ -108,10 +108,6 @@ using GemmKernelBase =
     cutlass::arch::OpMultiplyAdd,
     1 /* epilogue stages */
 >::GemmKernel;
-
-// Define named type
-struct GemmKernel :
-  public GemmKernelBase { };
 
 static sm80::Fusion<GemmKernel> fusion_args(GemmEvtArgs const& p) {
   return { { { { {}, {static_cast<cutlass::half_t const*>(p.b)}, {} }, {p.s, 1.f}, {} }, {p.a, 1.f}, {p.c}, {} }, {static_cast<cutlass::half_t*>(p.out), {p.ldo, cute::_1{}, cute::_0{}}} };

@@ -104,16 +104,12 @@ using CollectiveMainloop =
     cutlass::gemm::KernelTmaWarpSpecializedCooperative
   >::CollectiveOp;
 
-using GemmKernelBase = cutlass::gemm::kernel::GemmUniversal<
+using GemmKernel = cutlass::gemm::kernel::GemmUniversal<
     Shape<int,int,int,int>,
     CollectiveMainloop,
     CollectiveEpilogue,
     void
 >;
-
-// Define named type
-struct GemmKernel :
-  public GemmKernelBase { };
 
 static sm90::Fusion<GemmKernel> fusion_args(GemmEvtArgs const& p) {
   return { { { {}, {static_cast<cutlass::bfloat16_t const*>(p.b)}, {} }, {p.a, 1.f}, {} }, {p.c}, {} };

@@ -2,16 +2,19 @@
 // Kernel(family='sm90', dtype='bf16', mode='stats', tile=(128, 128, 64), cluster=(2, 1, 1), schedule='TmaWarpSpecializedCooperative', warps=(2, 2, 1), stages=None, epi_tile=None, promote=None)
 #include "generated/sm90_bf16_stats.cuh"
 
-namespace cutlass_fused {
-namespace gen::sm90_bf16_stats_128x128x64_c2x1x1 {
-inline char const* name() { return "sm90_bf16_stats_128x128x64_c2x1x1"; }
-}  // namespace gen::sm90_bf16_stats_128x128x64_c2x1x1
+namespace cutlass_fused::gen::sm90_bf16_stats_128x128x64_c2x1x1 {
+using Gemm = sm90_bf16_stats::Gemm<cute::Shape<cute::_128, cute::_128, cute::_64>,
+                                   cute::Shape<cute::_2, cute::_1, cute::_1>,
+                                   cutlass::epilogue::collective::EpilogueTileAuto>;
+struct Kernel : Gemm::GemmKernel { };
 
+inline char const* name() { return "sm90_bf16_stats_128x128x64_c2x1x1"; }
+}  // namespace cutlass_fused::gen::sm90_bf16_stats_128x128x64_c2x1x1
+
+namespace cutlass_fused {
 template <>
 KernelEntry const& kernel_entry<KernelId::sm90_bf16_stats_128x128x64_c2x1x1>() {
-  using G = gen::sm90_bf16_stats::Gemm<cute::Shape<cute::_128, cute::_128, cute::_64>,
-                                       cute::Shape<cute::_2, cute::_1, cute::_1>,
-                                       cutlass::epilogue::collective::EpilogueTileAuto>;
-  return sm90::Launch<G::GemmKernel, &G::fusion_args, &gen::sm90_bf16_stats_128x128x64_c2x1x1::name>::entry();
+  namespace g = gen::sm90_bf16_stats_128x128x64_c2x1x1;
+  return sm90::Launch<g::Kernel, &g::Gemm::fusion_args, &g::name>::entry();
 }
 }  // namespace cutlass_fused

@@ -2,16 +2,19 @@
 // Kernel(family='sm90', dtype='f32x3', mode='eval', tile=(128, 128, 32), cluster=(1, 2, 1), schedule='TmaWarpSpecializedCooperative', warps=(2, 2, 1), stages=None, epi_tile=None, promote=4)
 #include "generated/sm90_f32x3_eval.cuh"
 
-namespace cutlass_fused {
-namespace gen::sm90_f32x3_eval_128x128x32_c1x2x1_p4 {
-inline char const* name() { return "sm90_f32x3_eval_128x128x32_c1x2x1_p4"; }
-}  // namespace gen::sm90_f32x3_eval_128x128x32_c1x2x1_p4
+namespace cutlass_fused::gen::sm90_f32x3_eval_128x128x32_c1x2x1_p4 {
+using Gemm = sm90_f32x3_eval::Gemm<cute::Shape<cute::_128, cute::_128, cute::_32>,
+                                   cute::Shape<cute::_1, cute::_2, cute::_1>,
+                                   cutlass::epilogue::collective::EpilogueTileAuto>;
+struct Kernel : Gemm::GemmKernel { };
 
+inline char const* name() { return "sm90_f32x3_eval_128x128x32_c1x2x1_p4"; }
+}  // namespace cutlass_fused::gen::sm90_f32x3_eval_128x128x32_c1x2x1_p4
+
+namespace cutlass_fused {
 template <>
 KernelEntry const& kernel_entry<KernelId::sm90_f32x3_eval_128x128x32_c1x2x1_p4>() {
-  using G = gen::sm90_f32x3_eval::Gemm<cute::Shape<cute::_128, cute::_128, cute::_32>,
-                                       cute::Shape<cute::_1, cute::_2, cute::_1>,
-                                       cutlass::epilogue::collective::EpilogueTileAuto>;
-  return sm90::Launch<G::GemmKernel, &G::fusion_args, &gen::sm90_f32x3_eval_128x128x32_c1x2x1_p4::name, 4>::entry();
+  namespace g = gen::sm90_f32x3_eval_128x128x32_c1x2x1_p4;
+  return sm90::Launch<g::Kernel, &g::Gemm::fusion_args, &g::name, 4>::entry();
 }
 }  // namespace cutlass_fused

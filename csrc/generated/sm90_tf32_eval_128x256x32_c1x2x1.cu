@@ -2,16 +2,19 @@
 // Kernel(family='sm90', dtype='tf32', mode='eval', tile=(128, 256, 32), cluster=(1, 2, 1), schedule='TmaWarpSpecializedCooperative', warps=(2, 2, 1), stages=None, epi_tile=None, promote=None)
 #include "generated/sm90_tf32_eval.cuh"
 
-namespace cutlass_fused {
-namespace gen::sm90_tf32_eval_128x256x32_c1x2x1 {
-inline char const* name() { return "sm90_tf32_eval_128x256x32_c1x2x1"; }
-}  // namespace gen::sm90_tf32_eval_128x256x32_c1x2x1
+namespace cutlass_fused::gen::sm90_tf32_eval_128x256x32_c1x2x1 {
+using Gemm = sm90_tf32_eval::Gemm<cute::Shape<cute::_128, cute::_256, cute::_32>,
+                                  cute::Shape<cute::_1, cute::_2, cute::_1>,
+                                  cutlass::epilogue::collective::EpilogueTileAuto>;
+struct Kernel : Gemm::GemmKernel { };
 
+inline char const* name() { return "sm90_tf32_eval_128x256x32_c1x2x1"; }
+}  // namespace cutlass_fused::gen::sm90_tf32_eval_128x256x32_c1x2x1
+
+namespace cutlass_fused {
 template <>
 KernelEntry const& kernel_entry<KernelId::sm90_tf32_eval_128x256x32_c1x2x1>() {
-  using G = gen::sm90_tf32_eval::Gemm<cute::Shape<cute::_128, cute::_256, cute::_32>,
-                                      cute::Shape<cute::_1, cute::_2, cute::_1>,
-                                      cutlass::epilogue::collective::EpilogueTileAuto>;
-  return sm90::Launch<G::GemmKernel, &G::fusion_args, &gen::sm90_tf32_eval_128x256x32_c1x2x1::name>::entry();
+  namespace g = gen::sm90_tf32_eval_128x256x32_c1x2x1;
+  return sm90::Launch<g::Kernel, &g::Gemm::fusion_args, &g::name>::entry();
 }
 }  // namespace cutlass_fused
