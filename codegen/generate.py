@@ -1,10 +1,21 @@
-"""Emit csrc/generated/*.cu from codegen/kernels.py with cutlass_cppgen (nvidia-cutlass 4.2).
+"""Emit csrc/generated from codegen/kernels.py with cutlass_cppgen (nvidia-cutlass 4.2).
 
     python -m codegen.generate            # (re)write csrc/generated
     python -m codegen.generate --check    # exit 1 if csrc/generated is stale
 
 The generated sources are committed, so building the extension needs only the
 CUTLASS headers, not cutlass_cppgen; CI runs --check to keep them honest.
+
+What it writes: kernels.inc, the registry (an X-macro over the rows); per group
+of rows (Kernel.group: family, dtype, mode, schedule) a header <group>.cuh with
+the kernel's types once, as a class template `Gemm` on what varies between the
+group's rows (sm90: CTA tile, cluster, epilogue tile; sm80: threadblock tile,
+warp tile, stages), and its fusion_args; per row a small <name>.cu (the name
+CMake globs) that instantiates it, names the kernel type after the row and
+specialises kernel_entry<KernelId::name>. The header is emitted from the
+group's first row; every row must give the same text once its tile, cluster
+and epilogue tile are made parameters, so that a row that differs in anything
+else fails here instead of compiling as another row's kernel.
 
 cutlass_cppgen emits the kernel's type definitions; we write the host side
 (csrc/kernels/*_launch.cuh) and patch the emitted text in six documented ways,
@@ -123,8 +134,8 @@ def _sub(pattern, repl, text, count, what):
     return new
 
 
-def _patch(k: Kernel, src: str) -> tuple[str, str]:
-    """Apply the documented patches; return (source, kernel type name)."""
+def _patch(k: Kernel, src: str) -> str:
+    """Apply the documented patches."""
     if k.mode.startswith("train"):
         red = "Sm90RowReduction" if k.family == "sm90" else "VisitorRowReduction"
         src = _sub(rf"(using ColSum(?:sq)? = cutlass::epilogue::\w+::{red}<[^;]*?double,\s*)float,",
@@ -194,8 +205,7 @@ def _patch(k: Kernel, src: str) -> tuple[str, str]:
         cta = ", ".join(f"_{t}" for t in k.tile)
         src = _sub(rf"EpilogueDescriptor<\s*cute::Shape<{big}>", f"EpilogueDescriptor<\n  cute::Shape<{cta}>",
                    src, 1, "CTA epilogue tile")
-    name = re.search(r"struct (\w+_type) :", src).group(1)
-    return src, name
+    return src
 
 
 # Leaf arguments of the EVT nodes our epilogues use. `{}` value-initialises a
@@ -240,25 +250,92 @@ def fusion_args(src: str, dtype: str) -> str:
     return args(roots[0])
 
 
-def render(k: Kernel, emitted: str, includes: list[str]) -> str:
-    src, type_name = _patch(k, emitted)
+def _template(k: Kernel, src: str) -> tuple[str, list[str]]:
+    """A row's patched types as the body of its group's class template.
+
+    Returns the body and the row's template arguments: its tile, cluster and
+    epilogue tile (sm80: tile, warp tile, stages) become the template's
+    parameters, and cutlass_cppgen's kernel (named after the tile) becomes
+    GemmKernel; its named type, which profiles show, is the row's own
+    (render). Each replacement is counted, as the patches are.
+    """
+    op = re.search(r"struct (\w+)_type :", src).group(1)
+    src = _sub(rf"// Gemm operator {op}\n", "", src, 1, "template: kernel name comment")
+    src = _sub(rf"\n// Define named type\nstruct {op}_type :\s*public {op}_base {{ }};\n", "", src, 1,
+               "template: named kernel type")
+    src = _sub(rf"\b{op}_base\b", "GemmKernel", src, 1, "template: kernel name")
+    if k.family == "sm90":
+        # A using-directive cannot stand in a class; the header puts it in the namespace.
+        src = _sub(r"using namespace cute;\n", "", src, 1, "template: using namespace cute")
+        tile = "cute::Shape<" + ", ".join(f"cute::_{t}" for t in k.tile) + ">"
+        cluster = "cute::Shape<" + ",".join(f"cute::_{c}" for c in k.cluster) + ">"
+        epi = ("cute::Shape<" + ", ".join(f"cute::_{t}" for t in k.epi_tile) + ">" if k.epi_tile
+               else "cutlass::epilogue::collective::EpilogueTileAuto")
+        src = _sub(re.escape(tile), "TileShape", src, 2, "template: tile (collectives)")
+        # The EpilogueDescriptor's tile as patch 3 writes it (`using namespace cute` spelling).
+        cta = "cute::Shape<" + ", ".join(f"_{t}" for t in k.tile) + ">"
+        src = _sub(rf"(EpilogueDescriptor<\s*){re.escape(cta)}", r"\1TileShape", src, 1,
+                   "template: tile (EpilogueDescriptor)")
+        src = _sub(re.escape(cluster), "ClusterShape", src, 2, "template: cluster")
+        # Only the collective's epilogue tile: the descriptor keeps its EpilogueTileAuto (patch 3 leaves it).
+        src = _sub(rf"(ClusterShape,\s*){re.escape(epi)}", r"\1EpilogueTile", src, 1, "template: epilogue tile")
+        return src, [tile, cluster.replace(",", ", "), epi]
+    tile = "cutlass::gemm::GemmShape<" + ", ".join(map(str, k.tile)) + ">"
+    warp = "cutlass::gemm::GemmShape<" + ", ".join(str(t // w) for t, w in zip(k.tile, k.warps)) + ">"
+    src = _sub(re.escape(tile), "ThreadblockShape", src, 2, "template: threadblock tile")
+    src = _sub(re.escape(warp), "WarpShape", src, 2, "template: warp tile")
+    src = _sub(rf"(GemmIdentityThreadblockSwizzle<1>,\s*){k.stages},", r"\1Stages,", src, 1, "template: stages")
+    return src, [tile, warp, str(k.stages)]
+
+
+_PARAMS = {"sm90": "class TileShape, class ClusterShape, class EpilogueTile",
+           "sm80": "class ThreadblockShape, class WarpShape, int Stages"}
+
+
+def header(k: Kernel, src: str, body: str, includes: list[str]) -> str:
+    """The group's header from row k's patched types and their template body: the
+    same text for every row of the group (expected() checks)."""
     inc = "\n".join(f"#include \"{i}\"" for i in includes)
     promoted = "\n#include \"kernels/promoted_mainloop.h\"" if k.family == "sm90" and k.dtype == "f32x3" else ""
-    promote = f", {k.promote}" if k.promote else ""
+    cute = "using namespace cute;\n\n" if k.family == "sm90" else ""
     return f"""\
 // Generated by `python -m codegen.generate` from codegen/kernels.py. Do not edit.
-// {k}
+// The kernel types of the rows of group {k.group}, templated on what varies between them;
+// each row's csrc/generated/<name>.cu instantiates Gemm with its own.
+#pragma once
 {inc}
 #include "kernels/{k.family}_launch.cuh"{promoted}
 
-namespace cutlass_fused::gen::{k.name} {{
-{src.strip()}
+namespace cutlass_fused::gen::{k.group} {{
+{cute}template <{_PARAMS[k.family]}>
+struct Gemm {{
+{body.strip()}
 
-using Kernel = {type_name};
-
-inline {k.family}::Fusion<Kernel> fusion_args(GemmEvtArgs const& p) {{
+static {k.family}::Fusion<GemmKernel> fusion_args(GemmEvtArgs const& p) {{
   return {fusion_args(src, k.dtype)};
 }}
+}};
+}}  // namespace cutlass_fused::gen::{k.group}
+"""
+
+
+def render(k: Kernel, args: list[str]) -> str:
+    """The row's .cu: its group's template instantiated with the row's arguments.
+
+    The kernel gets a type of its own in the row's namespace, as cutlass_cppgen's
+    named type had: the row's name is then in the CUDA kernel's name, which is
+    how profiles (and tests/test_selection.py, test_stats_gemm.py) tell the kernels apart.
+    """
+    promote = f", {k.promote}" if k.promote else ""
+    sep = ",\n" + " " * len(f"using Gemm = {k.group}::Gemm<")
+    return f"""\
+// Generated by `python -m codegen.generate` from codegen/kernels.py. Do not edit.
+// {k}
+#include "generated/{k.group}.cuh"
+
+namespace cutlass_fused::gen::{k.name} {{
+using Gemm = {k.group}::Gemm<{sep.join(args)}>;
+struct Kernel : Gemm::GemmKernel {{ }};
 
 inline char const* name() {{ return "{k.name}"; }}
 }}  // namespace cutlass_fused::gen::{k.name}
@@ -267,7 +344,7 @@ namespace cutlass_fused {{
 template <>
 KernelEntry const& kernel_entry<KernelId::{k.name}>() {{
   namespace g = gen::{k.name};
-  return {k.family}::Launch<g::Kernel, &g::fusion_args, &g::name{promote}>::entry();
+  return {k.family}::Launch<g::Kernel, &g::Gemm::fusion_args, &g::name{promote}>::entry();
 }}
 }}  // namespace cutlass_fused
 """
@@ -284,11 +361,23 @@ def registry() -> str:
 def expected(only: str = "") -> dict[str, str]:
     cg = _cutlass()
     files = {"kernels.inc": registry()}
+    first: dict[str, Kernel] = {}  # group -> the row its header was emitted from
     for k in KERNELS:
         if only not in k.name:
             continue
         emitted, includes = _emit(cg, k)
-        files[f"{k.name}.cu"] = render(k, emitted, includes)
+        src = _patch(k, emitted)
+        body, args = _template(k, src)
+        h = header(k, src, body, includes)
+        name = f"{k.group}.cuh"
+        if files.setdefault(name, h) != h:
+            # Built from its group's header, this row would silently be another kernel.
+            sys.stderr.writelines(difflib.unified_diff(files[name].splitlines(True), h.splitlines(True),
+                                                       first[k.group].name, k.name, n=1))
+            raise SystemExit(f"generate: {k.name} differs from {first[k.group].name} in more than the "
+                             f"template parameters of {name}; give it its own group (Kernel.group)")
+        first.setdefault(k.group, k)
+        files[f"{k.name}.cu"] = render(k, args)
         print(f"generate: {k.name}", file=sys.stderr)
     return files
 

@@ -1,7 +1,11 @@
 """The kernel table: every CUTLASS kernel we emit is one row here.
 
 A row is data, not code, so adding a tile/cluster/schedule variant for the
-performance work is one line plus `python -m codegen.generate`.
+performance work is one line plus `python -m codegen.generate`. A row becomes
+csrc/generated/<name>.cu, a few lines instantiating the class template in its
+group's header csrc/generated/<group>.cuh (Kernel.group: one per family, dtype,
+mode and schedule) with the row's tile, cluster and epilogue tile (sm80: tile,
+warp tile, stages).
 
 Fields
   family   "sm90" (TMA warp-specialized, sm90a) or "sm80" (mma.sync, runs on sm80+)
@@ -66,6 +70,14 @@ class Kernel:
         if self.promote:
             tail += f"_p{self.promote}"
         return f"{self.family}_{self.dtype}_{self.mode}_{t}_{tail}"
+
+    @property
+    def group(self) -> str:
+        """The header its .cu instantiates: rows that differ only in the template
+        parameters (tile, cluster, epilogue tile; sm80: tile, warps, stages; promote)
+        share one. A schedule changes the emitted types, so it gets its own."""
+        tail = "_pingpong" if self.schedule == "TmaWarpSpecializedPingpong" else ""
+        return f"{self.family}_{self.dtype}_{self.mode}{tail}"
 
 
 # sm90: cooperative, cluster 1x2. CTA 128x256 was the best statistics-EVT tile
