@@ -34,10 +34,6 @@ Fields
   promote  sm90 f32x3 only: MMAs (k = 8 each) the tensor cores accumulate before
            the sum is added into the fp32 accumulator (a launch argument of
            CUTLASS's promoted mainloop; a multiple of a k-tile's MMAs)
-  streamk  sm90: CUTLASS's stream-K tile scheduler instead of the persistent one
-           (a template argument of the group's header): the last two waves'
-           tiles are split along K over one wave of CTAs, so a partial last wave
-           does not leave SMs idle (find_kernel decides when; registry.cpp)
 """
 from dataclasses import dataclass
 
@@ -54,7 +50,6 @@ class Kernel:
     stages: int | None = None
     epi_tile: tuple | None = None
     promote: int | None = None
-    streamk: bool = False
 
     @property
     def stats(self) -> str:
@@ -74,8 +69,6 @@ class Kernel:
             tail += "_pingpong"
         if self.promote:
             tail += f"_p{self.promote}"
-        if self.streamk:
-            tail += "_sk"
         return f"{self.family}_{self.dtype}_{self.mode}_{t}_{tail}"
 
     @property
@@ -126,12 +119,6 @@ _SM90 += [Kernel("sm90", "bf16", "stats", (128, 128, 64), (2, 1, 1))]
 # (Its cluster along the batch, as f32x3 takes below, measured 1.081 / 1.137 / 1.156 x torch.mm
 # against 1.089 / 1.120 / 1.143 at 1024x8192^2, 16384x4096^2, 4096^3: not kept.)
 _SM90 += [Kernel("sm90", "tf32", "stats", (128, 256, 32), (2, 1, 1))]
-
-# Stream-K twins of the 16-bit and TF32 defaults (candidates; find_kernel takes
-# one where the data-parallel schedule's last wave leaves SMs idle).
-_SM90 += [Kernel("sm90", "bf16", "eval", (256, 128, 64), (1, 2, 1), streamk=True),
-          Kernel("sm90", "bf16", "stats", (128, 256, 64), (2, 1, 1), streamk=True),
-          Kernel("sm90", "tf32", "stats", (128, 256, 32), (2, 1, 1), streamk=True)]
 
 # Smaller bf16 tiles for problems too small to fill the GPU with the default's
 # tiles (batch <= 256 at 8192 features: 64 CTAs of 256x128 on 132 SMs).

@@ -18,7 +18,7 @@
 namespace cutlass_fused::gen::sm90_f32x3_stats {
 using namespace cute;
 
-template <class TileShape, class ClusterShape, class EpilogueTile, class TileScheduler = void>
+template <class TileShape, class ClusterShape, class EpilogueTile>
 struct Gemm {
 using EpilogueDescriptor = cutlass::epilogue::collective::detail::EpilogueDescriptor<
   TileShape, cutlass::epilogue::collective::EpilogueTileAuto,
@@ -154,7 +154,7 @@ using GemmKernel = cutlass::gemm::kernel::GemmUniversal<
     Shape<int,int,int,int>,
     CollectiveMainloop,
     CollectiveEpilogue,
-    TileScheduler
+    void
 >;
 
 static sm90::Fusion<GemmKernel> fusion_args(GemmEvtArgs const& p) {

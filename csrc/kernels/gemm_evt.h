@@ -60,7 +60,6 @@ struct KernelInfo {
                        // partials) or "atomic" (n-vectors); stats: "partial" (fp32 u_sum/u_sumsq)
                        // or "partial64" (fp64); eval: "none"
   int tile_m, tile_n, tile_k;
-  bool streamk;        // sm90 stream-K tile scheduler (else persistent data-parallel)
   KernelEntry const& (*entry)();
 };
 

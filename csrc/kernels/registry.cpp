@@ -23,13 +23,13 @@ namespace {
 #define CUTLASS_FUSED_IF_sm80(...)
 #endif
 
-#define CUTLASS_FUSED_ROW(name, family, dtype, mode, stats, tm, tn, tk, sk) \
-  CUTLASS_FUSED_IF_##family(                                                 \
-      {#name, #family, #dtype, #mode, #stats, tm, tn, tk, sk != 0, &kernel_entry<KernelId::name>},)
+#define CUTLASS_FUSED_ROW(name, family, dtype, mode, stats, tm, tn, tk) \
+  CUTLASS_FUSED_IF_##family(                                             \
+      {#name, #family, #dtype, #mode, #stats, tm, tn, tk, &kernel_entry<KernelId::name>},)
 
 KernelInfo const kTable[] = {
     CUTLASS_FUSED_KERNELS(CUTLASS_FUSED_ROW)
-    {nullptr, nullptr, nullptr, nullptr, nullptr, 0, 0, 0, false, nullptr},  // keeps the array non-empty
+    {nullptr, nullptr, nullptr, nullptr, nullptr, 0, 0, 0, nullptr},  // keeps the array non-empty
 };
 
 }  // namespace
@@ -43,36 +43,6 @@ KernelInfo const* kernels_end() { return kTable + sizeof(kTable) / sizeof(kTable
 // that many is taken instead, or, if none does, the one with the most CTAs.
 // $CUTLASS_FUSED_KERNEL names a row to take instead (python -m
 // cutlass_fused.tune measures each candidate that way; read on every call).
-namespace {
-
-// $CUTLASS_FUSED_STREAMK: unset or empty (the rule below), 0 (never) or 1 (always, where built).
-int streamk_env() {
-  char const* s = std::getenv("CUTLASS_FUSED_STREAMK");
-  if (s == nullptr || *s == '\0') return -1;
-  std::string v = s;
-  if (v != "0" && v != "1")
-    throw std::invalid_argument("cutlass_fused: expected $CUTLASS_FUSED_STREAMK to be 0 or 1, but got '" + v + "'");
-  return v == "1";
-}
-
-// The stream-K twin of `k` (the same row built with CUTLASS's stream-K scheduler), or k. It is
-// taken where the data-parallel schedule has at least two waves and its last one leaves over
-// 40% of the SMs idle: stream-K then spreads the last two waves' tiles, split along K,
-// over exactly two waves of CTAs.
-KernelInfo const* with_scheduler(KernelInfo const* k, int64_t tiles, int sm_count) {
-  int env = streamk_env();
-  if (k == nullptr || env == 0 || sm_count <= 0) return k;
-  int64_t tail = tiles % sm_count;
-  bool quantized = tiles >= 2 * sm_count && tail != 0 && tail * 10 <= sm_count * 6;
-  if (env != 1 && !quantized) return k;
-  std::string twin = std::string(k->name) + "_sk";
-  for (auto const* t = kernels_begin(); t != kernels_end(); ++t)
-    if (t->streamk && twin == t->name) return t;
-  return k;
-}
-
-}  // namespace
-
 KernelInfo const* find_kernel(char const* family, char const* dtype, char const* mode, int m, int n, int,
                               int sm_count) {
   char const* forced = std::getenv("CUTLASS_FUSED_KERNEL");
@@ -85,14 +55,13 @@ KernelInfo const* find_kernel(char const* family, char const* dtype, char const*
   for (auto const* k = kernels_begin(); k != kernels_end(); ++k) {
     if (std::strcmp(k->family, family) || std::strcmp(k->dtype, dtype) || std::strcmp(k->mode, mode)) continue;
     if (forced != nullptr && !std::strcmp(k->name, forced)) return k;
-    if (k->streamk) continue;  // taken as a twin (with_scheduler)
     if (first == nullptr) first = best = k;
     bool fills = ctas(k) >= enough, best_fills = ctas(best) >= enough;
     int64_t area = int64_t{k->tile_m} * k->tile_n, best_area = int64_t{best->tile_m} * best->tile_n;
     if (fills ? (!best_fills || area > best_area) : (!best_fills && ctas(k) > ctas(best))) best = k;
   }
-  KernelInfo const* pick = first != nullptr && ctas(first) >= enough ? first : best;
-  return pick == nullptr ? nullptr : with_scheduler(pick, ctas(pick), sm_count);
+  if (first != nullptr && ctas(first) >= enough) return first;
+  return best;
 }
 
 namespace {

@@ -1,8 +1,6 @@
 // Host launcher for the sm90a TMA warp-specialized kernels (CUTLASS 3.x API).
 #pragma once
 
-#include <type_traits>
-
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "kernels/cutlass_check.h"
 #include "kernels/evt_extra.h"
@@ -45,10 +43,6 @@ struct Launch {
     using Raster = cutlass::gemm::kernel::detail::RasterOrderOptions;
     args.scheduler.max_swizzle_size = p.swizzle;
     args.scheduler.raster_order = p.raster == 1 ? Raster::AlongM : p.raster == 2 ? Raster::AlongN : Raster::Heuristic;
-    // Stream-K rows ask for it outright: CUTLASS's heuristic keeps data-parallel tiles when the
-    // last wave is over half full (16384 x 4096^2: 68 of 132), where splitting still pays.
-    if constexpr (std::is_same_v<typename Kernel::TileSchedulerTag, cutlass::gemm::StreamKScheduler>)
-      args.scheduler.decomposition_mode = cutlass::gemm::kernel::detail::DecompositionMode::StreamK;
     args.hw_info.device_id = p.device;
     args.hw_info.sm_count = p.sm_count;
     return args;
