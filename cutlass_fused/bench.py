@@ -2,13 +2,15 @@
 
     python -m cutlass_fused.bench [--shape B,IN,OUT ...] [--dtype bf16|f16|tf32|f32]
         [--mode train|eval|fwdbwd ...] [--family auto|sm90|sm80] [--impl NAME ...]
-        [--graphs] [--sweep] [--profile] [--out DIR]
+        [--graphs] [--sweep] [--profile] [--rounds N] [--out DIR]
     python -m cutlass_fused.bench --report DIR/results.json     # the README's markdown table
 
 Every time is the median of triton.testing.do_bench (CUDA events where triton is
 missing) after warm-up, and every ratio is to torch.mm of the same shape and
-precision measured in the same run (fwdbwd: to three torch.mm). Without a GPU it
-checks the layer against float64, times it against eager on the CPU, and exits 0.
+precision timed right before it (fwdbwd: to three torch.mm): a GPU's clocks drift
+as it heats over a run, and neighbours see the same clocks. --rounds N repeats
+each pair and reports the medians. Without a GPU it checks the layer against
+float64, times it against eager on the CPU, and exits 0.
 """
 import argparse
 import datetime
@@ -275,10 +277,12 @@ def run(args, argv):
             if not ok:
                 raise SystemExit(f"cutlass_fused.bench: {mode} {shape} {args.dtype}: error {e_ours:.3g} exceeds "
                                  f"2 x eager's {e_eager:.3g} + {FLOOR[args.dtype]:g} against float64")
-        mm = {}
+        mm, mm_call = {}, {}
         for g in graph_opts:
             if bar:
                 bar.set_postfix_str(f"{'x'.join(map(str, shape))} torch.mm{' graph' if g else ''}")
+            mm_fn = case.fn("torch.mm", "train")
+            mm_call[g] = graphed(mm_fn) if g else mm_fn
             mm[g] = measure(case, "torch.mm", "train", g, args, out_dir, cuda)
             if bar:
                 bar.update()
@@ -297,11 +301,10 @@ def run(args, argv):
                         continue
                     if bar:
                         bar.set_postfix_str(f"{'x'.join(map(str, shape))} {mode} {impl}{' graph' if g else ''}")
-                    row = measure(case, impl, mode, g, args, out_dir, cuda)
+                    row = measure(case, impl, mode, g, args, out_dir, cuda, mm_call[g])
                     if bar:
                         bar.update()
                     if row is not None:
-                        row["ratio_to_mm"] = row["ms"] / (GEMMS[mode] * mm[g]["ms"])
                         rows.append(row)
         # Written after every shape, so that a run cut short keeps what it measured.
         result = {"meta": meta(argv, device), "rows": rows, "checks": checks}
@@ -318,13 +321,20 @@ def run(args, argv):
     return 0
 
 
-def measure(case, impl, mode, use_graph, args, out_dir, cuda):
+def measure(case, impl, mode, use_graph, args, out_dir, cuda, mm_call=None):
+    """One row: impl's median time over --rounds and, given mm_call, the median of its ratios to
+    GEMMS[mode] torch.mm timed right before it in each round."""
     m, k, n = case.shape
     try:
         with cutlass_fused.use_kernel_family(args.family):
             fn = case.fn(impl, mode)
             call = graphed(fn) if use_graph else fn
-            ms = median_ms(call, cuda)
+            times, mm_times = [], []
+            for _ in range(args.rounds):
+                if mm_call is not None:
+                    mm_times.append(median_ms(mm_call, cuda))
+                times.append(median_ms(call, cuda))
+            ms = statistics.median(times)
             extra = {"peak_extra_mib": None, "kernels": None, "host_us": None}
             if cuda and not use_graph:
                 extra["peak_extra_mib"] = peak_extra_mib(fn)
@@ -345,8 +355,10 @@ def measure(case, impl, mode, use_graph, args, out_dir, cuda):
               file=sys.stderr)
         return None
     flops = GEMMS[mode] * 2 * m * n * k
+    ratio = statistics.median(t / (GEMMS[mode] * b) for t, b in zip(times, mm_times)) if mm_times else None
     row = {"shape": [m, k, n], "dtype": case.label, "mode": mode, "impl": impl, "graphs": use_graph,
-           "ms": ms, "tflops": flops / ms / 1e9, "ratio_to_mm": None, **extra}
+           "ms": ms, "tflops": flops / ms / 1e9, "ratio_to_mm": ratio,
+           "mm_ms": statistics.median(mm_times) if mm_times else None, **extra}
     return row
 
 
@@ -445,9 +457,13 @@ def main(argv=None):
     ap.add_argument("--graphs", action="store_true", help="add rows with each call captured in a CUDA graph")
     ap.add_argument("--sweep", action="store_true", help="batch 128..16384 at 8192 -> 8192")
     ap.add_argument("--profile", action="store_true", help="per-kernel GPU time split and Chrome traces")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="times each row (and its torch.mm) this many times; medians are reported")
     ap.add_argument("--out", default=os.environ.get("OUT", "bench_out"), help="output folder")
     ap.add_argument("--report", metavar="RESULTS_JSON", help="print a results file as a markdown table and exit")
     args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error(f"expected --rounds to be at least 1, but got {args.rounds}")
     if args.report:
         print(table(json.loads(Path(args.report).read_text()), markdown=True))
         return 0

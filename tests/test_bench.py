@@ -6,13 +6,14 @@ import pytest
 from cutlass_fused import bench
 from common import CUDA, HOPPER
 
-ROW_KEYS = {"shape", "dtype", "mode", "impl", "graphs", "ms", "tflops", "ratio_to_mm", "peak_extra_mib", "kernels",
-            "host_us"}
+ROW_KEYS = {"shape", "dtype", "mode", "impl", "graphs", "ms", "tflops", "ratio_to_mm", "mm_ms", "peak_extra_mib",
+            "kernels", "host_us"}
 
 
-def test_bench_runs_and_writes_schema(tmp_path, capsys):
+@pytest.mark.parametrize("rounds", [1, 2])
+def test_bench_runs_and_writes_schema(tmp_path, capsys, rounds):
     argv = ["--shape", "64,96,40", "--out", str(tmp_path), "--impl", "torch.mm", "--impl", "eager",
-            "--impl", "cutlass_fused"]
+            "--impl", "cutlass_fused", "--rounds", str(rounds)]
     assert bench.main(argv) == 0
     res = json.loads((tmp_path / "results.json").read_text())
     assert set(res["meta"]) >= {"gpu", "torch", "cuda", "version", "commit", "date", "command"}
@@ -21,7 +22,14 @@ def test_bench_runs_and_writes_schema(tmp_path, capsys):
                                                      for m in bench.MODES}
     for r in rows:
         assert set(r) == ROW_KEYS and r["shape"] == [64, 96, 40] and r["ms"] > 0
-        assert r["ratio_to_mm"] == pytest.approx(r["ms"] / (bench.GEMMS[r["mode"]] * rows[0]["ms"]))
+        # Each row's ratio is to the torch.mm timed right before it (mm_ms; the medians of the
+        # rounds, so with one round the ratio of the two).
+        if r["impl"] == "torch.mm":
+            assert r["ratio_to_mm"] == 1.0 and r["mm_ms"] is None
+        else:
+            assert r["mm_ms"] > 0 and r["ratio_to_mm"] > 0
+            if rounds == 1:
+                assert r["ratio_to_mm"] == pytest.approx(r["ms"] / (bench.GEMMS[r["mode"]] * r["mm_ms"]))
         assert (r["kernels"] is not None) == CUDA
     # The check compared both modes against float64 and passed the error rule.
     assert [c["mode"] for c in res["checks"]] == ["train", "eval"] and all(c["ok"] for c in res["checks"])
@@ -34,6 +42,12 @@ def test_bench_runs_and_writes_schema(tmp_path, capsys):
 def test_bench_rejects_bad_shape():
     with pytest.raises(SystemExit):
         bench.main(["--shape", "1,2"])
+
+
+def test_bench_rejects_zero_rounds(capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--rounds", "0"])
+    assert "expected --rounds to be at least 1" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(CUDA, reason="the CPU refusal of GPU-only precisions")
