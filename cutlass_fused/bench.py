@@ -281,9 +281,10 @@ def run(args, argv):
         for g in graph_opts:
             if bar:
                 bar.set_postfix_str(f"{'x'.join(map(str, shape))} torch.mm{' graph' if g else ''}")
-            mm_fn = case.fn("torch.mm", "train")
-            mm_call[g] = graphed(mm_fn) if g else mm_fn
-            mm[g] = measure(case, "torch.mm", "train", g, args, out_dir, cuda)
+            t = Timed(case, "torch.mm", "train", g, args.family)
+            for _ in range(args.rounds):
+                t.time(None, cuda)
+            mm[g], mm_call[g] = t.row(args, out_dir, cuda), t.call
             if bar:
                 bar.update()
         for mode in modes:
@@ -295,17 +296,22 @@ def run(args, argv):
                                  "ratio_to_mm": 1.0,
                                  "kernels": None if base["kernels"] is None else k_ * base["kernels"],
                                  "host_us": None if base["host_us"] is None else k_ * base["host_us"]})
-            for impl in impls:
-                for g in graph_opts:
-                    if impl == "torch.mm":
-                        continue
+            # A mode's rows are timed in rounds across its implementations, each after its own
+            # torch.mm, so that every row sees the same spread of the GPU's clocks.
+            jobs = [j for impl in impls if impl != "torch.mm" for g in graph_opts
+                    for j in [guarded(impl, mode, shape, lambda: Timed(case, impl, mode, g, args.family))] if j]
+            for _ in range(args.rounds):
+                for j in list(jobs):
                     if bar:
-                        bar.set_postfix_str(f"{'x'.join(map(str, shape))} {mode} {impl}{' graph' if g else ''}")
-                    row = measure(case, impl, mode, g, args, out_dir, cuda, mm_call[g])
-                    if bar:
-                        bar.update()
-                    if row is not None:
-                        rows.append(row)
+                        bar.set_postfix_str(f"{'x'.join(map(str, shape))} {mode} {j.impl}{' graph' if j.graph else ''}")
+                    if guarded(j.impl, mode, shape, lambda: j.time(mm_call[j.graph], cuda)) is None:
+                        jobs.remove(j)
+            for j in jobs:
+                row = guarded(j.impl, mode, shape, lambda: j.row(args, out_dir, cuda))
+                if row is not None:
+                    rows.append(row)
+            if bar:
+                bar.update(len(impls) * len(graph_opts) - len(graph_opts) * ("torch.mm" in impls))
         # Written after every shape, so that a run cut short keeps what it measured.
         result = {"meta": meta(argv, device), "rows": rows, "checks": checks}
         (out_dir / name).write_text(json.dumps(result, indent=1) + "\n")
@@ -321,45 +327,57 @@ def run(args, argv):
     return 0
 
 
-def measure(case, impl, mode, use_graph, args, out_dir, cuda, mm_call=None):
-    """One row: impl's median time over --rounds and, given mm_call, the median of its ratios to
-    GEMMS[mode] torch.mm timed right before it in each round."""
-    m, k, n = case.shape
+def guarded(impl, mode, shape, step):
+    """step(), or None where a baseline cannot run here (compile without a toolchain): reported,
+    not fatal. Ours always raises."""
     try:
-        with cutlass_fused.use_kernel_family(args.family):
-            fn = case.fn(impl, mode)
-            call = graphed(fn) if use_graph else fn
-            times, mm_times = [], []
-            for _ in range(args.rounds):
-                if mm_call is not None:
-                    mm_times.append(median_ms(mm_call, cuda))
-                times.append(median_ms(call, cuda))
-            ms = statistics.median(times)
-            extra = {"peak_extra_mib": None, "kernels": None, "host_us": None}
-            if cuda and not use_graph:
-                extra["peak_extra_mib"] = peak_extra_mib(fn)
-                trace = None
-                if args.profile:
-                    trace = out_dir / f"trace_{impl}_{mode}_{m}x{k}x{n}.json"
-                launches, kernels = profile(fn, trace=trace)
-                extra["kernels"] = launches
-                extra["host_us"] = host_us(fn)
-                if args.profile:
-                    print(f"\n{impl} {mode} {m}x{k}x{n}: GPU µs per call by kernel")
-                    for name, us in sorted(kernels.items(), key=lambda kv: -kv[1]):
-                        print(f"  {us:9.1f}  {name[:100]}")
-    except Exception as e:  # a baseline that cannot run here (compile without a toolchain) is reported, not fatal
+        return step()
+    except Exception as e:
         if impl == "cutlass_fused":
             raise
-        print(f"cutlass_fused.bench: skipped {impl} {mode} {case.shape}: {type(e).__name__}: {str(e)[:200]}",
+        print(f"cutlass_fused.bench: skipped {impl} {mode} {shape}: {type(e).__name__}: {str(e)[:200]}",
               file=sys.stderr)
         return None
-    flops = GEMMS[mode] * 2 * m * n * k
-    ratio = statistics.median(t / (GEMMS[mode] * b) for t, b in zip(times, mm_times)) if mm_times else None
-    row = {"shape": [m, k, n], "dtype": case.label, "mode": mode, "impl": impl, "graphs": use_graph,
-           "ms": ms, "tflops": flops / ms / 1e9, "ratio_to_mm": ratio,
-           "mm_ms": statistics.median(mm_times) if mm_times else None, **extra}
-    return row
+
+
+class Timed:
+    """One row: impl's callable, its times over the rounds, and the torch.mm timed right before
+    each (the row's ratio is the median of the pairs' ratios)."""
+
+    def __init__(self, case, impl, mode, use_graph, family):
+        self.case, self.impl, self.mode, self.graph, self.family = case, impl, mode, use_graph, family
+        with cutlass_fused.use_kernel_family(family):
+            self.fn = case.fn(impl, mode)
+            self.call = graphed(self.fn) if use_graph else self.fn
+        self.times, self.mm_times = [], []
+
+    def time(self, mm_call, cuda):
+        with cutlass_fused.use_kernel_family(self.family):
+            if mm_call is not None:
+                self.mm_times.append(median_ms(mm_call, cuda))
+            self.times.append(median_ms(self.call, cuda))
+        return True
+
+    def row(self, args, out_dir, cuda):
+        (m, k, n), impl, mode = self.case.shape, self.impl, self.mode
+        extra = {"peak_extra_mib": None, "kernels": None, "host_us": None}
+        if cuda and not self.graph:
+            with cutlass_fused.use_kernel_family(self.family):
+                extra["peak_extra_mib"] = peak_extra_mib(self.fn)
+                trace = out_dir / f"trace_{impl}_{mode}_{m}x{k}x{n}.json" if args.profile else None
+                launches, kernels = profile(self.fn, trace=trace)
+                extra["kernels"] = launches
+                extra["host_us"] = host_us(self.fn)
+            if args.profile:
+                print(f"\n{impl} {mode} {m}x{k}x{n}: GPU µs per call by kernel")
+                for name, us in sorted(kernels.items(), key=lambda kv: -kv[1]):
+                    print(f"  {us:9.1f}  {name[:100]}")
+        ms = statistics.median(self.times)
+        pairs = [t / (GEMMS[mode] * b) for t, b in zip(self.times, self.mm_times)]
+        return {"shape": [m, k, n], "dtype": self.case.label, "mode": mode, "impl": impl, "graphs": self.graph,
+                "ms": ms, "tflops": GEMMS[mode] * 2 * m * n * k / ms / 1e9,
+                "ratio_to_mm": statistics.median(pairs) if pairs else None,
+                "mm_ms": statistics.median(self.mm_times) if self.mm_times else None, **extra}
 
 
 def speedups(rows, row):
