@@ -7,10 +7,11 @@
 
 Every time is the median of triton.testing.do_bench (CUDA events where triton is
 missing) after warm-up, and every ratio is to torch.mm of the same shape and
-precision timed right before it (fwdbwd: to three torch.mm): a GPU's clocks drift
-as it heats over a run, and neighbours see the same clocks. --rounds N repeats
-each pair and reports the medians. Without a GPU it checks the layer against
-float64, times it against eager on the CPU, and exits 0.
+precision (fwdbwd: to three torch.mm). A GPU's clocks drift as it heats over a
+run, so a mode's rows are timed in --rounds across the implementations, torch.mm
+before each, and every ratio is to the median of all of the shape's torch.mm
+times. Without a GPU it checks the layer against float64, times it against
+eager on the CPU, and exits 0.
 """
 import argparse
 import datetime
@@ -277,7 +278,9 @@ def run(args, argv):
             if not ok:
                 raise SystemExit(f"cutlass_fused.bench: {mode} {shape} {args.dtype}: error {e_ours:.3g} exceeds "
                                  f"2 x eager's {e_eager:.3g} + {FLOOR[args.dtype]:g} against float64")
-        mm, mm_call = {}, {}
+        # torch.mm is timed before every row in every round; each ratio is to the median of all
+        # of the shape's torch.mm times (per graph option), which see the same clocks as the rows.
+        mm, mm_call, mm_times = {}, {}, {g: [] for g in graph_opts}
         for g in graph_opts:
             if bar:
                 bar.set_postfix_str(f"{'x'.join(map(str, shape))} torch.mm{' graph' if g else ''}")
@@ -285,19 +288,13 @@ def run(args, argv):
             for _ in range(args.rounds):
                 t.time(None, cuda)
             mm[g], mm_call[g] = t.row(args, out_dir, cuda), t.call
+            mm_times[g] += t.times
             if bar:
                 bar.update()
+        shape_rows = []
         for mode in modes:
-            if "torch.mm" in impls:
-                for g in graph_opts:
-                    k_ = GEMMS[mode]
-                    base = mm[g]
-                    rows.append({**base, "mode": mode, "ms": k_ * base["ms"], "tflops": base["tflops"],
-                                 "ratio_to_mm": 1.0,
-                                 "kernels": None if base["kernels"] is None else k_ * base["kernels"],
-                                 "host_us": None if base["host_us"] is None else k_ * base["host_us"]})
-            # A mode's rows are timed in rounds across its implementations, each after its own
-            # torch.mm, so that every row sees the same spread of the GPU's clocks.
+            # A mode's rows are timed in rounds across its implementations, each after a torch.mm,
+            # so that every row sees the same spread of the GPU's clocks.
             jobs = [j for impl in impls if impl != "torch.mm" for g in graph_opts
                     for j in [guarded(impl, mode, shape, lambda: Timed(case, impl, mode, g, args.family))] if j]
             for _ in range(args.rounds):
@@ -306,12 +303,25 @@ def run(args, argv):
                         bar.set_postfix_str(f"{'x'.join(map(str, shape))} {mode} {j.impl}{' graph' if j.graph else ''}")
                     if guarded(j.impl, mode, shape, lambda: j.time(mm_call[j.graph], cuda)) is None:
                         jobs.remove(j)
+            if "torch.mm" in impls:
+                for g in graph_opts:
+                    k_, base = GEMMS[mode], mm[g]
+                    shape_rows.append({**base, "mode": mode, "kernels": None if base["kernels"] is None else k_ * base["kernels"],
+                                       "host_us": None if base["host_us"] is None else k_ * base["host_us"]})
             for j in jobs:
+                mm_times[j.graph] += j.mm_times
                 row = guarded(j.impl, mode, shape, lambda: j.row(args, out_dir, cuda))
                 if row is not None:
-                    rows.append(row)
+                    shape_rows.append(row)
             if bar:
                 bar.update(len(impls) * len(graph_opts) - len(graph_opts) * ("torch.mm" in impls))
+        for r in shape_rows:
+            k_, base = GEMMS[r["mode"]], statistics.median(mm_times[r["graphs"]])
+            if r["impl"] == "torch.mm":
+                r["ms"] = k_ * base
+                r["tflops"] = k_ * 2 * shape[0] * shape[1] * shape[2] / r["ms"] / 1e9
+            r["ratio_to_mm"] = r["ms"] / (k_ * base)
+        rows += shape_rows
         # Written after every shape, so that a run cut short keeps what it measured.
         result = {"meta": meta(argv, device), "rows": rows, "checks": checks}
         (out_dir / name).write_text(json.dumps(result, indent=1) + "\n")
@@ -341,8 +351,8 @@ def guarded(impl, mode, shape, step):
 
 
 class Timed:
-    """One row: impl's callable, its times over the rounds, and the torch.mm timed right before
-    each (the row's ratio is the median of the pairs' ratios)."""
+    """One row: impl's callable, its times over the rounds, and the torch.mm times taken right
+    before each."""
 
     def __init__(self, case, impl, mode, use_graph, family):
         self.case, self.impl, self.mode, self.graph, self.family = case, impl, mode, use_graph, family
@@ -373,11 +383,8 @@ class Timed:
                 for name, us in sorted(kernels.items(), key=lambda kv: -kv[1]):
                     print(f"  {us:9.1f}  {name[:100]}")
         ms = statistics.median(self.times)
-        pairs = [t / (GEMMS[mode] * b) for t, b in zip(self.times, self.mm_times)]
         return {"shape": [m, k, n], "dtype": self.case.label, "mode": mode, "impl": impl, "graphs": self.graph,
-                "ms": ms, "tflops": GEMMS[mode] * 2 * m * n * k / ms / 1e9,
-                "ratio_to_mm": statistics.median(pairs) if pairs else None,
-                "mm_ms": statistics.median(self.mm_times) if self.mm_times else None, **extra}
+                "ms": ms, "tflops": GEMMS[mode] * 2 * m * n * k / ms / 1e9, "ratio_to_mm": None, **extra}
 
 
 def speedups(rows, row):
