@@ -10,7 +10,8 @@ What it writes: kernels.inc, the registry (an X-macro over the rows); per group
 of rows (Kernel.group: family, dtype, mode, schedule) a header <group>.cuh with
 the kernel's types once, as a class template `Gemm` on what varies between the
 group's rows (sm90: CTA tile, cluster, epilogue tile; sm80: threadblock tile,
-warp tile, stages), and its fusion_args; per row a small <name>.cu (the name
+warp tile, stages), and its fusion_args (the EVT's arguments, built from the
+traced epilogue's DAG); per row a small <name>.cu (the name
 CMake globs) that instantiates it, names the kernel type after the row and
 specialises kernel_entry<KernelId::name>. The header is emitted from the
 group's first row; every row must give the same text once its tile, cluster
@@ -120,7 +121,7 @@ def _emit(cg, k: Kernel) -> tuple[str, list[str]]:
                                  "stages": k.stages}
     plan.epilogue_visitor = cg.epilogue.trace(fn, ex, cc=cc)
     op = plan.construct()
-    return op.rt_module.emit(), list(op.rt_module.emitter.includes)
+    return op.rt_module.emit(), list(op.rt_module.emitter.includes), op.epilogue_functor.graph
 
 
 _REGISTRIES: dict = {}
@@ -208,46 +209,49 @@ def _patch(k: Kernel, src: str) -> str:
     return src
 
 
-# Leaf arguments of the EVT nodes our epilogues use. `{}` value-initialises a
-# node: the 0.0 literals become zero scalars, and Accum/Compute take nothing.
-_LEAVES = {
-    "A": "{p.a, 1.f}", "C": "{p.c}", "S": "{p.s, 1.f}",   # row broadcasts; nullptr reads 1 (A, S) or 0
-    "B": "{static_cast<ElementOut const*>(p.b)}",   # the bias, in the input dtype
-    "ColSum": "{p.col_sum}", "ColSumsq": "{p.col_sumsq}",
-    "Shift": "{p.shift}", "USum": "{p.u_sum}", "USumsq": "{p.u_sumsq}",  # stats kernels; null shift reads 0
+# Arguments of the traced epilogues' tensors, by the names codegen/epilogues.py gives them.
+_TENSORS = {
+    "a": "{p.a, 1.f}", "c": "{p.c}", "s": "{p.s, 1.f}",   # row broadcasts; nullptr reads 1 (a, s) or 0
+    "b": "{static_cast<ElementOut const*>(p.b)}",   # the bias, in the input dtype
+    "col_sum": "{p.col_sum}", "col_sumsq": "{p.col_sumsq}",
+    "shift": "{p.shift}", "u_sum": "{p.u_sum}", "u_sumsq": "{p.u_sumsq}",  # stats kernels; null shift reads 0
     "D": "{static_cast<ElementOut*>(p.out), {p.ldo, cute::_1{}, cute::_0{}}}",  # sm80 stores D in the EVT
 }
 _CTYPE = {"bf16": "cutlass::bfloat16_t", "f16": "cutlass::half_t", "tf32": "float", "f32x3": "float"}
 
 
-def fusion_args(src: str, dtype: str) -> str:
-    """The EVT's Arguments as a brace initialiser, read off the emitted tree.
+def fusion_args(graph, k: Kernel) -> str:
+    """The EVT's Arguments as a brace initialiser, from the traced epilogue's DAG (the IR that
+    cutlass_cppgen emits the visitor types from, walked as its emitter walks it).
 
-    Sm*EVT<Node, Children...> takes {children..., node}; a topological DAG takes
-    its ops' arguments in the order the emitted type lists them.
+    A node with inputs is an Sm*EVT<Node, Children...>, which takes {children..., node}; a
+    topological visitor takes its ops' arguments in its subgraph's order, an op that stands
+    for an outer node (disabled in the subgraph) taking that node's. Compute nodes, the
+    accumulator and scalar immediates take `{}` (value-initialised: our 0.0 literals are zeros).
     """
-    trees = {m[1]: [t.strip() for t in m[2].split(",")]
-             for m in re.finditer(r"using (\w+) = cutlass::epilogue::\w+::Sm\d+EVT<([^;]*)>;", src)}
-    dags = {m[1]: [t.strip() for t in m[2].split(",")]
-            for m in re.finditer(r"using (\w+) = cutlass::epilogue::\w+::Sm\d+TopologicalVisitor<"
-                                 r"\s*(?:float|double),\s*cute::tuple<(?:\s*cute::seq<[\d,\s]*>,)*\s*>,([^;]*)>;", src)}
-    used = {c for v in list(trees.values()) + list(dags.values()) for c in v}
-    roots = [n for n in list(trees) + list(dags) if n not in used]
-    if len(roots) != 1:
-        raise SystemExit(f"generate: expected one EVT root, found {roots}")
+    from cutlass_cppgen.backend.evt.ir import ComputeNode, TopoVisitorNode
+
+    def leaf(meta):
+        if meta.name in _TENSORS:
+            return _TENSORS[meta.name].replace("ElementOut", _CTYPE[k.dtype])
+        impl = type(meta.underlying_impl).__name__
+        if isinstance(meta, ComputeNode) or impl.endswith(("AccumulatorImpl", "ScalarBroadcastImpl")):
+            return "{}"
+        raise SystemExit(f"generate: no arguments known for EVT node {meta.name} ({impl})")
 
     def args(n):
-        if n in trees:
-            node, *children = trees[n]
-            return "{ " + ", ".join([args(c) for c in children] + [args(node)]) + " }"
-        if n in dags:
-            return "{ " + ", ".join(args(c) for c in dags[n]) + " }"
-        if n in _LEAVES:
-            return _LEAVES[n].replace("ElementOut", _CTYPE[dtype])
-        if n == "Accum" or re.fullmatch(r"(Compute|Imm)\w*", n):
-            return "{}"
-        raise SystemExit(f"generate: no arguments known for EVT node {n}")
-    return args(roots[0])
+        meta = graph.get_node_meta(n)
+        if isinstance(meta, TopoVisitorNode):
+            sub = meta.subgraph
+            return "{ " + ", ".join(args(s) if sub.get_node_meta(s).disabled else leaf(sub.get_node_meta(s))
+                                    for s in sub.nodes_topological_order()[:-1]) + " }"
+        if graph.in_degree(n) > 0:
+            return "{ " + ", ".join([args(c) for c in graph.get_all_inputs(n)] + [leaf(meta)]) + " }"
+        return leaf(meta)
+    # The visitor the collective runs: sm90 stores D itself (the visitor is D's input), sm80's
+    # visitor ends in D's store.
+    root = graph.get_all_inputs("D")[0] if k.family == "sm90" else graph.nodes_topological_order()[-1]
+    return args(root)
 
 
 def _template(k: Kernel, src: str) -> tuple[str, list[str]]:
@@ -292,7 +296,7 @@ _PARAMS = {"sm90": "class TileShape, class ClusterShape, class EpilogueTile",
            "sm80": "class ThreadblockShape, class WarpShape, int Stages"}
 
 
-def header(k: Kernel, src: str, body: str, includes: list[str]) -> str:
+def header(k: Kernel, graph, body: str, includes: list[str]) -> str:
     """The group's header from row k's patched types and their template body: the
     same text for every row of the group (expected() checks)."""
     inc = "\n".join(f"#include \"{i}\"" for i in includes)
@@ -312,7 +316,7 @@ struct Gemm {{
 {body.strip()}
 
 static {k.family}::Fusion<GemmKernel> fusion_args(GemmEvtArgs const& p) {{
-  return {fusion_args(src, k.dtype)};
+  return {fusion_args(graph, k)};
 }}
 }};
 }}  // namespace cutlass_fused::gen::{k.group}
@@ -365,10 +369,10 @@ def expected(only: str = "") -> dict[str, str]:
     for k in KERNELS:
         if only not in k.name:
             continue
-        emitted, includes = _emit(cg, k)
+        emitted, includes, graph = _emit(cg, k)
         src = _patch(k, emitted)
         body, args = _template(k, src)
-        h = header(k, src, body, includes)
+        h = header(k, graph, body, includes)
         name = f"{k.group}.cuh"
         if files.setdefault(name, h) != h:
             # Built from its group's header, this row would silently be another kernel.
