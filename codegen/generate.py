@@ -70,7 +70,7 @@ def _cutlass():
     return cutlass_cppgen
 
 
-def _emit(cg, k: Kernel) -> tuple[str, list[str]]:
+def _emit(cg, k: Kernel) -> tuple[str, list[str], object]:
     from cutlass_library import DataType, KernelScheduleType, EpilogueScheduleType, LayoutType
     cc = 90 if k.family == "sm90" else 80
     # A cached registry per cc: building one costs ~20 s for cc 80.
