@@ -685,9 +685,11 @@ __device__ void grad_input_rows(BackwardArgs const& g, GradColumn<A> const (&col
 template <class T, class TY, int V, int R>
 __global__ void grad_input_kernel(BackwardArgs g, double const* __restrict__ sums) {
   using A = Acc<T>;
-  // dy and h of kSumStages rows a thread in flight (pipelined_rows) where both come in 16-byte groups.
-  constexpr bool kPipelined = V > 1 && sizeof(TY) == sizeof(T);
-  __shared__ uint4 stage[kPipelined ? kSumStages * 2 * 256 : 1];
+  // dy and h of kSumStages rows a thread in flight (pipelined_rows), read as the column sums
+  // read them (GradSums), where both come in 16-byte groups.
+  using Terms = GradSums<T, TY>;
+  constexpr bool kPipelined = pipelined_sums<Terms, V>();
+  __shared__ uint4 stage[kPipelined ? kSumStages * Terms::kInputs * 256 : 1];
   GradColumn<A> col[V];
   block_columns<V>(g.n, blockIdx.x, col, [&](int c) { return grad_column<A>(g, sums, c); });
   int c0 = (blockIdx.x * 32 + threadIdx.x) * V;
@@ -696,14 +698,11 @@ __global__ void grad_input_kernel(BackwardArgs g, double const* __restrict__ sum
   auto const* h = static_cast<T const*>(g.h);
   auto* dh = static_cast<T*>(g.dh);
   if constexpr (kPipelined) {
+    Terms terms{dy, h, g.ldh, g.n, g.mean_h};
     int64_t first = blockIdx.y * 8 + threadIdx.y, step = int64_t{gridDim.y} * 8;
     int count = first < g.m ? static_cast<int>((g.m - first + step - 1) / step) : 0;
-    pipelined_rows<kSumStages, 2>(
-        count, stage,
-        [&](int j, int k) {
-          int64_t r = first + j * step;
-          return k == 0 ? static_cast<void const*>(dy + r * g.n + c0) : static_cast<void const*>(h + r * g.ldh + c0);
-        },
+    pipelined_rows<kSumStages, Terms::kInputs>(
+        count, stage, [&](int j, int k) { return terms.input(k, first + j * step, c0); },
         [&](int j, auto piece) {
           auto const& d = *reinterpret_cast<Group<TY, V> const*>(piece(0));
           auto const& x = *reinterpret_cast<Group<T, V> const*>(piece(1));
