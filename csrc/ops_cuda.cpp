@@ -33,15 +33,15 @@ DType dtype_of(at::ScalarType t, char const* name) {
 }
 
 // fp32 inputs use TF32 tensor cores exactly when torch.mm would.
-char const* kernel_dtype(at::ScalarType t) {
+KernelDtype kernel_dtype(at::ScalarType t) {
   switch (dtype_of(t, "input")) {
-    case DType::bf16: return "bf16";
-    case DType::f16: return "f16";
-    default: return at::globalContext().allowTF32CuBLAS() ? "tf32" : "f32x3";
+    case DType::bf16: return KernelDtype::bf16;
+    case DType::f16: return KernelDtype::f16;
+    default: return at::globalContext().allowTF32CuBLAS() ? KernelDtype::tf32 : KernelDtype::f32x3;
   }
 }
 
-char const* pick_family(c10::string_view requested, char const* dtype, at::Device device) {
+Family pick_family(c10::string_view requested, at::Device device) {
   auto* prop = at::cuda::getDeviceProperties(device.index());
   int cc = prop->major * 10 + prop->minor;
   TORCH_CHECK(cc >= 80, "cutlass_fused: needs an Ampere (compute capability 8.0) or newer GPU, but ", device,
@@ -55,24 +55,25 @@ char const* pick_family(c10::string_view requested, char const* dtype, at::Devic
   if (req == "sm90") {
     TORCH_CHECK(cc == 90, "cutlass_fused: family 'sm90' needs compute capability 9.0, but ", device, " has ",
                 prop->major, ".", prop->minor);
-    return "sm90";
+    return Family::sm90;
   }
-  if (req == "sm80") return "sm80";
-  return cc == 90 ? "sm90" : "sm80";
+  if (req == "sm80") return Family::sm80;
+  return cc == 90 ? Family::sm90 : Family::sm80;
 }
 
 // The sm90 family has no 3xTF32 kernel: its TF32 kernel runs over split operands.
-bool split_tf32x3(char const* family, char const* dtype) {
-  return std::string(family) == "sm90" && std::string(dtype) == "f32x3";
+bool split_tf32x3(Family family, KernelDtype dtype) {
+  return family == Family::sm90 && dtype == KernelDtype::f32x3;
 }
 
 int sm_count(int device) { return at::cuda::getDeviceProperties(device)->multiProcessorCount; }
 
-KernelInfo const& lookup(char const* family, char const* dtype, char const* mode, int64_t m, int64_t n, int64_t k,
+KernelInfo const& lookup(Family family, KernelDtype dtype, Mode mode, int64_t m, int64_t n, int64_t k,
                          at::Device device) {
   auto const* info = find_kernel(family, dtype, mode, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
                                  sm_count(device.index()));
-  TORCH_CHECK(info != nullptr, "cutlass_fused: this build has no ", family, " ", dtype, " ", mode,
+  TORCH_CHECK(info != nullptr, "cutlass_fused: this build has no ", to_string(family), " ", to_string(dtype), " ",
+              to_string(mode),
               " kernel; rebuild with that architecture in CUTLASS_FUSED_CUDA_ARCHS");
   return *info;
 }
@@ -132,8 +133,8 @@ void const* ptr_or_null(c10::optional<at::Tensor> const& t) { return t.has_value
 // W's infinite rows reach, after the GEMM (out = (h + b) * a + c, b fp32).
 // Where no row holds an infinity this is a pass over x (W's flags are cached
 // as its split is) and a launch that reads the flags.
-bool in_kernel_tf32x3(char const* family, char const* dtype) {
-  return std::string(family) == "sm80" && std::string(dtype) == "f32x3";
+bool in_kernel_tf32x3(Family family, KernelDtype dtype) {
+  return family == Family::sm80 && dtype == KernelDtype::f32x3;
 }
 
 void fix_infinite_operands(Operands const& ops, at::Tensor const& weight, int64_t n, bool cache, void const* b,
@@ -209,10 +210,10 @@ void check_gemm_inputs(at::Tensor const& x, at::Tensor const& weight, c10::optio
 at::Tensor linear_h(at::Tensor const& x, at::Tensor const& weight, c10::optional<at::Tensor> const& bias,
                     c10::string_view family, bool cache) {
   int64_t m = x.size(0), n = weight.size(0), k = x.size(1);
-  char const* dt = kernel_dtype(x.scalar_type());
-  char const* fam = pick_family(family, dt, x.device());
+  KernelDtype dt = kernel_dtype(x.scalar_type());
+  Family fam = pick_family(family, x.device());
   bool split = split_tf32x3(fam, dt);
-  auto const& info = lookup(fam, dt, "eval", m, n, k, x.device());
+  auto const& info = lookup(fam, dt, Mode::eval, m, n, k, x.device());
 
   // Both families need N to be a multiple of 16 bytes (sm80 stores whole
   // vectors, sm90's can_implement rejects D otherwise): the kernel computes kn
@@ -244,16 +245,16 @@ c10::optional<StatsGemm> stats_gemm(at::Tensor const& x, at::Tensor const& weigh
                                     c10::optional<at::Tensor> const& bias, c10::string_view family, bool cache) {
   char const* env = std::getenv("CUTLASS_FUSED_STATS");  // read per call: tests compare both paths
   if (env != nullptr && std::string(env) == "0") return c10::nullopt;
-  char const* dt = kernel_dtype(x.scalar_type());
-  char const* fam = pick_family(family, dt, x.device());
+  KernelDtype dt = kernel_dtype(x.scalar_type());
+  Family fam = pick_family(family, x.device());
   int64_t m = x.size(0), n = weight.size(0), kn = padded_ld(n, x.scalar_type());
   int sms = sm_count(x.get_device());
   // Features are the kernel's M, the batch its N.
-  auto const* info = find_kernel(fam, dt, "stats", static_cast<int>(kn), static_cast<int>(m),
+  auto const* info = find_kernel(fam, dt, Mode::stats, static_cast<int>(kn), static_cast<int>(m),
                                  static_cast<int>(x.size(1)), sms);
   if (info == nullptr) return c10::nullopt;
-  int64_t tiles = (m + info->tile_n - 1) / info->tile_n, ld = (kn + info->tile_m - 1) / info->tile_m * info->tile_m;
-  if (tiles * (ld / info->tile_m) < std::max(1, sms / 2)) return c10::nullopt;
+  auto layout = stats_layout(*info, kn, m);
+  if (int64_t{layout.tiles} * (layout.ld / info->tile_m) < std::max(1, sms / 2)) return c10::nullopt;
   // Swapped: the weight is the A operand (kn rows), x the B operand, h^T the column-major D.
   // Split for 3xTF32, W's segments [again | small | big] meet x's [small | again | big]
   // (csrc/kernels/tf32x3.h): the same three products as the eval kernel's, in the other
@@ -262,15 +263,14 @@ c10::optional<StatsGemm> stats_gemm(at::Tensor const& x, at::Tensor const& weigh
   auto b = bias_vector(bias, x.scalar_type(), kn);
   auto h = empty_padded(m, n, x.options());
   poison(h);
-  bool fp64 = std::string(info->stats) == "partial64";
-  auto u = at::empty({2, tiles, ld}, x.options().dtype(fp64 ? at::kDouble : at::kFloat));
+  auto u = at::empty({2, layout.tiles, layout.ld}, x.options().dtype(layout.bytes == 8 ? at::kDouble : at::kFloat));
   poison(u);
   GemmEvtArgs p = gemm_args(ops.w, ops.x, h, m);
   p.b = ptr_or_null(b);
   p.u_sum = u[0].data_ptr();
   p.u_sumsq = u[1].data_ptr();
   run(*info, p, x);
-  return StatsGemm{h, u, static_cast<int>(tiles), ld};
+  return StatsGemm{h, u, layout.tiles, layout.ld};
 }
 
 // `deterministic` stays in the schemas: every mode is deterministic now.
@@ -540,9 +540,9 @@ at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor con
     auto y = at::addcmul(ac[1].narrow(0, 0, n), linear_h(x, weight, bias, family, cache), ac[0].narrow(0, 0, n));
     return y.scalar_type() == out ? y : y.to(out);
   }
-  char const* dt = kernel_dtype(x.scalar_type());
-  char const* fam = pick_family(family, dt, dev);
-  auto const& info = lookup(fam, dt, "eval", m, n, k, x.device());
+  KernelDtype dt = kernel_dtype(x.scalar_type());
+  Family fam = pick_family(family, dev);
+  auto const& info = lookup(fam, dt, Mode::eval, m, n, k, x.device());
   auto ops = operands(x, weight, kn, split_tf32x3(fam, dt), cache);
   auto b = bias_vector(bias, x.scalar_type(), kn);
   auto y = empty_padded(m, n, x.options());
@@ -568,12 +568,12 @@ at::Tensor matmul_cuda(at::Tensor const& a, at::Tensor const& b, c10::string_vie
     return at::mm(a, b);
   check_device(b, a.device(), "mat2");
   c10::cuda::CUDAGuard guard(a.device());
-  char const* dt = kernel_dtype(at::kFloat);
-  if (!split_tf32x3(pick_family(family, dt, a.device()), dt)) return at::mm(a, b);
+  KernelDtype dt = kernel_dtype(at::kFloat);
+  if (!split_tf32x3(pick_family(family, a.device()), dt)) return at::mm(a, b);
   // out = A' B'^T through the eval kernel with no epilogue vectors: A' from a's
   // rows, B' from b's columns (b^T's rows, read transposed), both split.
   int64_t m = a.size(0), n = b.size(1), kn = padded_ld(n, at::kFloat);
-  auto const& info = lookup("sm90", dt, "eval", m, n, a.size(1), a.device());
+  auto const& info = lookup(Family::sm90, dt, Mode::eval, m, n, a.size(1), a.device());
   auto as = split_tf32x3(a, m, SplitOrder::small_big_big), bs = split_tf32x3(b.t(), kn, SplitOrder::big_small_big);
   auto out = empty_padded(m, n, a.options());
   poison(out);

@@ -51,22 +51,38 @@ struct KernelEntry {
   void (*run)(GemmEvtArgs const&, cudaStream_t);
 };
 
-struct KernelInfo {
-  char const* name;
-  char const* family;  // "sm90" | "sm80"
-  char const* dtype;   // "bf16" | "f16" | "tf32" | "f32x3"
-  char const* mode;    // "train" | "eval" | "stats"
-  char const* stats;   // train: "partial" (col_sum/col_sumsq are ceil(m/tile_m) x round_up(n, tile_n)
-                       // partials) or "atomic" (n-vectors); stats: "partial" (fp32 u_sum/u_sumsq)
-                       // or "partial64" (fp64); eval: "none"
-  int tile_m, tile_n, tile_k;
-  KernelEntry const& (*entry)();
-};
+// What a row of codegen/kernels.py is, as the X-macro of generated/kernels.inc
+// spells it (so the enumerators are the generator's words).
+enum class Family { sm90, sm80 };
+// The GEMM's math: tf32 is fp32 data with TF32 math; f32x3 is fp32 without TF32 (3xTF32).
+enum class KernelDtype { bf16, f16, tf32, f32x3 };
+enum class Mode { train, eval, stats };
+// Where a kernel leaves its column statistics:
+//   train: partial (col_sum/col_sumsq are ceil(m/tile_m) x round_up(n, tile_n) fp64 partials)
+//          or atomic (fp64 n-vectors);
+//   stats: partial (fp32 u_sum/u_sumsq) or partial64 (fp64);
+//   eval:  none.
+enum class Stats { none, partial, partial64, atomic };
+
+char const* to_string(Family f);
+char const* to_string(KernelDtype d);
+char const* to_string(Mode m);
 
 enum class KernelId {
 #define CUTLASS_FUSED_ID(name, ...) name,
   CUTLASS_FUSED_KERNELS(CUTLASS_FUSED_ID)
 #undef CUTLASS_FUSED_ID
+};
+
+struct KernelInfo {
+  KernelId id;
+  char const* name;
+  Family family;
+  KernelDtype dtype;
+  Mode mode;
+  Stats stats;
+  int tile_m, tile_n, tile_k;
+  KernelEntry const& (*entry)();
 };
 
 template <KernelId id>
@@ -78,8 +94,17 @@ KernelInfo const* kernels_end();
 
 // The built kernel for (family, dtype, mode) and an m x n x k problem on a GPU
 // with sm_count SMs, or nullptr (see registry.cpp for the rule).
-KernelInfo const* find_kernel(char const* family, char const* dtype, char const* mode, int m, int n, int k,
-                              int sm_count);
+KernelInfo const* find_kernel(Family family, KernelDtype dtype, Mode mode, int m, int n, int k, int sm_count);
+
+// Where a stats kernel (Mode::stats) leaves u_sum and u_sumsq for a problem of
+// `features` x `batch` (its m x n): `tiles` rows, one per batch tile, of `ld`
+// values (features rounded up to whole tiles), `bytes` each (4, or 8 for partial64).
+struct StatsLayout {
+  int tiles;
+  int64_t ld;
+  int bytes;
+};
+StatsLayout stats_layout(KernelInfo const& info, int64_t features, int64_t batch);
 
 // Sets p.swizzle and p.raster for `info` on p's problem (see registry.cpp).
 void choose_tile_order(KernelInfo const& info, GemmEvtArgs& p);

@@ -25,14 +25,36 @@ namespace {
 
 #define CUTLASS_FUSED_ROW(name, family, dtype, mode, stats, tm, tn, tk) \
   CUTLASS_FUSED_IF_##family(                                             \
-      {#name, #family, #dtype, #mode, #stats, tm, tn, tk, &kernel_entry<KernelId::name>},)
+      {KernelId::name, #name, Family::family, KernelDtype::dtype, Mode::mode, Stats::stats, tm, tn, tk, \
+       &kernel_entry<KernelId::name>},)
 
 KernelInfo const kTable[] = {
     CUTLASS_FUSED_KERNELS(CUTLASS_FUSED_ROW)
-    {nullptr, nullptr, nullptr, nullptr, nullptr, 0, 0, 0, nullptr},  // keeps the array non-empty
+    {KernelId{}, nullptr, Family{}, KernelDtype{}, Mode{}, Stats{}, 0, 0, 0, nullptr},  // keeps the array non-empty
 };
 
 }  // namespace
+
+char const* to_string(Family f) { return f == Family::sm90 ? "sm90" : "sm80"; }
+
+char const* to_string(KernelDtype d) {
+  switch (d) {
+    case KernelDtype::bf16: return "bf16";
+    case KernelDtype::f16: return "f16";
+    case KernelDtype::tf32: return "tf32";
+    case KernelDtype::f32x3: return "f32x3";
+  }
+  return "?";
+}
+
+char const* to_string(Mode m) {
+  switch (m) {
+    case Mode::train: return "train";
+    case Mode::eval: return "eval";
+    case Mode::stats: return "stats";
+  }
+  return "?";
+}
 
 KernelInfo const* kernels_begin() { return kTable; }
 KernelInfo const* kernels_end() { return kTable + sizeof(kTable) / sizeof(kTable[0]) - 1; }
@@ -43,8 +65,7 @@ KernelInfo const* kernels_end() { return kTable + sizeof(kTable) / sizeof(kTable
 // that many is taken instead, or, if none does, the one with the most CTAs.
 // $CUTLASS_FUSED_KERNEL names a row to take instead (python -m
 // cutlass_fused.tune measures each candidate that way; read on every call).
-KernelInfo const* find_kernel(char const* family, char const* dtype, char const* mode, int m, int n, int,
-                              int sm_count) {
+KernelInfo const* find_kernel(Family family, KernelDtype dtype, Mode mode, int m, int n, int, int sm_count) {
   char const* forced = std::getenv("CUTLASS_FUSED_KERNEL");
   auto ctas = [&](KernelInfo const* k) {
     return static_cast<int64_t>((m + k->tile_m - 1) / k->tile_m) * ((n + k->tile_n - 1) / k->tile_n);
@@ -53,7 +74,7 @@ KernelInfo const* find_kernel(char const* family, char const* dtype, char const*
   KernelInfo const* first = nullptr;
   KernelInfo const* best = nullptr;
   for (auto const* k = kernels_begin(); k != kernels_end(); ++k) {
-    if (std::strcmp(k->family, family) || std::strcmp(k->dtype, dtype) || std::strcmp(k->mode, mode)) continue;
+    if (k->family != family || k->dtype != dtype || k->mode != mode) continue;
     if (forced != nullptr && !std::strcmp(k->name, forced)) return k;
     if (first == nullptr) first = best = k;
     bool fills = ctas(k) >= enough, best_fills = ctas(best) >= enough;
@@ -62,6 +83,11 @@ KernelInfo const* find_kernel(char const* family, char const* dtype, char const*
   }
   if (first != nullptr && ctas(first) >= enough) return first;
   return best;
+}
+
+StatsLayout stats_layout(KernelInfo const& info, int64_t features, int64_t batch) {
+  return {static_cast<int>((batch + info.tile_n - 1) / info.tile_n),
+          (features + info.tile_m - 1) / info.tile_m * info.tile_m, info.stats == Stats::partial64 ? 8 : 4};
 }
 
 namespace {
@@ -90,15 +116,15 @@ double wave_rows(int64_t tiles_m, int64_t tiles_n, int tile_m, int tile_n, int s
 // GEMM problem (stats kernels: m features, n batch rows), with python -m
 // cutlass_fused.tune --rounds 3 on an H100 (benchmarks/NOTES.md v0.13).
 struct TunedOrder {
-  char const* kernel;
+  KernelId kernel;
   int m, n, swizzle;
 };
 constexpr TunedOrder kTunedOrders[] = {
     // KernelBench level 2 problem 39 (16384 x 4096^2, fp32): training forward 0.535 -> 0.494 x
     // torch.mm (tune), GEMM 5070 -> 4755 us (benchmarks/stats_ab.py).
-    {"sm90_f32x3_stats_128x128x32_c1x2x1_p8", 4096, 16384, 8},
+    {KernelId::sm90_f32x3_stats_128x128x32_c1x2x1_p8, 4096, 16384, 8},
     // The same shape with TF32 allowed: 1.105 -> 1.081 x torch.mm (tune, 3 rounds).
-    {"sm90_tf32_stats_128x256x32_c2x1x1", 4096, 16384, 8},
+    {KernelId::sm90_tf32_stats_128x256x32_c2x1x1, 4096, 16384, 8},
 };
 
 // $CUTLASS_FUSED_SWIZZLE and $CUTLASS_FUSED_RASTER, where set, replace the chosen order.
@@ -136,11 +162,11 @@ void choose_tile_order(KernelInfo const& info, GemmEvtArgs& p) {
   p.swizzle = 1;
   p.raster = 0;
   int64_t tiles_m = (p.m + info.tile_m - 1) / info.tile_m, tiles_n = (p.n + info.tile_n - 1) / info.tile_n;
-  if (std::strcmp(info.family, "sm90") != 0) return apply_env(p);
+  if (info.family != Family::sm90) return apply_env(p);
   // The rule is measured on the bf16 kernels only; the f32x3 ones broke it both ways (H100,
   // swizzle 8 against none: the statistics GEMM 16% slower at 8192 x 8192^2 and 8% faster at
   // 16384 x 4096^2; eval 7% faster and 6% slower), so they take the table's entries alone.
-  if (std::strcmp(info.dtype, "bf16") == 0 && p.sm_count > 0) {
+  if (info.dtype == KernelDtype::bf16 && p.sm_count > 0) {
     double base = wave_rows(tiles_m, tiles_n, info.tile_m, info.tile_n, 1, p.sm_count), best = base;
     for (int s : {2, 4, 8}) {
       if (tiles_m % (2 * s) != 0 || tiles_n % (2 * s) != 0) continue;
@@ -152,7 +178,7 @@ void choose_tile_order(KernelInfo const& info, GemmEvtArgs& p) {
     }
   }
   for (auto const& t : kTunedOrders) {
-    if (p.m == t.m && p.n == t.n && std::strcmp(info.name, t.kernel) == 0) p.swizzle = t.swizzle;
+    if (p.m == t.m && p.n == t.n && info.id == t.kernel) p.swizzle = t.swizzle;
   }
   apply_env(p);
 }
