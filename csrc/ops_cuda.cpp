@@ -438,9 +438,6 @@ TrainOut linear_scale_batch_norm_train_cuda(at::Tensor const& x, at::Tensor cons
   check_num_batches_tracked(num_batches_tracked, dev);
   c10::cuda::CUDAGuard guard(dev);
   auto sg = stats_gemm(x, weight, bias, family, cache);
-  // After an sm90 GEMM the tail starts as its CTAs leave; CUTLASS_FUSED_PDL=0 (read per call) turns that off.
-  char const* pdl = std::getenv("CUTLASS_FUSED_PDL");
-  t.pdl = pick_family(family, dev) == Family::sm90 && !(pdl != nullptr && std::string(pdl) == "0");
   auto h = sg ? sg->h : linear_h(x, weight, bias, family, cache);
   auto scale_d = dense(scale), bn_weight_d = dense(bn_weight), bn_bias_d = dense(bn_bias);  // alive until the launch
   auto out = normalized(h, *scale_d, m, bn_weight_d, bn_bias_d, eps);

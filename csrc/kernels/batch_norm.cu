@@ -494,11 +494,6 @@ __global__ void __launch_bounds__(256, 4) batch_norm_train_kernel(TrainArgs a, i
   auto* pb = pa + static_cast<int64_t>(chunks) * f.n;
   auto* exact = reinterpret_cast<unsigned char*>(pb + static_cast<int64_t>(chunks) * f.n);  // FromGemm only
   int items = groups * chunks;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // Launched as a programmatic dependent (TrainArgs::pdl), the blocks may start while the
-  // GEMM still runs: wait until it has finished and its writes are visible. A no-op otherwise.
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
   // One buffer for the three phases: phase 0's lane sums, phase 1's slots and partials, phase 2's
   // slots (separate arrays exceeded the 48 KiB of static shared memory). 6 stages in phase 2:
   // tail 98.1 us against 99.8 with 4 and 98.7 with 8 (bf16 16384 x 4096^2, H100).
@@ -807,18 +802,11 @@ void batch_norm_train(TrainArgs const& a, cudaStream_t stream) {
       }
       int groups = static_cast<int>(blocks(f.n, 32 * v));
       int grid = std::max(1, std::min(groups * chunks, fit * a.sm_count));
-      cudaLaunchAttribute attrs[2] = {};
-      attrs[0].id = cudaLaunchAttributeCooperative;
-      attrs[0].val.cooperative = 1;
-      attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      attrs[1].val.programmaticStreamSerializationAllowed = 1;
-      cudaLaunchConfig_t config = {};
-      config.gridDim = dim3(grid);
-      config.blockDim = dim3(32, 8);
-      config.stream = stream;
-      config.attrs = attrs;
-      config.numAttrs = a.pdl ? 2 : 1;
-      check_cuda(cudaLaunchKernelEx(&config, kernel, a, rows, chunks, groups), "batch_norm_train");
+      TrainArgs args = a;
+      void* params[] = {&args, &rows, &chunks, &groups};
+      check_cuda(cudaLaunchCooperativeKernel(reinterpret_cast<void const*>(kernel), dim3(grid), dim3(32, 8), params, 0,
+                                             stream),
+                 "batch_norm_train");
     };
     // R = 2: with 4 rows in flight the kernel spills under its 64 registers
     // and ran 30-40% slower (H100, benchmarks/NOTES.md v0.8).

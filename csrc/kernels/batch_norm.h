@@ -79,10 +79,6 @@ struct TrainArgs {
   bool cumulative;                // momentum = 1 / num_batches_tracked (after its increment)
   void* workspace;                // batch_norm_train_workspace(m, n) bytes
   int sm_count;                   // of the device: the grid must be co-resident
-  // Launch as a programmatic dependent of the stream's previous kernel (which may then still
-  // be running when the blocks start: they wait for it first). Only where the kernel has
-  // sm_90 code (the sm90 family is built) and runs on it; set after an sm90 GEMM.
-  bool pdl = false;
   // Optional: the statistics GEMM's per-CTA sums of h and h^2 (u_sum[t * u_ld + c],
   // t < u_tiles), fp32 or (u_fp64) fp64. Columns whose sums are trustworthy take them;
   // the rest (non-finite, or for fp32 sums a mean so large against the spread that
