@@ -158,9 +158,11 @@ def test_cpu_matches_reference_float64():
 # in one kernel on CUDA; the split ops (SyncBatchNorm's path) run them as
 # separate kernels in the same order of summation, so both must agree to the
 # bit. The shapes make the fused kernel's grid smaller than its work (5125
-# unaligned columns), take 32 row chunks (16384 rows), or a single chunk.
+# unaligned columns), take 32 row chunks (16384 rows), or a single chunk; 16-bit
+# batches of at most 128 rows (2 and 100) take the small-batch kernel, whose
+# sums must follow the same order, in 16-byte groups (24) or single columns (777).
 # (The statistics GEMM, whose sums are fp32, is off here: test_stats_gemm.)
-FUSED_SHAPES = [(1000, 96, 5125), (16384, 64, 256), (2, 40, 24), (333, 128, 130)]
+FUSED_SHAPES = [(1000, 96, 5125), (16384, 64, 256), (2, 40, 24), (333, 128, 130), (100, 64, 777)]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -168,6 +168,13 @@ struct LoadStaged {
   __device__ Group<U, V> operator()(int k, U const*) const { return *reinterpret_cast<Group<U, V> const*>(piece(k)); }
 };
 
+// A row a thread already holds.
+template <class T, int V>
+struct LoadHeld {
+  Group<T, V> const& g;
+  __device__ Group<T, V> operator()(int, T const*) const { return g; }
+};
+
 // V for 16-byte groups of T when n, the row strides and every pointer allow
 // it; 1 otherwise (unaligned sizes such as 769 columns).
 template <class T>
@@ -624,6 +631,86 @@ __global__ void __launch_bounds__(256, 4) batch_norm_train_kernel(TrainArgs a, i
   }
 }
 
+// The training tail for a small batch (batch_norm_train's rule): a block holds all m rows of
+// its columns in registers, so it needs no grid barrier (nor a cooperative launch) and reads h
+// once; the GEMM's tile sums would save nothing here. Its threads are (row chunk, row lane) pairs, the chunks and lanes of chunk_partials,
+// `groups` column groups of V columns a block; the sums are added in the order of
+// chunk_partials and reduce_partials, so they, the statistics and y have the split ops' bits.
+// K: rows a thread holds (stat_rows(m) / 8 at most). num_batches_tracked is only incremented
+// (momentum given: no block reads it).
+template <class T, class TO, int V, int K>
+__global__ void __launch_bounds__(256) batch_norm_train_small_kernel(TrainArgs a, int rows, int chunks, int groups) {
+  using A = Acc<T>;
+  FinalizeArgs const& f = a.norm;
+  int pairs = chunks * 8, pair = threadIdx.x % pairs, g = threadIdx.x / pairs;
+  int lane = pair % 8, c0 = (blockIdx.x * groups + g) * V;
+  int64_t r0 = static_cast<int64_t>(pair / 8) * rows + lane, r1 = (pair / 8 + 1) * int64_t{rows};
+  if (r1 > f.m) r1 = f.m;
+  bool live = g < groups && c0 < f.n;  // n % V == 0 when V > 1: groups are whole
+  // z = h * scale is rounded to T where y is T (see SumSquares: fp16 only).
+  SumSquares<T> terms{static_cast<T const*>(f.h), f.ldh, std::is_same_v<T, TO> ? f.scale : ColVec{}};
+  Group<T, V> held[K];
+  double s[V] = {}, q[V] = {}, mu[V];
+  if (live) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      if (r0 + 8 * k < r1) held[k] = load_group<T, V>(terms.h + (r0 + 8 * k) * f.ldh + c0);
+    }
+#pragma unroll
+    for (int v = 0; v < V; ++v) mu[v] = terms.center(c0 + v);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      if (r0 + 8 * k < r1) terms.template add<V>(r0 + 8 * k, c0, mu, s, q, LoadHeld<T, V>{held[k]});
+    }
+  }
+  __shared__ double sums[2][256][V];
+  __shared__ Column<A> cols[256 / 8 * V];
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    sums[0][threadIdx.x][v] = s[v];
+    sums[1][threadIdx.x][v] = q[v];
+  }
+  if (a.num_batches_tracked != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *a.num_batches_tracked += 1;
+  __syncthreads();
+  // One thread a column: each chunk's lanes in lane order, then the chunks in order.
+  if (int i = threadIdx.x, c = blockIdx.x * groups * V + i; i < groups * V && c < f.n) {
+    int first = i / V * pairs, v = i % V;
+    double sum = 0, sumsq = 0;
+    for (int chunk = 0; chunk < chunks; ++chunk) {
+      double cs = sums[0][first + chunk * 8][v], cq = sums[1][first + chunk * 8][v];
+      for (int l = 1; l < 8; ++l) {
+        cs += sums[0][first + chunk * 8 + l][v];
+        cq += sums[1][first + chunk * 8 + l][v];
+      }
+      sum += cs;
+      sumsq += cq;
+    }
+    Moments mo = moments(sum, sumsq, f.scale, f.count, c);
+    double invstd = inverse_std(mo.var_z, f.eps);
+    a.stats[c] = sum;
+    a.stats[f.n + c] = sumsq;
+    f.save_mean[c] = mo.mean_h;
+    f.save_invstd[c] = invstd;
+    if (a.running_mean.p != nullptr) update_running(mo, f.count, a.momentum, a.running_mean, a.running_var, c);
+    cols[i] = Column<A>{static_cast<A>(mo.mean_h), static_cast<A>(load(f.scale, c, 1.0) * invstd * load(f.weight, c, 1.0)),
+                        static_cast<A>(load(f.bias, c, 0.0))};
+  }
+  __syncthreads();
+  if (!live) return;
+  auto* y = static_cast<TO*>(f.y);
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    if (r0 + 8 * k >= r1) break;
+    Group<TO, V> out;
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      Column<A> const& col = cols[g * V + v];
+      out.v[v] = from_float<TO>((A(to_float(held[k].v[v])) - col.mean_h) * col.mul + col.b);
+    }
+    store_group_once<TO, V>(y + (r0 + 8 * k) * f.n + c0, out);
+  }
+}
+
 // Per-column constants of dh = a dy + b (h - mean_h) + c.
 template <class A>
 struct GradColumn {
@@ -781,8 +868,17 @@ void finalize_normalize(FinalizeArgs const& a, cudaStream_t stream) {
 // The partials, then one flag byte a column (the GEMM-statistics path).
 size_t batch_norm_train_workspace(int m, int n) { return column_stats_workspace(m, n) + n; }
 
+// The small kernel where it measured faster: 16-bit h, at most 128 rows (8 chunks of 16: 4
+// column groups a block, 64 bytes of a row; 2 rows a thread). Tail us, cooperative -> small,
+// H100: bf16 128 x 8192 11.7 -> 9.5 (train in graphs 0.0761 -> 0.0739 ms); 256 x 8192 (2
+// groups a block) 11.4 -> 16.0; TF32 128 x 8192 10.4 -> 11.1, 256 x 8192 17.4 -> 21.0; sm80
+// bf16 1024 x 8192 (8 rows a thread) ~24.6 -> 34.2. Its row pieces are 32-64 bytes where the
+// cooperative kernel's are 512.
+constexpr int kSmallRows = 128, kSmallRowsPerThread = 2;
+
 // A cooperative launch: all blocks resident at once, as the grid barrier needs,
 // so the grid is at most what the occupancy calculator fits on the device.
+// Small batches without the GEMM's sums take batch_norm_train_small_kernel instead.
 void batch_norm_train(TrainArgs const& a, cudaStream_t stream) {
   FinalizeArgs const& f = a.norm;
   int rows = stat_rows(f.m), chunks = stat_chunks(f.m);
@@ -820,6 +916,17 @@ void batch_norm_train(TrainArgs const& a, cudaStream_t stream) {
       else
         launch(batch_norm_train_kernel<T, TO, 1, 2, P>, 1);
     };
+    if constexpr (sizeof(T) == 2) {
+      if (!a.cumulative && f.m <= kSmallRows) {
+        int groups = 256 / (8 * chunks);
+        auto small = [&](auto kernel, int v) {
+          kernel<<<blocks(f.n, groups * v), 256, 0, stream>>>(a, rows, chunks, groups);
+          check_cuda(cudaGetLastError(), "batch_norm_train");
+        };
+        if (vec) return small(batch_norm_train_small_kernel<T, TO, V, kSmallRowsPerThread>, V);
+        return small(batch_norm_train_small_kernel<T, TO, 1, kSmallRowsPerThread>, 1);
+      }
+    }
     if (a.u_sum == nullptr) return launch_from(NoSums{});
     if constexpr (std::is_same_v<T, __nv_bfloat16>) {
       if (!a.u_fp64) return launch_from(float{});

@@ -70,6 +70,9 @@ void finalize_normalize(FinalizeArgs const& a, cudaStream_t stream);
 // normalizes its rows, and, for the first row chunk, writes stats, the saved
 // mean/invstd and the running stats. One launch instead of five: at
 // 1024 x 8192 the four small kernels and the nbt add cost more than their work.
+// A 16-bit batch of at most 128 rows, with momentum given, takes a kernel that holds its
+// columns' rows in registers instead: no barrier, one read of h, the exact pass's
+// sums in its order (the GEMM's sums, if any, are not needed there).
 struct TrainArgs {
   FinalizeArgs norm;              // norm.stats is unused: the sums go to `stats`
   double* stats;                  // 2 x n, out
