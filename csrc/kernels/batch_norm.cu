@@ -633,9 +633,10 @@ __global__ void __launch_bounds__(256, 4) batch_norm_train_kernel(TrainArgs a, i
 
 // The training tail for a small batch (batch_norm_train's rule): a block holds all m rows of
 // its columns in registers, so it needs no grid barrier (nor a cooperative launch) and reads h
-// once; the GEMM's tile sums would save nothing here. Its threads are (row chunk, row lane) pairs, the chunks and lanes of chunk_partials,
-// `groups` column groups of V columns a block; the sums are added in the order of
-// chunk_partials and reduce_partials, so they, the statistics and y have the split ops' bits.
+// once; the GEMM's tile sums would save nothing here. Its threads are (row chunk, row lane)
+// pairs, the chunks and lanes of chunk_partials, `groups` column groups of V columns a block;
+// the sums are added in the order of chunk_partials and reduce_partials, so they, the
+// statistics and y have the split ops' bits.
 // K: rows a thread holds (stat_rows(m) / 8 at most). num_batches_tracked is only incremented
 // (momentum given: no block reads it).
 template <class T, class TO, int V, int K>
@@ -878,7 +879,8 @@ constexpr int kSmallRows = 128, kSmallRowsPerThread = 2;
 
 // A cooperative launch: all blocks resident at once, as the grid barrier needs,
 // so the grid is at most what the occupancy calculator fits on the device.
-// Small batches without the GEMM's sums take batch_norm_train_small_kernel instead.
+// 16-bit batches of at most kSmallRows rows with momentum given take batch_norm_train_small_kernel
+// instead (with or without the GEMM's sums).
 void batch_norm_train(TrainArgs const& a, cudaStream_t stream) {
   FinalizeArgs const& f = a.norm;
   int rows = stat_rows(f.m), chunks = stat_chunks(f.m);
