@@ -375,6 +375,12 @@ struct Column {
   A mean_h, mul, b;
 };
 
+// One element of y: every training tail and finalize writes y through this, so all get the same bits.
+template <class TO, class T, class A>
+__device__ __forceinline__ TO normalized(Column<A> const& col, T h) {
+  return from_float<TO>((A(to_float(h)) - col.mean_h) * col.mul + col.b);
+}
+
 template <class A>
 __device__ Column<A> column(FinalizeArgs const& a, int c) {
   Moments mo = moments(a.stats, a.scale, a.count, a.n, c);
@@ -443,7 +449,7 @@ __device__ void normalize_round(FinalizeArgs const& a, int c0, Column<A> const (
       Group<TO, V> out;
 #pragma unroll
       for (int v = 0; v < V; ++v)
-        out.v[v] = from_float<TO>((A(to_float(in[i].v[v])) - col[v].mean_h) * col[v].mul + col[v].b);
+        out.v[v] = normalized<TO>(col[v], in[i].v[v]);
       store_group<TO, V>(y + (r0 + 8 * i) * a.n + c0, out);
     }
   }
@@ -466,7 +472,7 @@ __device__ void normalize_rows_pipelined(FinalizeArgs const& a, int c0, Column<A
         Group<TO, V> out;
 #pragma unroll
         for (int v = 0; v < V; ++v)
-          out.v[v] = from_float<TO>((A(to_float(in.v[v])) - col[v].mean_h) * col[v].mul + col[v].b);
+          out.v[v] = normalized<TO>(col[v], in.v[v]);
         store_group_once<TO, V>(y + row(j) * a.n + c0, out);
       });
 }
@@ -704,10 +710,7 @@ __global__ void __launch_bounds__(256) batch_norm_train_small_kernel(TrainArgs a
     if (r0 + 8 * k >= r1) break;
     Group<TO, V> out;
 #pragma unroll
-    for (int v = 0; v < V; ++v) {
-      Column<A> const& col = cols[g * V + v];
-      out.v[v] = from_float<TO>((A(to_float(held[k].v[v])) - col.mean_h) * col.mul + col.b);
-    }
+    for (int v = 0; v < V; ++v) out.v[v] = normalized<TO>(cols[g * V + v], held[k].v[v]);
     store_group_once<TO, V>(y + (r0 + 8 * k) * f.n + c0, out);
   }
 }
