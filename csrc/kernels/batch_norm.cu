@@ -511,7 +511,10 @@ __global__ void __launch_bounds__(256, 4) batch_norm_train_kernel(TrainArgs a, i
   // slots (separate arrays exceeded the 48 KiB of static shared memory). 6 stages in phase 2:
   // tail 98.1 us against 99.8 with 4 and 98.7 with 8 (bf16 16384 x 4096^2, H100).
   constexpr int kStages = 6;
-  constexpr int kScratch = std::max<int>(partials_scratch<SumSquares<T>, V>(), kStages * 4096);
+  // Phase 2's slots only where it pipelines (16-byte groups): single columns (V = 1) need phase
+  // 0's and 1's 4 KiB, not 24.
+  constexpr bool kPipelined = sizeof(Group<T, V>) == 16;
+  constexpr int kScratch = std::max<int>(partials_scratch<SumSquares<T>, V>(), kPipelined ? kStages * 4096 : 0);
   __shared__ uint4 stage[kScratch / sizeof(uint4)];
   if constexpr (FromGemm) {
     // Phase 0: each column's sums from the GEMM's partials, in fp64. A block takes 32 columns;
@@ -628,7 +631,7 @@ __global__ void __launch_bounds__(256, 4) batch_norm_train_kernel(TrainArgs a, i
     if (end > f.m) end = f.m;
     // Last rows first (both paths): phase 1 read them last, so more of them are still in
     // L2 when h exceeds it (2.5% less time at 16384 x 4096, H100).
-    if constexpr (sizeof(Group<T, V>) == 16) {
+    if constexpr (kPipelined) {
       if (c0 < f.n) normalize_rows_pipelined<T, TO, V, kStages>(f, c0, col, begin, end, stage);
     } else if (c0 < f.n) {
       for (int64_t k = (end - begin - 1) / (8 * R); k >= 0; --k)
