@@ -7,16 +7,18 @@ The generated sources are committed, so building the extension needs only the
 CUTLASS headers, not cutlass_cppgen; CI runs --check to keep them honest.
 
 What it writes: kernels.inc, the registry (an X-macro over the rows); per group
-of rows (Kernel.group: family, dtype, mode, schedule) a header <group>.cuh with
-the kernel's types once, as a class template `Gemm` on what varies between the
-group's rows (sm90: CTA tile, cluster, epilogue tile; sm80: threadblock tile,
-warp tile, stages), and its fusion_args (the EVT's arguments, built from the
-traced epilogue's DAG); per row a small <name>.cu (the name
-CMake globs) that instantiates it, names the kernel type after the row and
-specialises kernel_entry<KernelId::name>. The header is emitted from the
-group's first row; every row must give the same text once its tile, cluster
-and epilogue tile are made parameters, so that a row that differs in anything
-else fails here instead of compiling as another row's kernel.
+of rows (Kernel.group: family, mode, schedule, and dtype but where Kernel.generic)
+a header <group>.cuh with the kernel's types once, as a class template `Gemm` on
+what varies between the group's rows (sm90: CTA tile, cluster, epilogue tile, and
+the element type where generic; sm80: threadblock tile, warp tile, stages), and
+its fusion_args (the EVT's arguments, built from the traced epilogue's DAG); per
+row a small <name>.cu (the name CMake globs) that instantiates it, names the
+kernel type after the row and specialises kernel_entry<KernelId::name>. The
+header is emitted from the group's first row; every row must give the same text
+once its tile, cluster and epilogue tile are made parameters, and, in a generic
+group, its own emission must equal the template with its element type put back
+(instantiate), so that a row that differs in anything else fails here instead of
+compiling as another row's kernel.
 
 cutlass_cppgen emits the kernel's type definitions; we write the host side
 (csrc/kernels/*_launch.cuh) and patch the emitted text in six documented ways,
@@ -218,6 +220,7 @@ _TENSORS = {
     "D": "{static_cast<ElementOut*>(p.out), {p.ldo, cute::_1{}, cute::_0{}}}",  # sm80 stores D in the EVT
 }
 _CTYPE = {"bf16": "cutlass::bfloat16_t", "f16": "cutlass::half_t", "tf32": "float", "f32x3": "float"}
+_BITS = {"bf16": 16, "f16": 16, "tf32": 32, "f32x3": 32}
 
 
 def fusion_args(graph, k: Kernel) -> str:
@@ -233,7 +236,7 @@ def fusion_args(graph, k: Kernel) -> str:
 
     def leaf(meta):
         if meta.name in _TENSORS:
-            return _TENSORS[meta.name].replace("ElementOut", _CTYPE[k.dtype])
+            return _TENSORS[meta.name].replace("ElementOut", "Element" if k.generic else _CTYPE[k.dtype])
         impl = type(meta.underlying_impl).__name__
         if isinstance(meta, ComputeNode) or impl.endswith(("AccumulatorImpl", "ScalarBroadcastImpl")):
             return "{}"
@@ -294,6 +297,30 @@ def _template(k: Kernel, src: str) -> tuple[str, list[str]]:
 
 _PARAMS = {"sm90": "class TileShape, class ClusterShape, class EpilogueTile",
            "sm80": "class ThreadblockShape, class WarpShape, int Stages"}
+_STORED_PLUS = "cutlass_fused::stored<Element>::template plus"
+
+
+def _generic(k: Kernel, body: str) -> str:
+    """A 16-bit row's template body made generic in the element type (Kernel.generic): its
+    element type becomes Element, the builders' alignment (elements a 16-byte access)
+    Alignment, and the node that rounds the stored output to it (patch 1) the rounding that
+    Element's output takes (cutlass_fused::stored: none for fp32). The 16-bit type's name
+    appears nowhere else; instantiate() checks every row of the group against the result."""
+    if _BITS[k.dtype] != 16:
+        raise SystemExit(f"generate: group {k.group} is emitted from its first row, {k.name}, which must have a "
+                         "16-bit element type (its name marks the element's places)")
+    body = _sub(re.escape(f"cutlass_fused::plus_rounded_to_{k.dtype}"), _STORED_PLUS, body,
+                1 if k.mode == "stats" else 0, "template: rounding to the element type")
+    body = _sub(re.escape(_CTYPE[k.dtype]), "Element", body, 8, "template: element type")
+    return _sub(r"((?:StrideC|StrideD|RowMajor|ColumnMajor), )8,", r"\1Alignment,", body, 4, "template: alignment")
+
+
+def instantiate(body: str, k: Kernel) -> str:
+    """A generic template body with row k's element type put in, as its own emission spells it."""
+    op = f"cutlass_fused::plus_rounded_to_{k.dtype}" if _BITS[k.dtype] == 16 else "cutlass::plus"
+    body = body.replace(_STORED_PLUS, op)
+    body = re.sub(r"(?<=, )Alignment(?=,)", str(128 // _BITS[k.dtype]), body)
+    return re.sub(r"\bElement\b", _CTYPE[k.dtype], body)
 
 
 def header(k: Kernel, graph, body: str, includes: list[str]) -> str:
@@ -302,6 +329,9 @@ def header(k: Kernel, graph, body: str, includes: list[str]) -> str:
     inc = "\n".join(f"#include \"{i}\"" for i in includes)
     promoted = "\n#include \"kernels/promoted_mainloop.h\"" if k.family == "sm90" and k.dtype == "f32x3" else ""
     cute = "using namespace cute;\n\n" if k.family == "sm90" else ""
+    params = ("class Element, " if k.generic else "") + _PARAMS[k.family]
+    element = ("// Elements a 16-byte access: the builders' alignment of A, B and D.\n"
+               "static constexpr int Alignment = 128 / cutlass::sizeof_bits<Element>::value;\n\n" if k.generic else "")
     return f"""\
 // Generated by `python -m codegen.generate` from codegen/kernels.py. Do not edit.
 // The kernel types of the rows of group {k.group}, templated on what varies between them;
@@ -311,9 +341,9 @@ def header(k: Kernel, graph, body: str, includes: list[str]) -> str:
 #include "kernels/{k.family}_launch.cuh"{promoted}
 
 namespace cutlass_fused::gen::{k.group} {{
-{cute}template <{_PARAMS[k.family]}>
+{cute}template <{params}>
 struct Gemm {{
-{body.strip()}
+{element}{body.strip()}
 
 static {k.family}::Fusion<GemmKernel> fusion_args(GemmEvtArgs const& p) {{
   return {fusion_args(graph, k)};
@@ -366,12 +396,23 @@ def expected(only: str = "") -> dict[str, str]:
     cg = _cutlass()
     files = {"kernels.inc": registry()}
     first: dict[str, Kernel] = {}  # group -> the row its header was emitted from
+    generic: dict[str, str] = {}   # group -> its body templated on the element type too
     for k in KERNELS:
         if only not in k.name:
             continue
         emitted, includes, graph = _emit(cg, k)
         src = _patch(k, emitted)
         body, args = _template(k, src)
+        if k.generic:
+            if k.group not in generic:
+                generic[k.group] = _generic(k, body)
+            if instantiate(generic[k.group], k) != body:
+                # The template with this row's element type would not be the kernel it emitted.
+                sys.stderr.writelines(difflib.unified_diff(instantiate(generic[k.group], k).splitlines(True),
+                                                           body.splitlines(True), k.group, k.name, n=1))
+                raise SystemExit(f"generate: {k.name} differs from its group's template {k.group} in more than "
+                                 "the element type; give it its own group (Kernel.generic)")
+            body, args = generic[k.group], [_CTYPE[k.dtype]] + args
         h = header(k, graph, body, includes)
         name = f"{k.group}.cuh"
         if files.setdefault(name, h) != h:

@@ -3,9 +3,10 @@
 A row is data, not code, so adding a tile/cluster/schedule variant for the
 performance work is one line plus `python -m codegen.generate`. A row becomes
 csrc/generated/<name>.cu, a few lines instantiating the class template in its
-group's header csrc/generated/<group>.cuh (Kernel.group: one per family, dtype,
-mode and schedule) with the row's tile, cluster and epilogue tile (sm80: tile,
-warp tile, stages).
+group's header csrc/generated/<group>.cuh (Kernel.group: one per family, mode and
+schedule, and per dtype but for sm90 bf16 and TF32, which share one templated on
+the element type) with the row's element type, tile, cluster and epilogue tile
+(sm80: tile, warp tile, stages).
 
 Fields
   family   "sm90" (TMA warp-specialized, sm90a) or "sm80" (mma.sync, runs on sm80+)
@@ -72,12 +73,22 @@ class Kernel:
         return f"{self.family}_{self.dtype}_{self.mode}_{t}_{tail}"
 
     @property
+    def generic(self) -> bool:
+        """Whether its group's header is templated on the element type as well: sm90 bf16 and
+        TF32, whose kernels of one mode differ only in it (codegen/generate.py checks that).
+        fp16's eval rounds h and z (another DAG), 3xTF32 has its own mainloop and fp64 sums,
+        and sm80's MMA instruction shape follows the element type."""
+        return self.family == "sm90" and self.dtype in ("bf16", "tf32")
+
+    @property
     def group(self) -> str:
         """The header its .cu instantiates: rows that differ only in the template
-        parameters (tile, cluster, epilogue tile; sm80: tile, warps, stages; promote)
-        share one. A schedule changes the emitted types, so it gets its own."""
+        parameters (tile, cluster, epilogue tile; sm80: tile, warps, stages; promote;
+        the element type where `generic`) share one. A schedule changes the emitted
+        types, so it gets its own."""
         tail = "_pingpong" if self.schedule == "TmaWarpSpecializedPingpong" else ""
-        return f"{self.family}_{self.dtype}_{self.mode}{tail}"
+        dtype = "" if self.generic else f"_{self.dtype}"
+        return f"{self.family}{dtype}_{self.mode}{tail}"
 
 
 # sm90: cooperative, cluster 1x2. CTA 128x256 was the best statistics-EVT tile

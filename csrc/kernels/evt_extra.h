@@ -41,4 +41,20 @@ template <class T> using plus_rounded_to_bf16 = rounded_to<cutlass::bfloat16_t, 
 template <class T> using plus_rounded_to_f16 = rounded_to<cutlass::half_t, cutlass::plus, T>;
 template <class T> using multiplies_rounded_to_f16 = rounded_to<cutlass::half_t, cutlass::multiplies, T>;
 
+// The plus of the node that forms a kernel's stored output, for an output of Element:
+// rounded to a 16-bit Element (above), plain for fp32, which stores it as computed. The
+// generated headers templated on the element type name it (codegen/generate.py).
+template <class Element>
+struct stored {
+  template <class T> using plus = cutlass::plus<T>;
+};
+template <>
+struct stored<cutlass::bfloat16_t> {
+  template <class T> using plus = plus_rounded_to_bf16<T>;
+};
+template <>
+struct stored<cutlass::half_t> {
+  template <class T> using plus = plus_rounded_to_f16<T>;
+};
+
 }  // namespace cutlass_fused
