@@ -4,9 +4,9 @@ A row is data, not code, so adding a tile/cluster/schedule variant for the
 performance work is one line plus `python -m codegen.generate`. A row becomes
 csrc/generated/<name>.cu, a few lines instantiating the class template in its
 group's header csrc/generated/<group>.cuh (Kernel.group: one per family, mode and
-schedule, and per dtype but for sm90 bf16 and TF32, which share one templated on
-the element type) with the row's element type, tile, cluster and epilogue tile
-(sm80: tile, warp tile, stages).
+schedule, and per dtype but for bf16 and TF32, which share one templated on the
+element type) with the row's element type, tile, cluster and epilogue tile (sm80:
+tile, warp tile, stages).
 
 Fields
   family   "sm90" (TMA warp-specialized, sm90a) or "sm80" (mma.sync, runs on sm80+)
@@ -74,11 +74,11 @@ class Kernel:
 
     @property
     def generic(self) -> bool:
-        """Whether its group's header is templated on the element type as well: sm90 bf16 and
-        TF32, whose kernels of one mode differ only in it (codegen/generate.py checks that).
-        fp16's eval rounds h and z (another DAG), 3xTF32 has its own mainloop and fp64 sums,
-        and sm80's MMA instruction shape follows the element type."""
-        return self.family == "sm90" and self.dtype in ("bf16", "tf32")
+        """Whether its group's header is templated on the element type as well: bf16 and
+        TF32, whose kernels of one family and mode differ only in it (codegen/generate.py
+        checks that). fp16's eval rounds h and z (another DAG); 3xTF32 has its own mainloop
+        and fp64 sums on sm90 and its own math operator on sm80."""
+        return self.dtype in ("bf16", "tf32")
 
     @property
     def group(self) -> str:
