@@ -11,8 +11,8 @@ of rows (Kernel.group: family, mode, schedule, and dtype but where Kernel.generi
 a header <group>.cuh with the kernel's types once, as a class template `Gemm` on
 what varies between the group's rows (sm90: CTA tile, cluster, epilogue tile, and
 the element type where generic; sm80: threadblock tile, warp tile, stages, and
-the element type where generic), and
-its fusion_args (the EVT's arguments, built from the traced epilogue's DAG); per
+the element type where generic), and its fusion_args (the EVT's arguments, built
+from the traced epilogue's DAG); per
 row a small <name>.cu (the name CMake globs) that instantiates it, names the
 kernel type after the row and specialises kernel_entry<KernelId::name>. The
 header is emitted from the group's first row; every row must give the same text

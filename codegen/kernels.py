@@ -77,8 +77,9 @@ class Kernel:
         """Whether its group's header is templated on the element type as well: bf16 and
         TF32, whose kernels of one family and mode differ only in it (codegen/generate.py
         checks that). fp16's eval rounds h and z (another DAG); 3xTF32 has its own mainloop
-        and fp64 sums on sm90 and its own math operator on sm80."""
-        return self.dtype in ("bf16", "tf32")
+        and fp64 sums on sm90 and its own math operator on sm80. (Mode "train", built for
+        experiments only, keeps per-dtype groups.)"""
+        return self.dtype in ("bf16", "tf32") and self.mode in ("eval", "stats")
 
     @property
     def group(self) -> str:
