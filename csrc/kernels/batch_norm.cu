@@ -381,19 +381,23 @@ __device__ __forceinline__ TO normalized(Column<A> const& col, T h) {
   return from_float<TO>((A(to_float(h)) - col.mean_h) * col.mul + col.b);
 }
 
+// Column c's constants from its moments and 1 / std: finalize and both training tails build
+// them here, so all normalize with the same bits.
+template <class A>
+__device__ Column<A> column_of(FinalizeArgs const& a, Moments const& mo, double invstd, int c) {
+  return {static_cast<A>(mo.mean_h), static_cast<A>(load(a.scale, c, 1.0) * invstd * load(a.weight, c, 1.0)),
+          static_cast<A>(load(a.bias, c, 0.0))};
+}
+
 template <class A>
 __device__ Column<A> column(FinalizeArgs const& a, int c) {
   Moments mo = moments(a.stats, a.scale, a.count, a.n, c);
   double invstd = inverse_std(mo.var_z, a.eps);
-  double w = load(a.weight, c, 1.0);
+  Column<A> col = column_of<A>(a, mo, invstd, c);
   if (blockIdx.y == 0) {  // one thread a column (block_columns)
     a.save_mean[c] = mo.mean_h;
     a.save_invstd[c] = invstd;
   }
-  Column<A> col;
-  col.mean_h = static_cast<A>(mo.mean_h);
-  col.mul = static_cast<A>(load(a.scale, c, 1.0) * invstd * w);
-  col.b = static_cast<A>(load(a.bias, c, 0.0));
   return col;
 }
 
@@ -623,8 +627,7 @@ __global__ void __launch_bounds__(256, 4) batch_norm_train_kernel(TrainArgs a, i
           update_running(mo, f.count, m, a.running_mean, a.running_var, c);
         }
       }
-      return Column<A>{static_cast<A>(mo.mean_h), static_cast<A>(load(f.scale, c, 1.0) * invstd * load(f.weight, c, 1.0)),
-                       static_cast<A>(load(f.bias, c, 0.0))};
+      return column_of<A>(f, mo, invstd, c);
     });
     int c0 = (group * 32 + threadIdx.x) * V;
     int64_t begin = static_cast<int64_t>(chunk) * rows, end = begin + rows;
@@ -702,8 +705,7 @@ __global__ void __launch_bounds__(256) batch_norm_train_small_kernel(TrainArgs a
     f.save_mean[c] = mo.mean_h;
     f.save_invstd[c] = invstd;
     if (a.running_mean.p != nullptr) update_running(mo, f.count, a.momentum, a.running_mean, a.running_var, c);
-    cols[i] = Column<A>{static_cast<A>(mo.mean_h), static_cast<A>(load(f.scale, c, 1.0) * invstd * load(f.weight, c, 1.0)),
-                        static_cast<A>(load(f.bias, c, 0.0))};
+    cols[i] = column_of<A>(f, mo, invstd, c);
   }
   __syncthreads();
   if (!live) return;
