@@ -253,8 +253,7 @@ c10::optional<StatsGemm> stats_gemm(at::Tensor const& x, at::Tensor const& weigh
   auto const* info = find_kernel(fam, dt, Mode::stats, static_cast<int>(kn), static_cast<int>(m),
                                  static_cast<int>(x.size(1)), sms);
   if (info == nullptr) return c10::nullopt;
-  auto layout = stats_layout(*info, kn, m);
-  if (int64_t{layout.tiles} * (layout.ld / info->tile_m) < std::max(1, sms / 2)) return c10::nullopt;
+  if (cta_count(*info, kn, m) < std::max(1, sms / 2)) return c10::nullopt;
   // Swapped: the weight is the A operand (kn rows), x the B operand, h^T the column-major D.
   // Split for 3xTF32, W's segments [again | small | big] meet x's [small | again | big]
   // (csrc/kernels/tf32x3.h): the same three products as the eval kernel's, in the other
@@ -263,6 +262,7 @@ c10::optional<StatsGemm> stats_gemm(at::Tensor const& x, at::Tensor const& weigh
   auto b = bias_vector(bias, x.scalar_type(), kn);
   auto h = empty_padded(m, n, x.options());
   poison(h);
+  auto layout = stats_layout(*info, kn, m);
   auto u = at::empty({2, layout.tiles, layout.ld}, x.options().dtype(layout.bytes == 8 ? at::kDouble : at::kFloat));
   poison(u);
   GemmEvtArgs p = gemm_args(ops.w, ops.x, h, m);

@@ -96,6 +96,9 @@ KernelInfo const* kernels_end();
 // with sm_count SMs, or nullptr (see registry.cpp for the rule).
 KernelInfo const* find_kernel(Family family, KernelDtype dtype, Mode mode, int m, int n, int k, int sm_count);
 
+// The tiles (CTAs, before any persistent scheduling) of an m x n problem.
+int64_t cta_count(KernelInfo const& info, int64_t m, int64_t n);
+
 // Where a stats kernel (Mode::stats) leaves u_sum and u_sumsq for a problem of
 // `features` x `batch` (its m x n): `tiles` rows, one per batch tile, of `ld`
 // values (features rounded up to whole tiles), `bytes` each (4, or 8 for partial64).

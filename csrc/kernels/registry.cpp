@@ -67,9 +67,7 @@ KernelInfo const* kernels_end() { return kTable + sizeof(kTable) / sizeof(kTable
 // cutlass_fused.tune measures each candidate that way; read on every call).
 KernelInfo const* find_kernel(Family family, KernelDtype dtype, Mode mode, int m, int n, int, int sm_count) {
   char const* forced = std::getenv("CUTLASS_FUSED_KERNEL");
-  auto ctas = [&](KernelInfo const* k) {
-    return static_cast<int64_t>((m + k->tile_m - 1) / k->tile_m) * ((n + k->tile_n - 1) / k->tile_n);
-  };
+  auto ctas = [&](KernelInfo const* k) { return cta_count(*k, m, n); };
   int64_t enough = std::max(1, sm_count / 2);
   KernelInfo const* first = nullptr;
   KernelInfo const* best = nullptr;
@@ -83,6 +81,10 @@ KernelInfo const* find_kernel(Family family, KernelDtype dtype, Mode mode, int m
   }
   if (first != nullptr && ctas(first) >= enough) return first;
   return best;
+}
+
+int64_t cta_count(KernelInfo const& info, int64_t m, int64_t n) {
+  return (m + info.tile_m - 1) / info.tile_m * ((n + info.tile_n - 1) / info.tile_n);
 }
 
 StatsLayout stats_layout(KernelInfo const& info, int64_t features, int64_t batch) {
