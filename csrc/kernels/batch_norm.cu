@@ -349,25 +349,37 @@ struct Moments {
   double mean_h, mean_z, var_z;
 };
 
-// From column c's sum and sum of squares of h. Explicitly rounded operations:
+// A column's vectors besides its sums, loaded together before any of the column's stores. Loaded
+// where each was used, after stores that may alias them for all the compiler knows, each took its
+// own memory round trip while the rest of the block waited (ncu). With the small tail's per-chunk
+// sums: that tail 9.5 -> 8.9 us at bf16 128 x 8192; the cooperative tail level (H100,
+// benchmarks/NOTES.md v0.17).
+// fp32 is exact for every vector dtype (fp32, bf16, fp16) and spares registers.
+struct ColumnInputs {
+  float scale = 1, weight = 1, bias = 0, running_mean = 0, running_var = 0;
+};
+
+__device__ ColumnInputs column_inputs(FinalizeArgs const& a, ColOut rm, ColOut rv, int c) {
+  auto f = [](double x) { return static_cast<float>(x); };
+  return {f(load(a.scale, c, 1.0)), f(load(a.weight, c, 1.0)), f(load(a.bias, c, 0.0)), f(load({rm.p, rm.dt}, c, 0.0)),
+          f(load({rv.p, rv.dt}, c, 0.0))};
+}
+
+// From column c's sum and sum of squares of h, and its scale s. Explicitly rounded operations:
 // the fused training kernel and the split ops must get the same bits, and
 // whether nvcc contracts a * b - c into an fma depends on the inlining context.
-__device__ Moments moments(double sum, double sumsq, ColVec scale, double count, int c) {
+__device__ Moments moments(double sum, double sumsq, double s, double count) {
   double mean_h = __ddiv_rn(sum, count);
   // Clamped at 0 against cancellation, but NaN kept (fmax(NaN, 0) is 0): a column with a NaN or
   // an Inf has a NaN variance, as in PyTorch, and so do y and running_var.
   double var_h = __dsub_rn(__ddiv_rn(sumsq, count), __dmul_rn(mean_h, mean_h));
   var_h = var_h < 0.0 ? 0.0 : var_h;
-  double s = load(scale, c, 1.0);
   return {mean_h, __dmul_rn(s, mean_h), __dmul_rn(__dmul_rn(s, s), var_h)};
 }
 
 // 1 / sqrt(var_z + eps), the same bits in every kernel (see moments).
 __device__ double inverse_std(double var_z, double eps) { return __ddiv_rn(1.0, __dsqrt_rn(__dadd_rn(var_z, eps))); }
 
-__device__ Moments moments(double const* stats, ColVec scale, double count, int n, int c) {
-  return moments(stats[c], stats[n + c], scale, count, c);
-}
 
 // Per-column constants of y = (h - mean_h) * mul + b, rounded once to A.
 template <class A>
@@ -384,16 +396,17 @@ __device__ __forceinline__ TO normalized(Column<A> const& col, T h) {
 // Column c's constants from its moments and 1 / std: finalize and both training tails build
 // them here, so all normalize with the same bits.
 template <class A>
-__device__ Column<A> column_of(FinalizeArgs const& a, Moments const& mo, double invstd, int c) {
-  return {static_cast<A>(mo.mean_h), static_cast<A>(load(a.scale, c, 1.0) * invstd * load(a.weight, c, 1.0)),
-          static_cast<A>(load(a.bias, c, 0.0))};
+__device__ Column<A> column_of(Moments const& mo, double invstd, ColumnInputs const& in) {
+  return {static_cast<A>(mo.mean_h), static_cast<A>(double{in.scale} * invstd * double{in.weight}),
+          static_cast<A>(double{in.bias})};
 }
 
 template <class A>
 __device__ Column<A> column(FinalizeArgs const& a, int c) {
-  Moments mo = moments(a.stats, a.scale, a.count, a.n, c);
+  ColumnInputs in = column_inputs(a, {}, {}, c);
+  Moments mo = moments(a.stats[c], a.stats[a.n + c], in.scale, a.count);
   double invstd = inverse_std(mo.var_z, a.eps);
-  Column<A> col = column_of<A>(a, mo, invstd, c);
+  Column<A> col = column_of<A>(mo, invstd, in);
   if (blockIdx.y == 0) {  // one thread a column (block_columns)
     a.save_mean[c] = mo.mean_h;
     a.save_invstd[c] = invstd;
@@ -402,10 +415,12 @@ __device__ Column<A> column(FinalizeArgs const& a, int c) {
 }
 
 // running = (1 - m) running + m batch; the variance unbiased, as nn.BatchNorm1d keeps it.
-__device__ void update_running(Moments mo, double count, double m, ColOut rm, ColOut rv, int c) {
+// old_mean, old_var: the running stats' values before this batch (column_inputs).
+__device__ void update_running(Moments mo, double count, double m, double old_mean, double old_var, ColOut rm,
+                               ColOut rv, int c) {
   double unbiased = __ddiv_rn(__dmul_rn(mo.var_z, count), count - 1);  // explicit: see moments
-  store(rm, c, __dadd_rn(__dmul_rn(1 - m, load({rm.p, rm.dt}, c, 0.0)), __dmul_rn(m, mo.mean_z)));
-  store(rv, c, __dadd_rn(__dmul_rn(1 - m, load({rv.p, rv.dt}, c, 0.0)), __dmul_rn(m, unbiased)));
+  store(rm, c, __dadd_rn(__dmul_rn(1 - m, old_mean), __dmul_rn(m, mo.mean_z)));
+  store(rv, c, __dadd_rn(__dmul_rn(1 - m, old_var), __dmul_rn(m, unbiased)));
 }
 
 __global__ void update_running_kernel(int n, double const* __restrict__ stats, ColVec scale, double count, ColOut rm,
@@ -413,7 +428,8 @@ __global__ void update_running_kernel(int n, double const* __restrict__ stats, C
   int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= n) return;
   double m = nbt ? 1.0 / static_cast<double>(*nbt) : momentum;
-  update_running(moments(stats, scale, count, n, c), count, m, rm, rv, c);
+  double old_mean = load({rm.p, rm.dt}, c, 0.0), old_var = load({rv.p, rv.dt}, c, 0.0);
+  update_running(moments(stats[c], stats[n + c], load(scale, c, 1.0), count), count, m, old_mean, old_var, rm, rv, c);
 }
 
 // The per-column constants of a block's 32 V columns: each computed once, by
@@ -572,8 +588,10 @@ __global__ void __launch_bounds__(256, 4) batch_norm_train_kernel(TrainArgs a, i
     if constexpr (FromGemm) {  // only column groups with a column to redo; uniform over the block
       int c0 = (group * 32 + threadIdx.x) * V;
       bool need = false;
+      // No early exit, which made each flag's load wait on the last (ncu: ~11% of the tail's
+      // samples at bf16 256 x 8192; level in wall time, H100).
 #pragma unroll
-      for (int v = 0; v < V; ++v) need = need || (c0 + v < f.n && exact[c0 + v]);
+      for (int v = 0; v < V; ++v) need |= c0 + v < f.n && exact[c0 + v];
       if (!__syncthreads_or(need)) continue;
     }
     chunk_partials<SumSquares<T>, V>(terms, f.m, f.n, rows, group, item / groups, pa, pb, stage);
@@ -599,6 +617,8 @@ __global__ void __launch_bounds__(256, 4) batch_norm_train_kernel(TrainArgs a, i
     int group = item % groups, chunk = item / groups;
     Column<A> col[V];
     block_columns<V>(f.n, group, col, [&](int c) {
+      bool first = chunk == 0;  // the chunk whose blocks write the column's statistics
+      ColumnInputs in = column_inputs(f, first ? a.running_mean : ColOut{}, first ? a.running_var : ColOut{}, c);
       bool from_gemm = FromGemm && !exact[c];
       double s = 0, q = 0;
       if (from_gemm) {
@@ -613,9 +633,9 @@ __global__ void __launch_bounds__(256, 4) batch_norm_train_kernel(TrainArgs a, i
           q += pb[r * static_cast<int64_t>(f.n) + c];
         }
       }
-      Moments mo = moments(s, q, f.scale, f.count, c);
+      Moments mo = moments(s, q, in.scale, f.count);
       double invstd = inverse_std(mo.var_z, f.eps);
-      if (chunk == 0) {
+      if (first) {
         if (!from_gemm) {  // phase 0 wrote the others, which other blocks read now
           a.stats[c] = s;
           a.stats[f.n + c] = q;
@@ -624,10 +644,10 @@ __global__ void __launch_bounds__(256, 4) batch_norm_train_kernel(TrainArgs a, i
         f.save_invstd[c] = invstd;
         if (a.running_mean.p != nullptr) {
           double m = a.cumulative ? 1.0 / static_cast<double>(*a.num_batches_tracked) : a.momentum;
-          update_running(mo, f.count, m, a.running_mean, a.running_var, c);
+          update_running(mo, f.count, m, in.running_mean, in.running_var, a.running_mean, a.running_var, c);
         }
       }
-      return column_of<A>(f, mo, invstd, c);
+      return column_of<A>(mo, invstd, in);
     });
     int c0 = (group * 32 + threadIdx.x) * V;
     int64_t begin = static_cast<int64_t>(chunk) * rows, end = begin + rows;
@@ -660,6 +680,10 @@ __global__ void __launch_bounds__(256) batch_norm_train_small_kernel(TrainArgs a
   int64_t r0 = static_cast<int64_t>(pair / 8) * rows + lane, r1 = (pair / 8 + 1) * int64_t{rows};
   if (r1 > f.m) r1 = f.m;
   bool live = g < groups && c0 < f.n;  // n % V == 0 when V > 1: groups are whole
+  // Thread i < groups V finishes the block's column i (after the first barrier): its inputs
+  // are loaded with h.
+  int owned = groups * V, col_c = blockIdx.x * owned + threadIdx.x;
+  bool owner = threadIdx.x < owned && col_c < f.n;
   // z = h * scale is rounded to T where y is T (see SumSquares: fp16 only).
   SumSquares<T> terms{static_cast<T const*>(f.h), f.ldh, std::is_same_v<T, TO> ? f.scale : ColVec{}};
   Group<T, V> held[K];
@@ -669,6 +693,10 @@ __global__ void __launch_bounds__(256) batch_norm_train_small_kernel(TrainArgs a
     for (int k = 0; k < K; ++k) {
       if (r0 + 8 * k < r1) held[k] = load_group<T, V>(terms.h + (r0 + 8 * k) * f.ldh + c0);
     }
+  }
+  ColumnInputs in{};
+  if (owner) in = column_inputs(f, a.running_mean, a.running_var, col_c);
+  if (live) {
 #pragma unroll
     for (int v = 0; v < V; ++v) mu[v] = terms.center(c0 + v);
 #pragma unroll
@@ -677,6 +705,7 @@ __global__ void __launch_bounds__(256) batch_norm_train_small_kernel(TrainArgs a
     }
   }
   __shared__ double sums[2][256][V];
+  __shared__ double chunk_sums[2][256 / 8 * V];  // chunk * owned + i: owned * chunks <= 32 V
   __shared__ Column<A> cols[256 / 8 * V];
 #pragma unroll
   for (int v = 0; v < V; ++v) {
@@ -685,27 +714,35 @@ __global__ void __launch_bounds__(256) batch_norm_train_small_kernel(TrainArgs a
   }
   if (a.num_batches_tracked != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *a.num_batches_tracked += 1;
   __syncthreads();
-  // One thread a column: each chunk's lanes in lane order, then the chunks in order.
-  if (int i = threadIdx.x, c = blockIdx.x * groups * V + i; i < groups * V && c < f.n) {
-    int first = i / V * pairs, v = i % V;
+  // Each chunk's lanes in lane order, a thread a (column, chunk); then, below, the chunks in order.
+  if (int i = threadIdx.x % owned, chunk = threadIdx.x / owned; chunk < chunks && blockIdx.x * owned + i < f.n) {
+    int first = i / V * pairs + chunk * 8, v = i % V;
+    double cs = sums[0][first][v], cq = sums[1][first][v];
+#pragma unroll
+    for (int l = 1; l < 8; ++l) {
+      cs += sums[0][first + l][v];
+      cq += sums[1][first + l][v];
+    }
+    chunk_sums[0][chunk * owned + i] = cs;
+    chunk_sums[1][chunk * owned + i] = cq;
+  }
+  __syncthreads();
+  if (owner) {
+    int i = threadIdx.x, c = col_c;
     double sum = 0, sumsq = 0;
     for (int chunk = 0; chunk < chunks; ++chunk) {
-      double cs = sums[0][first + chunk * 8][v], cq = sums[1][first + chunk * 8][v];
-      for (int l = 1; l < 8; ++l) {
-        cs += sums[0][first + chunk * 8 + l][v];
-        cq += sums[1][first + chunk * 8 + l][v];
-      }
-      sum += cs;
-      sumsq += cq;
+      sum += chunk_sums[0][chunk * owned + i];
+      sumsq += chunk_sums[1][chunk * owned + i];
     }
-    Moments mo = moments(sum, sumsq, f.scale, f.count, c);
+    Moments mo = moments(sum, sumsq, in.scale, f.count);
     double invstd = inverse_std(mo.var_z, f.eps);
     a.stats[c] = sum;
     a.stats[f.n + c] = sumsq;
     f.save_mean[c] = mo.mean_h;
     f.save_invstd[c] = invstd;
-    if (a.running_mean.p != nullptr) update_running(mo, f.count, a.momentum, a.running_mean, a.running_var, c);
-    cols[i] = column_of<A>(f, mo, invstd, c);
+    if (a.running_mean.p != nullptr)
+      update_running(mo, f.count, a.momentum, in.running_mean, in.running_var, a.running_mean, a.running_var, c);
+    cols[i] = column_of<A>(mo, invstd, in);
   }
   __syncthreads();
   if (!live) return;
