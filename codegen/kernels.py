@@ -123,7 +123,7 @@ _SM90 += [Kernel("sm90", "bf16", "stats", (128, 256, 64), (2, 1, 1))]
 # batch (CTAs share the W tile), 256 features x 128 batch rows, and a 128x128
 # tile that find_kernel takes for batches too small for 128x256 to fill the GPU.
 # That one has no cluster: train x torch.mm at 256 x 8192^2 1.224 against 1.267 for
-# its 2x1 cluster, and at 512 x 8192^2 1.216 against 1.331 (H100, tune, 3 rounds;
+# its 2x1 cluster, and at 512 x 8192^2 1.216 against 1.331 (H100, one tune run of 3 rounds;
 # NOTES.md v0.17). K tiles of 128 (3 stages) were slower or level (1.320, 1.374).
 _SM90 += [Kernel("sm90", "bf16", "stats", (128, 256, 64), c) for c in ((1, 1, 1), (1, 2, 1))]
 _SM90 += [Kernel("sm90", "bf16", "stats", (256, 128, 64), c) for c in ((2, 1, 1), (1, 2, 1))]

@@ -353,8 +353,8 @@ struct Moments {
 // where each was used, after stores that may alias them for all the compiler knows, each took its
 // own memory round trip while the rest of the block waited (ncu). With the small tail's per-chunk
 // sums: that tail 9.5 -> 8.9 us at bf16 128 x 8192; the cooperative tail level (H100,
-// benchmarks/NOTES.md v0.17).
-// fp32 is exact for every vector dtype (fp32, bf16, fp16) and spares registers.
+// benchmarks/NOTES.md v0.17). Held in fp32, exact for every vector dtype (fp32, bf16, fp16),
+// to spare registers.
 struct ColumnInputs {
   float scale = 1, weight = 1, bias = 0, running_mean = 0, running_var = 0;
 };
@@ -379,7 +379,6 @@ __device__ Moments moments(double sum, double sumsq, double s, double count) {
 
 // 1 / sqrt(var_z + eps), the same bits in every kernel (see moments).
 __device__ double inverse_std(double var_z, double eps) { return __ddiv_rn(1.0, __dsqrt_rn(__dadd_rn(var_z, eps))); }
-
 
 // Per-column constants of y = (h - mean_h) * mul + b, rounded once to A.
 template <class A>
