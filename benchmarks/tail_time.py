@@ -3,8 +3,12 @@ median of rounds), with the train forward and torch.mm timed in turn (do_bench, 
 change to the tail is judged by its own microseconds and by the ratio users see.
 
     python benchmarks/tail_time.py [--dtype bf16 --dtype tf32 ...] [--shape B,IN,OUT ...] [--rounds 3]
+                                   [--tail cooperative --tail slab ...]
+
+--tail times each forced tail (CUTLASS_FUSED_TAIL) in turn, the order reversed every other round.
 """
 import argparse
+import os
 import statistics
 
 import torch
@@ -19,27 +23,36 @@ def main():
     ap.add_argument("--dtype", action="append", choices=DTYPES)
     ap.add_argument("--shape", action="append", type=lambda s: tuple(int(v) for v in s.split(",")))
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--tail", action="append", choices=["cooperative", "slab", "small"])
     args = ap.parse_args()
-    old_tf32 = torch.backends.cuda.matmul.allow_tf32
+    tails = args.tail or [None]
+    old_tf32, old_tail = torch.backends.cuda.matmul.allow_tf32, os.environ.get("CUTLASS_FUSED_TAIL")
     try:
         for dtype in args.dtype or ["bf16", "tf32"]:
             torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
             for shape in args.shape or SHAPES:
                 case = Case(shape, dtype, torch.device("cuda"))
                 train, mm = case.fn("cutlass_fused", "train"), case.fn("torch.mm", "train")
-                gemm, tail, ratio = [], [], []
-                for _ in range(args.rounds):
-                    _, kernels = profile(train, calls=20)
-                    # The GEMM is the longest kernel; the tail, the other one (two launches a forward).
-                    times = sorted(kernels.values(), reverse=True)
-                    gemm.append(times[0])
-                    tail.append(sum(times[1:]))
-                    ratio.append(median_ms(train, True) / median_ms(mm, True))
-                print(f"{dtype} {'x'.join(map(str, shape))}: GEMM {statistics.median(gemm):8.1f} us, "
-                      f"tail {statistics.median(tail):6.1f} us (rounds {', '.join(f'{t:.1f}' for t in tail)}), "
-                      f"train x mm {statistics.median(ratio):.3f}", flush=True)
+                gemm, tail, ratio = ({t: [] for t in tails} for _ in range(3))
+                for r in range(args.rounds):
+                    for t in tails if r % 2 == 0 else tails[::-1]:
+                        os.environ["CUTLASS_FUSED_TAIL"] = t or ""
+                        _, kernels = profile(train, calls=20)
+                        # The GEMM is the longest kernel; the tail, the other one (two launches a forward).
+                        times = sorted(kernels.values(), reverse=True)
+                        gemm[t].append(times[0])
+                        tail[t].append(sum(times[1:]))
+                        ratio[t].append(median_ms(train, True) / median_ms(mm, True))
+                for t in tails:
+                    print(f"{dtype} {'x'.join(map(str, shape))}{f' {t}' if t else ''}: "
+                          f"GEMM {statistics.median(gemm[t]):8.1f} us, tail {statistics.median(tail[t]):6.1f} us "
+                          f"(rounds {', '.join(f'{v:.1f}' for v in tail[t])}), "
+                          f"train x mm {statistics.median(ratio[t]):.3f}", flush=True)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old_tf32
+        os.environ.pop("CUTLASS_FUSED_TAIL", None)
+        if old_tail is not None:
+            os.environ["CUTLASS_FUSED_TAIL"] = old_tail
 
 
 if __name__ == "__main__":

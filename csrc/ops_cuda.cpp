@@ -409,6 +409,17 @@ void update_running_stats_cuda(at::Tensor const& stats, at::Tensor const& scale,
   write_back(running_var, rv_d);
 }
 
+// CUTLASS_FUSED_TAIL forces the training tail (cooperative, slab, small; read per call: tests
+// compare their bits); unset or empty, batch_norm_train picks by shape.
+Tail forced_tail() {
+  char const* env = std::getenv("CUTLASS_FUSED_TAIL");
+  if (env == nullptr || *env == '\0') return Tail::automatic;
+  std::string v(env);
+  TORCH_CHECK(v == "cooperative" || v == "slab" || v == "small",
+              "cutlass_fused: expected CUTLASS_FUSED_TAIL to be cooperative, slab or small, but got '", v, "'");
+  return v == "cooperative" ? Tail::cooperative : v == "slab" ? Tail::slab : Tail::small;
+}
+
 // The training forward: the GEMM, then one kernel for everything after it
 // (csrc/kernels/batch_norm.h, batch_norm_train).
 TrainOut linear_scale_batch_norm_train_cuda(at::Tensor const& x, at::Tensor const& weight,
@@ -451,6 +462,7 @@ TrainOut linear_scale_batch_norm_train_cuda(at::Tensor const& x, at::Tensor cons
   t.momentum = momentum.value_or(0.0);
   t.workspace = ws.data_ptr();
   t.sm_count = sm_count(dev.index());
+  t.tail = forced_tail();
   if (sg) {
     t.u_sum = sg->u[0].data_ptr();
     t.u_sumsq = sg->u[1].data_ptr();

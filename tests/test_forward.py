@@ -206,3 +206,56 @@ def test_launches_per_forward(family, training, launches):
     if os.environ.get("CUTLASS_FUSED_POISON") == "1":  # the test-only NaN fills of each output
         kernels = [k for k in kernels if "FillFunctor" not in k]
     assert len(kernels) == launches, kernels
+
+
+# The training tails (CUTLASS_FUSED_TAIL) must write the same bits, with the statistics GEMM's
+# sums (bf16 and fp32 at the three larger shapes take it) and without them (fp16; STATS=0), and
+# for columns whose tile sums are not trusted (a bias 1000x their spread sends them to the exact
+# pass). Slab rows of 128, 64 and 32 bytes (at most 512, 1024 and 2048 rows); a last slab with
+# some columns (1032) or a slab wider than the layer (24); 200 and 3 rows take the small tail too.
+TAIL_SHAPES = [(512, 64, 4096), (1000, 96, 8192), (2000, 64, 2048), (200, 32, 1032), (3, 40, 24)]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("shape", TAIL_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("mode", ["bf16", "f16", "f32", "tf32"])
+@pytest.mark.parametrize("stats", ["1", "0"])
+@pytest.mark.parametrize("large_mean", [False, True], ids=["spread", "large_mean"])
+def test_training_tails_agree(shape, mode, stats, large_mean, monkeypatch):
+    monkeypatch.setenv("CUTLASS_FUSED_STATS", stats)
+    m, k, n = shape
+    dtype = MODES[mode][0]
+    # Parameters in the data's dtype give y that dtype (fp16: the tail emulates z's overflow).
+    p = params(k, n, "cuda", dtype, seed=m + n, param_dtype=dtype if large_mean else torch.float32)
+    if large_mean:
+        p["bias"][::3] += 1000
+    x = torch.randn(m, k, device="cuda").to(dtype)
+    tails = ["cooperative", "slab"] + (["small"] if dtype != torch.float32 and m <= 256 else [])
+    out = {}
+    with precision("cuda", "auto", mode):
+        for tail in tails:
+            monkeypatch.setenv("CUTLASS_FUSED_TAIL", tail)
+            rm, rv, nbt = p["running_mean"].clone(), p["running_var"].clone(), torch.tensor(4, device="cuda")
+            out[tail] = (*ops.linear_scale_batch_norm_train(x, p["weight"], p["bias"], p["scale"], p["bn_weight"],
+                                                            p["bn_bias"], rm, rv, nbt, 0.1, 1e-5, "auto", False),
+                         rm, rv, nbt)
+    names = ("y", "h", "stats", "mean", "invstd", "running_mean", "running_var", "num_batches_tracked")
+    assert torch.isfinite(out["cooperative"][0]).all()
+    for tail in tails[1:]:
+        for name, a, b in zip(names, out["cooperative"], out[tail]):
+            assert torch.equal(a, b), f"{tail}: {name}"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_forced_tail_that_cannot_run(monkeypatch):
+    """A forced tail that cannot take the problem is an error, never a silent fallback."""
+    p = params(16, 777, "cuda", torch.bfloat16)
+    x = torch.randn(8, 16, device="cuda", dtype=torch.bfloat16)
+    args = (x, p["weight"], p["bias"], p["scale"], p["bn_weight"], p["bn_bias"], p["running_mean"].clone(),
+            p["running_var"].clone(), None, 0.1, 1e-5, "auto", False)
+    monkeypatch.setenv("CUTLASS_FUSED_TAIL", "slab")  # 777 columns: no 16-byte groups
+    with pytest.raises(RuntimeError, match="slab training tail needs 16-byte aligned columns"):
+        ops.linear_scale_batch_norm_train(*args)
+    monkeypatch.setenv("CUTLASS_FUSED_TAIL", "fast")
+    with pytest.raises(RuntimeError, match="expected CUTLASS_FUSED_TAIL to be cooperative, slab or small"):
+        ops.linear_scale_batch_norm_train(*args)

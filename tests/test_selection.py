@@ -40,3 +40,28 @@ def test_training_gemm_by_batch(shape, kernel, monkeypatch):
     monkeypatch.delenv("CUTLASS_FUSED_KERNEL", raising=False)
     names = gemm_kernels(*shape, training=True)
     assert len(names) == 1 and f"sm90_bf16_{kernel}" in next(iter(names)), names
+
+
+# The training tail by shape (csrc/kernels/batch_norm.cu, pick_tail): 16-bit h in registers at
+# <= 128 rows, in a shared-memory slab of every row at 129-512 rows where slabs of 64-byte rows
+# fill the GPU (8192 columns: 256 slabs of 32; 4096 columns would need 32-byte rows), the
+# cooperative kernel for the rest.
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("shape,tail", [((128, 256, 8192), "small"), ((256, 256, 8192), "slab"),
+                                        ((512, 256, 8192), "slab"), ((1024, 256, 8192), "cooperative"),
+                                        ((256, 256, 4096), "cooperative")])
+def test_training_tail_by_shape(shape, tail, monkeypatch):
+    monkeypatch.delenv("CUTLASS_FUSED_TAIL", raising=False)
+    m, k, n = shape
+    layer = cutlass_fused.LinearScaleBatchNorm1d(k, n, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        layer(x)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            layer(x)
+            torch.cuda.synchronize()
+    names = {e.name for e in prof.events() if "batch_norm_train" in e.name}
+    kernel = {"small": "batch_norm_train_small_kernel", "slab": "batch_norm_train_slab_kernel",
+              "cooperative": "batch_norm_train_kernel"}[tail]
+    assert len(names) == 1 and kernel in next(iter(names)), names

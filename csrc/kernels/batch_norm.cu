@@ -1,8 +1,9 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <stdexcept>
 #include <initializer_list>
+#include <stdexcept>
+#include <string>
 #include <type_traits>
 
 #include <cooperative_groups.h>
@@ -124,6 +125,12 @@ __device__ __forceinline__ void store_group_once(T* p, Group<T, V> const& g) {
   }
 }
 
+// 16 bytes from global to shared memory, bypassing L1 (cp.async.cg).
+__device__ __forceinline__ void copy_async(uint4* dst, void const* src) {
+  unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+}
+
 // A thread's rows through a cp.async pipeline: row j (0 <= j < count) is K 16-byte pieces
 // (one a tensor it reads), fetched S - 1 rows ahead into this thread's own slots of `stage`
 // (S * K * 256 slots: blocks of 32 x 8 threads), then handed to use(j, piece) in order. Loads in
@@ -137,10 +144,7 @@ __device__ __forceinline__ void pipelined_rows(int count, uint4* stage, Addr&& a
   auto issue = [&](int j) {
     if (j < count) {
 #pragma unroll
-      for (int k = 0; k < K; ++k) {
-        unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(slot(j, k)));
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(addr(j, k)) : "memory");
-      }
+      for (int k = 0; k < K; ++k) copy_async(slot(j, k), addr(j, k));
     }
     asm volatile("cp.async.commit_group;\n" ::: "memory");
   };
@@ -422,6 +426,30 @@ __device__ void update_running(Moments mo, double count, double m, double old_me
   store(rv, c, __dadd_rn(__dmul_rn(1 - m, old_var), __dmul_rn(m, unbiased)));
 }
 
+// Column c's constants from its sums s and q of h. With `outputs` (one thread a column), also
+// its saved mean and 1 / std, its running stats, and, with `sums`, s and q themselves: every
+// training tail finishes a column here, so all write the same bits.
+template <class A>
+__device__ Column<A> finish_column(TrainArgs const& a, int c, double s, double q, ColumnInputs const& in, bool outputs,
+                                   bool sums = true) {
+  FinalizeArgs const& f = a.norm;
+  Moments mo = moments(s, q, in.scale, f.count);
+  double invstd = inverse_std(mo.var_z, f.eps);
+  if (outputs) {
+    if (sums) {
+      a.stats[c] = s;
+      a.stats[f.n + c] = q;
+    }
+    f.save_mean[c] = mo.mean_h;
+    f.save_invstd[c] = invstd;
+    if (a.running_mean.p != nullptr) {
+      double m = a.cumulative ? 1.0 / static_cast<double>(*a.num_batches_tracked) : a.momentum;
+      update_running(mo, f.count, m, in.running_mean, in.running_var, a.running_mean, a.running_var, c);
+    }
+  }
+  return column_of<A>(mo, invstd, in);
+}
+
 __global__ void update_running_kernel(int n, double const* __restrict__ stats, ColVec scale, double count, ColOut rm,
                                       ColOut rv, int64_t const* nbt, double momentum) {
   int c = blockIdx.x * blockDim.x + threadIdx.x;
@@ -632,21 +660,8 @@ __global__ void __launch_bounds__(256, 4) batch_norm_train_kernel(TrainArgs a, i
           q += pb[r * static_cast<int64_t>(f.n) + c];
         }
       }
-      Moments mo = moments(s, q, in.scale, f.count);
-      double invstd = inverse_std(mo.var_z, f.eps);
-      if (first) {
-        if (!from_gemm) {  // phase 0 wrote the others, which other blocks read now
-          a.stats[c] = s;
-          a.stats[f.n + c] = q;
-        }
-        f.save_mean[c] = mo.mean_h;
-        f.save_invstd[c] = invstd;
-        if (a.running_mean.p != nullptr) {
-          double m = a.cumulative ? 1.0 / static_cast<double>(*a.num_batches_tracked) : a.momentum;
-          update_running(mo, f.count, m, in.running_mean, in.running_var, a.running_mean, a.running_var, c);
-        }
-      }
-      return column_of<A>(mo, invstd, in);
+      // Phase 0 wrote the GEMM-summed columns' sums, which other blocks read now.
+      return finish_column<A>(a, c, s, q, in, first, !from_gemm);
     });
     int c0 = (group * 32 + threadIdx.x) * V;
     int64_t begin = static_cast<int64_t>(chunk) * rows, end = begin + rows;
@@ -733,15 +748,7 @@ __global__ void __launch_bounds__(256) batch_norm_train_small_kernel(TrainArgs a
       sum += chunk_sums[0][chunk * owned + i];
       sumsq += chunk_sums[1][chunk * owned + i];
     }
-    Moments mo = moments(sum, sumsq, in.scale, f.count);
-    double invstd = inverse_std(mo.var_z, f.eps);
-    a.stats[c] = sum;
-    a.stats[f.n + c] = sumsq;
-    f.save_mean[c] = mo.mean_h;
-    f.save_invstd[c] = invstd;
-    if (a.running_mean.p != nullptr)
-      update_running(mo, f.count, a.momentum, in.running_mean, in.running_var, a.running_mean, a.running_var, c);
-    cols[i] = column_of<A>(mo, invstd, in);
+    cols[i] = finish_column<A>(a, c, sum, sumsq, in, true);
   }
   __syncthreads();
   if (!live) return;
@@ -753,6 +760,171 @@ __global__ void __launch_bounds__(256) batch_norm_train_small_kernel(TrainArgs a
 #pragma unroll
     for (int v = 0; v < V; ++v) out.v[v] = normalized<TO>(cols[g * V + v], held[k].v[v]);
     store_group_once<TO, V>(y + (r0 + 8 * k) * f.n + c0, out);
+  }
+}
+
+// Commit groups of the slab's loads: the normalization starts on the first rows while the
+// rest are in flight.
+constexpr int kSlabGroups = 4;
+
+// Waits until at most n (< kSlabGroups) of this thread's cp.async groups are in flight; n is
+// an immediate of the instruction, so callers pass a constant after unrolling.
+__device__ __forceinline__ void wait_async_groups(int n) {
+  switch (n) {
+    case 0: asm volatile("cp.async.wait_group 0;\n" ::: "memory"); break;
+    case 1: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
+    case 2: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
+    default: asm volatile("cp.async.wait_group 3;\n" ::: "memory");
+  }
+}
+
+// The training tail where a block holds every row of its columns in shared memory: a slab of
+// m rows x `pieces` 16-byte pieces (W = pieces x V columns), all fetched at once. A block needs
+// no other block's data, so there is no grid barrier: the column constants come from the GEMM's
+// tile sums while the slab is in flight, and h is read once. Columns those sums cannot be
+// trusted with, and batches without them, take the exact sums from the slab. The sums follow
+// batch_norm_train_kernel's orders (phase 0's for tile sums; chunk_partials' and reduce_partials'
+// for exact ones), so both kernels write the same bits. num_batches_tracked is only incremented
+// (momentum given: no block reads it). Shared memory: slab_smem.
+template <class T, class TO, class P>
+__global__ void __launch_bounds__(256, 3) batch_norm_train_slab_kernel(TrainArgs a, int rows, int chunks, int pieces) {
+  using A = Acc<T>;
+  constexpr int V = 16 / sizeof(T);
+  constexpr bool FromGemm = !std::is_void_v<P>;
+  FinalizeArgs const& f = a.norm;
+  int tid = threadIdx.x, width = pieces * V, base = blockIdx.x * width;
+  extern __shared__ uint4 smem[];
+  uint4* slab = smem;  // row r's piece p at r * pieces + p
+  auto* sums = reinterpret_cast<double*>(slab + f.m * pieces);  // [2][max(chunks, 8)][width]
+  auto* cols = reinterpret_cast<Column<A>*>(sums + 2 * max(chunks, 8) * width);
+  // The piece of every row this thread fetches and normalizes (256 % pieces == 0).
+  int piece = tid % pieces, c0 = base + piece * V;
+  bool live = c0 < f.n;  // n % V == 0: groups are whole
+  auto const* h = static_cast<T const*>(f.h);
+  // This thread's rows in kSlabGroups commit groups, normalized group by group as they land.
+  int step = 256 / pieces, per_group = (f.m + step * kSlabGroups - 1) / (step * kSlabGroups);
+  auto rows_of = [&](int g, auto&& use) {
+    for (int i = g * per_group, r = tid / pieces + i * step; i < (g + 1) * per_group && r < f.m; ++i, r += step) use(r);
+  };
+  for (int g = 0; g < kSlabGroups; ++g) {
+    if (live) rows_of(g, [&](int r) { copy_async(slab + r * pieces + piece, h + r * f.ldh + c0); });
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+  }
+  // Thread j < W finishes the block's column j.
+  int j = tid, c = base + tid;
+  bool owner = j < width && c < f.n;
+  ColumnInputs in{};
+  if (owner) in = column_inputs(f, a.running_mean, a.running_var, c);
+  double s = 0, q = 0;
+  bool exact = !FromGemm;
+  if constexpr (FromGemm) {
+    // Phase 0's order and trust rule (batch_norm_train_kernel): 8 lanes each add every 8th
+    // tile, then the lanes are added in lane order.
+    constexpr double kTrust = std::is_same_v<P, double> ? INFINITY : 64;
+    auto const* us = static_cast<P const*>(a.u_sum);
+    auto const* uq = static_cast<P const*>(a.u_sumsq);
+    for (int i = tid; i < 8 * width; i += 256) {
+      int lane = i / width, k = i % width;
+      double ls = 0, lq = 0;
+      if (base + k < f.n) {
+        for (int t = lane; t < a.u_tiles; t += 8) {
+          ls += us[t * a.u_ld + base + k];
+          lq += uq[t * a.u_ld + base + k];
+        }
+      }
+      sums[lane * width + k] = ls;
+      sums[(8 + lane) * width + k] = lq;
+    }
+    __syncthreads();
+    if (owner) {
+      s = sums[j];
+      q = sums[8 * width + j];
+      for (int l = 1; l < 8; ++l) {
+        s += sums[l * width + j];
+        q += sums[(8 + l) * width + j];
+      }
+      double mean = s / f.count, var = q / f.count - mean * mean;
+      exact = !(isfinite(s) && isfinite(q) && (kTrust == INFINITY || mean * mean <= kTrust * var));
+    }
+  }
+  // The exact sums, where a column of the block needs them (uniform over the block). A warp
+  // takes one piece of 4 chunks at a time, 8 row lanes a chunk, as chunk_partials' lanes; the
+  // lanes are added in lane order through shuffles, then, below, the chunks in order.
+  if (__syncthreads_or(owner && exact)) {
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    __syncthreads();  // other threads' pieces
+    // z = h * scale is rounded to T where y is T (see SumSquares: fp16 only).
+    SumSquares<T> terms{h, f.ldh, std::is_same_v<T, TO> ? f.scale : ColVec{}};
+    int warp = tid / 32, lane = tid % 32, row_lane = lane % 8;
+    int p = warp % pieces;
+    // Half a piece at a time (the columns' sums are independent): a whole piece's fp64 sums
+    // spilled under the 80 registers of three blocks an SM.
+    constexpr int H = V / 2;
+    for (int half = 0; half < 2; ++half) {
+      int h0 = base + p * V + half * H;
+      if (h0 >= f.n) break;  // uniform over the warp
+      double mu[H];
+#pragma unroll
+      for (int v = 0; v < H; ++v) mu[v] = terms.center(h0 + v);
+      for (int first = warp / pieces * 4; first < chunks; first += 32 / pieces) {
+        int chunk = first + lane / 8;
+        double sa[H] = {}, sb[H] = {};
+        if (chunk < chunks) {
+          int end = min(f.m, (chunk + 1) * rows);
+          for (int r = chunk * rows + row_lane; r < end; r += 8) {
+            auto const& g = *reinterpret_cast<Group<T, H> const*>(
+                reinterpret_cast<T const*>(slab + r * pieces + p) + half * H);
+            terms.template add<H>(r, h0, mu, sa, sb, LoadHeld<T, H>{g});
+          }
+        }
+        for (int i = 1; i < 8; ++i) {
+#pragma unroll
+          for (int v = 0; v < H; ++v) {
+            double oa = __shfl_sync(0xffffffffu, sa[v], lane - row_lane + i);
+            double ob = __shfl_sync(0xffffffffu, sb[v], lane - row_lane + i);
+            if (row_lane == 0) {
+              sa[v] += oa;
+              sb[v] += ob;
+            }
+          }
+        }
+        if (row_lane == 0 && chunk < chunks) {
+#pragma unroll
+          for (int v = 0; v < H; ++v) {
+            sums[chunk * width + p * V + half * H + v] = sa[v];
+            sums[(chunks + chunk) * width + p * V + half * H + v] = sb[v];
+          }
+        }
+      }
+    }
+    __syncthreads();
+    if (owner && exact) {
+      s = 0;
+      q = 0;
+      for (int k = 0; k < chunks; ++k) {
+        s += sums[k * width + j];
+        q += sums[(chunks + k) * width + j];
+      }
+    }
+  }
+  if (owner) cols[j] = finish_column<A>(a, c, s, q, in, true);
+  if (a.num_batches_tracked != nullptr && blockIdx.x == 0 && tid == 0) *a.num_batches_tracked += 1;
+  __syncthreads();
+  if (!live) return;
+  Column<A> col[V];
+#pragma unroll
+  for (int v = 0; v < V; ++v) col[v] = cols[piece * V + v];
+  auto* y = static_cast<TO*>(f.y);
+#pragma unroll
+  for (int g = 0; g < kSlabGroups; ++g) {
+    wait_async_groups(kSlabGroups - 1 - g);  // this thread's own pieces: no barrier
+    rows_of(g, [&](int r) {
+      auto const& in = *reinterpret_cast<Group<T, V> const*>(slab + r * pieces + piece);
+      Group<TO, V> out;
+#pragma unroll
+      for (int v = 0; v < V; ++v) out.v[v] = normalized<TO>(col[v], in.v[v]);
+      store_group_once<TO, V>(y + static_cast<int64_t>(r) * f.n + c0, out);
+    });
   }
 }
 
@@ -918,25 +1090,91 @@ size_t batch_norm_train_workspace(int m, int n) { return column_stats_workspace(
 // H100: bf16 128 x 8192 11.7 -> 9.5 (train in graphs 0.0761 -> 0.0739 ms); 256 x 8192 (2
 // groups a block) 11.4 -> 16.0; TF32 128 x 8192 10.4 -> 11.1, 256 x 8192 17.4 -> 21.0; sm80
 // bf16 1024 x 8192 (8 rows a thread) ~24.6 -> 34.2. Its row pieces are 32-64 bytes where the
-// cooperative kernel's are 512.
-constexpr int kSmallRows = 128, kSmallRowsPerThread = 2;
+// cooperative kernel's are 512. With 2 rows a thread it holds at most 256 rows (16 a chunk).
+constexpr int kSmallRows = 128, kSmallRowsPerThread = 2, kSmallRowsMax = 256;
 
-// A cooperative launch: all blocks resident at once, as the grid barrier needs,
-// so the grid is at most what the occupancy calculator fits on the device.
-// 16-bit batches of at most kSmallRows rows with momentum given take batch_norm_train_small_kernel
-// instead (with or without the GEMM's sums).
+// Slabs of at most 64 KiB, so that three blocks fit an SM (227 KiB on Hopper, 163 on A100).
+constexpr int kSlabBytes = 64 * 1024;
+
+// The slab kernel where it measured faster: 16-bit h, more rows than the small kernel takes and
+// at most 512, rows of at least 64 bytes (4 pieces) in a grid that fills the GPU. Tail us,
+// cooperative -> slab (H100, 3 rounds): bf16 with the GEMM's sums, 8192 columns (256 slabs of
+// 32 columns): 256 rows 11.5 -> 8.2, 512 rows 11.1 -> 9.8; fp16 (exact sums) 256 x 8192 20.8 ->
+// 17.9, 512 x 8192 18.0 -> 18.2. Not taken: 32-byte rows (4096 columns: bf16 256 rows 12.2 ->
+// 16.6, fp16 13.4 -> 16.3), 1024 rows (bf16 16.3 -> 16.8, both at the speed of a copy of h),
+// 2048 rows (30.0 -> 40.5), 128 rows (the small kernel: 8.8 -> 11.7) and fp32 h (TF32
+// 512 x 4096^2 11.1 -> 15.2, 1024 x 8192^2 29.1 -> 32.5). benchmarks/NOTES.md v0.18.
+constexpr int kSlabRows = 512;
+
+// Pieces of a slab row: the widest of 8, 4 and 2 (128 to 32 bytes, whole sectors) whose slab
+// fits and whose grid fills every SM (any grid where the slab kernel is asked for); 0: none.
+int slab_pieces(int m, int n, int v, int sm_count, bool any_grid) {
+  for (int p : {8, 4, 2}) {
+    if (m * p * 16 <= kSlabBytes && (any_grid || static_cast<int>(blocks(n, p * v)) >= sm_count)) return p;
+  }
+  return 0;
+}
+
+// Dynamic shared memory of batch_norm_train_slab_kernel: the slab, the sums, the columns.
+template <class A>
+size_t slab_smem(int m, int chunks, int pieces, int v) {
+  size_t width = static_cast<size_t>(pieces) * v;
+  return static_cast<size_t>(m) * pieces * 16 + 2 * sizeof(double) * std::max(chunks, 8) * width +
+         sizeof(Column<A>) * width;
+}
+
+// Lets Kernel take up to `bytes` of dynamic shared memory on the current device, asked once per
+// device (cudaFuncSetAttribute costs host time on every call).
+template <auto Kernel>
+void allow_shared(int device, size_t bytes) {
+  static std::array<std::atomic<bool>, 64> done{};
+  if (device < 64 && done[device].load()) return;
+  check_cuda(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
+             "batch_norm_train shared memory");
+  if (device < 64) done[device] = true;
+}
+
+// The tail for `a` (see TrainArgs::tail), with its slab pieces; throws where a forced tail
+// cannot run.
+Tail pick_tail(TrainArgs const& a, bool vec, int bytes, int* pieces) {
+  FinalizeArgs const& f = a.norm;
+  bool small = bytes == 2 && !a.cumulative && f.m <= (a.tail == Tail::small ? kSmallRowsMax : kSmallRows);
+  *pieces = vec && !a.cumulative ? slab_pieces(f.m, f.n, 16 / bytes, a.sm_count, a.tail == Tail::slab) : 0;
+  switch (a.tail) {
+    case Tail::automatic:
+      if (small) return Tail::small;
+      return bytes == 2 && f.m <= kSlabRows && *pieces >= 4 ? Tail::slab : Tail::cooperative;
+    case Tail::small:
+      if (!small)
+        throw std::runtime_error("cutlass_fused: the small training tail needs 16-bit h, at most 256 rows and "
+                                    "a momentum");
+      return Tail::small;
+    case Tail::slab:
+      if (*pieces == 0)
+        throw std::runtime_error("cutlass_fused: the slab training tail needs 16-byte aligned columns, a "
+                                    "momentum, and at most " + std::to_string(kSlabBytes / 32) + " rows of 32 bytes");
+      return Tail::slab;
+    default: return Tail::cooperative;
+  }
+}
+
+// The cooperative kernel is launched with all blocks resident at once, as the grid barrier
+// needs, so its grid is at most what the occupancy calculator fits on the device.
 void batch_norm_train(TrainArgs const& a, cudaStream_t stream) {
   FinalizeArgs const& f = a.norm;
   int rows = stat_rows(f.m), chunks = stat_chunks(f.m);
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
   dispatch_pair(f.dt, f.dt_y, [&](auto t, auto to) {
     using T = decltype(t);
     using TO = decltype(to);
     constexpr int V = 16 / sizeof(T);
-    auto launch = [&](auto kernel, int v) {
+    bool vec = can_vectorize<T>(f.n, f.ldh, {f.h, f.y});
+    int pieces = 0;
+    Tail tail = pick_tail(a, vec, sizeof(T), &pieces);
+    auto cooperative = [&](auto kernel, int v) {
       // Blocks per SM, asked once per device (devices of different archs may differ).
       static std::array<std::atomic<int>, 64> per_sm{};
-      int device = 0;
-      check_cuda(cudaGetDevice(&device), "cudaGetDevice");
       int fit = device < 64 ? per_sm[device].load() : 0;
       if (fit == 0) {
         check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, 256, 0), "batch_norm_train occupancy");
@@ -950,20 +1188,26 @@ void batch_norm_train(TrainArgs const& a, cudaStream_t stream) {
                                              stream),
                  "batch_norm_train");
     };
-    // R = 2: with 4 rows in flight the kernel spills under its 64 registers
-    // and ran 30-40% slower (H100, benchmarks/NOTES.md v0.8).
-    bool vec = can_vectorize<T>(f.n, f.ldh, {f.h, f.y});
-    // Statistics GEMMs exist for bf16 (fp32 sums) and fp32 (fp32 sums for TF32, fp64 for
-    // 3xTF32); fp16's statistics must see z overflow, which the pass emulates.
-    auto launch_from = [&](auto p) {
+    // P: the GEMM's sums' type, void without them.
+    auto launch = [&](auto p) {
       using P = std::conditional_t<std::is_same_v<decltype(p), NoSums>, void, decltype(p)>;
-      if (vec)
-        launch(batch_norm_train_kernel<T, TO, V, 2, P>, V);
-      else
-        launch(batch_norm_train_kernel<T, TO, 1, 2, P>, 1);
+      if (tail == Tail::slab) {
+        constexpr auto kernel = batch_norm_train_slab_kernel<T, TO, P>;
+        size_t smem = slab_smem<Acc<T>>(f.m, chunks, pieces, V);
+        // At most 32 chunks and 64 columns: a bound on every slab's sums and columns.
+        allow_shared<kernel>(device, kSlabBytes + (2 * sizeof(double) * 32 + sizeof(Column<Acc<T>>)) * 64);
+        kernel<<<blocks(f.n, pieces * V), 256, smem, stream>>>(a, rows, chunks, pieces);
+        check_cuda(cudaGetLastError(), "batch_norm_train");
+      } else if (vec) {
+        // R = 2: with 4 rows in flight the kernel spills under its 64 registers
+        // and ran 30-40% slower (H100, benchmarks/NOTES.md v0.8).
+        cooperative(batch_norm_train_kernel<T, TO, V, 2, P>, V);
+      } else {
+        cooperative(batch_norm_train_kernel<T, TO, 1, 2, P>, 1);
+      }
     };
     if constexpr (sizeof(T) == 2) {
-      if (!a.cumulative && f.m <= kSmallRows) {
+      if (tail == Tail::small) {
         int groups = 256 / (8 * chunks);
         auto small = [&](auto kernel, int v) {
           kernel<<<blocks(f.n, groups * v), 256, 0, stream>>>(a, rows, chunks, groups);
@@ -973,11 +1217,13 @@ void batch_norm_train(TrainArgs const& a, cudaStream_t stream) {
         return small(batch_norm_train_small_kernel<T, TO, 1, kSmallRowsPerThread>, 1);
       }
     }
-    if (a.u_sum == nullptr) return launch_from(NoSums{});
+    // Statistics GEMMs exist for bf16 (fp32 sums) and fp32 (fp32 sums for TF32, fp64 for
+    // 3xTF32); fp16's statistics must see z overflow, which the pass emulates.
+    if (a.u_sum == nullptr) return launch(NoSums{});
     if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-      if (!a.u_fp64) return launch_from(float{});
+      if (!a.u_fp64) return launch(float{});
     } else if constexpr (std::is_same_v<T, float>) {
-      return a.u_fp64 ? launch_from(double{}) : launch_from(float{});
+      return a.u_fp64 ? launch(double{}) : launch(float{});
     }
     throw std::runtime_error("cutlass_fused: GEMM statistics exist for bf16 (fp32 sums) and fp32 only");
   });

@@ -63,16 +63,24 @@ struct FinalizeArgs {
 // mean/invstd from stats and y = (h - mean(h)) * (scale * invstd * w) + b = BN(z).
 void finalize_normalize(FinalizeArgs const& a, cudaStream_t stream);
 
-// The training forward after the GEMM, in one cooperative kernel: the column
-// sums of h (per row chunk, in column_stats's order), one grid-wide barrier,
-// then each block takes its columns' statistics from the partials (in
-// reduce_partials's order, so every block and every path gets the same bits),
-// normalizes its rows, and, for the first row chunk, writes stats, the saved
-// mean/invstd and the running stats. One launch instead of five: at
-// 1024 x 8192 the four small kernels and the nbt add cost more than their work.
-// A 16-bit batch of at most 128 rows, with momentum given, takes a kernel that holds its
-// columns' rows in registers instead: no barrier, one read of h, the exact pass's
-// sums in its order (the GEMM's sums, if any, are not needed there).
+// The training forward after the GEMM, in one kernel (one launch instead of five: at
+// 1024 x 8192 the four small kernels and the nbt add cost more than their work). Three
+// kernels, each writing every output with the same bits:
+// - cooperative: the column sums of h (per row chunk, in column_stats's order), one grid-wide
+//   barrier, then each block takes its columns' statistics from the partials (in
+//   reduce_partials's order), normalizes its rows, and, for the first row chunk, writes stats,
+//   the saved mean/invstd and the running stats. Any shape.
+// - slab: a block holds all m rows of its columns in shared memory; no barrier, one read of h.
+//   16-byte aligned columns, momentum given, m x 32 bytes of a slab in 64 KiB; picked for
+//   16-bit h of 129-512 rows whose slabs of 64-byte rows or wider fill the GPU.
+// - small: a block holds its columns' rows in registers. 16-bit h, at most 128 rows, momentum
+//   given.
+// With the statistics GEMM's tile sums, the cooperative and slab kernels take trusted columns'
+// statistics from them; the small kernel does not need them.
+// Tail: the kernel batch_norm_train runs; automatic picks by shape, the others force one
+// (tests compare their bits) and throw where it cannot run.
+enum class Tail { automatic, cooperative, slab, small };
+
 struct TrainArgs {
   FinalizeArgs norm;              // norm.stats is unused: the sums go to `stats`
   double* stats;                  // 2 x n, out
@@ -91,6 +99,7 @@ struct TrainArgs {
   bool u_fp64 = false;
   int u_tiles = 0;
   int64_t u_ld = 0;
+  Tail tail = Tail::automatic;
 };
 size_t batch_norm_train_workspace(int m, int n);
 void batch_norm_train(TrainArgs const& a, cudaStream_t stream);
