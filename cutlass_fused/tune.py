@@ -6,7 +6,7 @@
 
 Each candidate runs the layer's eval and training forward (no grad), selected through
 $CUTLASS_FUSED_KERNEL, and is reported as the median, over --rounds, of its ratio to torch.mm of
-the same shape timed right before it.
+the same shape timed right before it; the candidates' order is reversed every other round.
 Statistics kernels (mode "stats") run the training forward only; eval kernels run it with
 the GEMM statistics off ($CUTLASS_FUSED_STATS=0).
 The kernels are codegen/kernels.py's rows; the first row of a (family, dtype) is the default.
@@ -74,9 +74,11 @@ def run(args, argv):
         mm = case.fn("torch.mm", "train")
         cands = [Candidate(case, n, stem, args.family, s, r) for n in names for s, r in orders]
         # Each candidate is timed right after torch.mm, in every round: the GPU's clocks drift as
-        # it heats (H100: ~6% over a tuning run), and the ratio of neighbours cancels that.
-        for _ in range(args.rounds):
-            for c in cands:
+        # it heats (H100: ~6% over a tuning run), and the ratio of neighbours cancels that. The
+        # order is reversed every other round, so that no candidate always runs first or last
+        # (2-4% leads of one run did not repeat in the next: benchmarks/NOTES.md v0.17).
+        for r in range(args.rounds):
+            for c in cands if r % 2 == 0 else cands[::-1]:
                 c.time(mm)
         for c in cands:
             rows.append(c.report())
