@@ -420,6 +420,17 @@ Tail forced_tail() {
   return v == "cooperative" ? Tail::cooperative : v == "slab" ? Tail::slab : Tail::small;
 }
 
+// CUTLASS_FUSED_BACKWARD forces the backward's kernels (passes, slab; read per call: tests compare
+// their bits); unset or empty, batch_norm_backward picks by shape.
+BackwardKernels forced_backward() {
+  char const* env = std::getenv("CUTLASS_FUSED_BACKWARD");
+  if (env == nullptr || *env == '\0') return BackwardKernels::automatic;
+  std::string v(env);
+  TORCH_CHECK(v == "passes" || v == "slab",
+              "cutlass_fused: expected CUTLASS_FUSED_BACKWARD to be passes or slab, but got '", v, "'");
+  return v == "passes" ? BackwardKernels::passes : BackwardKernels::slab;
+}
+
 // The training forward: the GEMM, then one kernel for everything after it
 // (csrc/kernels/batch_norm.h, batch_norm_train).
 TrainOut linear_scale_batch_norm_train_cuda(at::Tensor const& x, at::Tensor const& weight,
@@ -514,6 +525,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_c
   g.dweight = col_out(dweight, "dweight", n, h.device());
   g.dbias = col_out(dbias, "dbias", n, h.device());
   g.workspace = ws.data_ptr();
+  g.sm_count = sm_count(h.get_device());
+  g.kernels = forced_backward();
   batch_norm_backward(g, at::cuda::getCurrentCUDAStream().stream());
   return {dh, dscale, dweight, dbias};
 }

@@ -320,3 +320,44 @@ def test_backward_frees_h_before_the_gemms(family):
     # dh is made while h is alive (+mn), then dX and dW while dh is and h is not (+xk + nk):
     # keeping h would make that mn + xk + nk. Slack for the small vectors and workspaces.
     assert extra <= max(mn, xk + nk) + mn // 4, (extra, mn, xk, nk)
+
+
+# The backward's two passes and its slab kernel (CUTLASS_FUSED_BACKWARD) must write the same bits:
+# slab rows of 128, 64 and 32 bytes (two slabs, dy's and h's: at most 256, 512 and 1024 rows), a
+# last slab with some columns (1032), a slab wider than the layer (24), a mean 1000x the spread.
+SLAB_SHAPES = [(256, 4096), (500, 8192), (1000, 2048), (200, 1032), (3, 24)]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("m,n", SLAB_SHAPES, ids=lambda s: str(s))
+@pytest.mark.parametrize("mode", ["bf16", "f16", "f32"])
+@pytest.mark.parametrize("large_mean", [False, True], ids=["spread", "large_mean"])
+def test_backward_kernels_agree(m, n, mode, large_mean, monkeypatch):
+    dtype, _ = MODES[mode]
+    g = torch.Generator().manual_seed(m + n)
+    h = (torch.randn(m, n, generator=g) * 2 + (1000 if large_mean else 0.5)).to("cuda", dtype)
+    scale, gamma = torch.randn(n, generator=g).cuda(), torch.randn(n, generator=g).cuda()
+    stats = torch.stack([h.double().sum(0), (h.double() ** 2).sum(0)])
+    _, mean, invstd = ops.batch_norm_finalize(h, stats, scale, m, gamma, None, 1e-5)
+    dy = torch.randn(m, n, generator=g).to("cuda", dtype)
+    out = {}
+    for kernels in ("passes", "slab"):
+        monkeypatch.setenv("CUTLASS_FUSED_BACKWARD", kernels)
+        out[kernels] = ops.batch_norm_backward(dy, h, mean, invstd, scale, gamma, 1e-5)
+    assert all(torch.isfinite(t).all() for t in out["passes"])
+    for name, a, b in zip(("dh", "dscale", "dweight", "dbias"), out["passes"], out["slab"]):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_forced_backward_that_cannot_run(monkeypatch):
+    """dy in fp32 for a bf16 h (y's dtype under an fp32 scale) has no slab kernel: an error."""
+    h = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
+    ones = torch.ones(512, device="cuda", dtype=torch.float64)
+    args = (torch.randn(256, 512, device="cuda"), h, ones * 0, ones, torch.ones(512, device="cuda"), None, 1e-5)
+    monkeypatch.setenv("CUTLASS_FUSED_BACKWARD", "slab")
+    with pytest.raises(RuntimeError, match="slab backward needs dy in h's dtype"):
+        ops.batch_norm_backward(*args)
+    monkeypatch.setenv("CUTLASS_FUSED_BACKWARD", "both")
+    with pytest.raises(RuntimeError, match="expected CUTLASS_FUSED_BACKWARD to be passes or slab"):
+        ops.batch_norm_backward(*args)

@@ -179,14 +179,18 @@ struct LoadHeld {
   __device__ Group<T, V> operator()(int, T const*) const { return g; }
 };
 
-// V for 16-byte groups of T when n, the row strides and every pointer allow
-// it; 1 otherwise (unaligned sizes such as 769 columns).
-template <class T>
-bool can_vectorize(int n, int64_t ld, std::initializer_list<void const*> ptrs) {
-  constexpr int V = 16 / sizeof(T);
-  bool ok = n % V == 0 && ld % V == 0;
+// V for 16-byte groups of `bytes`-byte elements when n, the row strides and every pointer
+// allow it; 1 otherwise (unaligned sizes such as 769 columns).
+bool can_vectorize_bytes(int bytes, int n, int64_t ld, std::initializer_list<void const*> ptrs) {
+  int v = 16 / bytes;
+  bool ok = n % v == 0 && ld % v == 0;
   for (void const* p : ptrs) ok = ok && reinterpret_cast<uintptr_t>(p) % 16 == 0;
   return ok;
+}
+
+template <class T>
+bool can_vectorize(int n, int64_t ld, std::initializer_list<void const*> ptrs) {
+  return can_vectorize_bytes(sizeof(T), n, ld, ptrs);
 }
 
 // Column reductions: chunks of rows, 32 column groups x 8 row lanes a block;
@@ -778,6 +782,65 @@ __device__ __forceinline__ void wait_async_groups(int n) {
   }
 }
 
+// This thread's rows of a slab of `pieces` 16-byte pieces a row (see batch_norm_train_slab_kernel)
+// in commit group g: rows tid / pieces + i * 256 / pieces, the i of group g.
+template <class Use>
+__device__ __forceinline__ void slab_rows(int g, int m, int pieces, Use&& use) {
+  int step = 256 / pieces, per_group = (m + step * kSlabGroups - 1) / (step * kSlabGroups);
+  for (int i = g * per_group, r = threadIdx.x / pieces + i * step; i < (g + 1) * per_group && r < m; ++i, r += step)
+    use(r);
+}
+
+// The exact sums of a slab's columns (W = pieces x V from column base; one slab an input of
+// Terms, all landed) into sums[0 or 1][chunk][W], in chunk_partials' order: a warp takes one
+// piece of 4 chunks at a time, 8 row lanes a chunk, each lane adding its rows in order; the lanes
+// are added in lane order through shuffles. Half a piece at a time (the columns' sums are
+// independent): a whole piece's fp64 sums spilled under the 80 registers of three blocks an SM.
+// Every thread of the block calls it.
+template <class Terms, int V>
+__device__ void slab_chunk_sums(Terms const& terms, uint4 const* const (&slabs)[Terms::kInputs], int m, int n,
+                                int rows, int chunks, int pieces, int base, double* __restrict__ sums) {
+  constexpr int H = V / 2;
+  int width = pieces * V, warp = threadIdx.x / 32, lane = threadIdx.x % 32, row_lane = lane % 8;
+  int p = warp % pieces;
+  for (int half = 0; half < 2; ++half) {
+    int h0 = base + p * V + half * H;
+    if (h0 >= n) break;  // uniform over the warp (n % V == 0: pieces are whole)
+    double mu[H];
+#pragma unroll
+    for (int v = 0; v < H; ++v) mu[v] = terms.center(h0 + v);
+    for (int first = warp / pieces * 4; first < chunks; first += 32 / pieces) {
+      int chunk = first + lane / 8;
+      double sa[H] = {}, sb[H] = {};
+      if (chunk < chunks) {
+        int end = min(m, (chunk + 1) * rows);
+        for (int r = chunk * rows + row_lane; r < end; r += 8) {
+          auto piece = [&](int k) { return reinterpret_cast<char const*>(slabs[k] + r * pieces + p) + half * 8; };
+          terms.template add<H>(r, h0, mu, sa, sb, LoadStaged<H, decltype(piece)>{piece});
+        }
+      }
+      for (int i = 1; i < 8; ++i) {
+#pragma unroll
+        for (int v = 0; v < H; ++v) {
+          double oa = __shfl_sync(0xffffffffu, sa[v], lane - row_lane + i);
+          double ob = __shfl_sync(0xffffffffu, sb[v], lane - row_lane + i);
+          if (row_lane == 0) {
+            sa[v] += oa;
+            sb[v] += ob;
+          }
+        }
+      }
+      if (row_lane == 0 && chunk < chunks) {
+#pragma unroll
+        for (int v = 0; v < H; ++v) {
+          sums[chunk * width + p * V + half * H + v] = sa[v];
+          sums[(chunks + chunk) * width + p * V + half * H + v] = sb[v];
+        }
+      }
+    }
+  }
+}
+
 // The training tail where a block holds every row of its columns in shared memory: a slab of
 // m rows x `pieces` 16-byte pieces (W = pieces x V columns), all fetched at once. A block needs
 // no other block's data, so there is no grid barrier: the column constants come from the GEMM's
@@ -802,12 +865,8 @@ __global__ void __launch_bounds__(256, 3) batch_norm_train_slab_kernel(TrainArgs
   bool live = c0 < f.n;  // n % V == 0: groups are whole
   auto const* h = static_cast<T const*>(f.h);
   // This thread's rows in kSlabGroups commit groups, normalized group by group as they land.
-  int step = 256 / pieces, per_group = (f.m + step * kSlabGroups - 1) / (step * kSlabGroups);
-  auto rows_of = [&](int g, auto&& use) {
-    for (int i = g * per_group, r = tid / pieces + i * step; i < (g + 1) * per_group && r < f.m; ++i, r += step) use(r);
-  };
   for (int g = 0; g < kSlabGroups; ++g) {
-    if (live) rows_of(g, [&](int r) { copy_async(slab + r * pieces + piece, h + r * f.ldh + c0); });
+    if (live) slab_rows(g, f.m, pieces, [&](int r) { copy_async(slab + r * pieces + piece, h + r * f.ldh + c0); });
     asm volatile("cp.async.commit_group;\n" ::: "memory");
   }
   // Thread j < W finishes the block's column j.
@@ -847,56 +906,13 @@ __global__ void __launch_bounds__(256, 3) batch_norm_train_slab_kernel(TrainArgs
       exact = !(isfinite(s) && isfinite(q) && (kTrust == INFINITY || mean * mean <= kTrust * var));
     }
   }
-  // The exact sums, where a column of the block needs them (uniform over the block). A warp
-  // takes one piece of 4 chunks at a time, 8 row lanes a chunk, as chunk_partials' lanes; the
-  // lanes are added in lane order through shuffles, then, below, the chunks in order.
+  // The exact sums, where a column of the block needs them (uniform over the block).
   if (__syncthreads_or(owner && exact)) {
     asm volatile("cp.async.wait_all;\n" ::: "memory");
     __syncthreads();  // other threads' pieces
     // z = h * scale is rounded to T where y is T (see SumSquares: fp16 only).
     SumSquares<T> terms{h, f.ldh, std::is_same_v<T, TO> ? f.scale : ColVec{}};
-    int warp = tid / 32, lane = tid % 32, row_lane = lane % 8;
-    int p = warp % pieces;
-    // Half a piece at a time (the columns' sums are independent): a whole piece's fp64 sums
-    // spilled under the 80 registers of three blocks an SM.
-    constexpr int H = V / 2;
-    for (int half = 0; half < 2; ++half) {
-      int h0 = base + p * V + half * H;
-      if (h0 >= f.n) break;  // uniform over the warp
-      double mu[H];
-#pragma unroll
-      for (int v = 0; v < H; ++v) mu[v] = terms.center(h0 + v);
-      for (int first = warp / pieces * 4; first < chunks; first += 32 / pieces) {
-        int chunk = first + lane / 8;
-        double sa[H] = {}, sb[H] = {};
-        if (chunk < chunks) {
-          int end = min(f.m, (chunk + 1) * rows);
-          for (int r = chunk * rows + row_lane; r < end; r += 8) {
-            auto const& g = *reinterpret_cast<Group<T, H> const*>(
-                reinterpret_cast<T const*>(slab + r * pieces + p) + half * H);
-            terms.template add<H>(r, h0, mu, sa, sb, LoadHeld<T, H>{g});
-          }
-        }
-        for (int i = 1; i < 8; ++i) {
-#pragma unroll
-          for (int v = 0; v < H; ++v) {
-            double oa = __shfl_sync(0xffffffffu, sa[v], lane - row_lane + i);
-            double ob = __shfl_sync(0xffffffffu, sb[v], lane - row_lane + i);
-            if (row_lane == 0) {
-              sa[v] += oa;
-              sb[v] += ob;
-            }
-          }
-        }
-        if (row_lane == 0 && chunk < chunks) {
-#pragma unroll
-          for (int v = 0; v < H; ++v) {
-            sums[chunk * width + p * V + half * H + v] = sa[v];
-            sums[(chunks + chunk) * width + p * V + half * H + v] = sb[v];
-          }
-        }
-      }
-    }
+    slab_chunk_sums<SumSquares<T>, V>(terms, {slab}, f.m, f.n, rows, chunks, pieces, base, sums);
     __syncthreads();
     if (owner && exact) {
       s = 0;
@@ -918,7 +934,7 @@ __global__ void __launch_bounds__(256, 3) batch_norm_train_slab_kernel(TrainArgs
 #pragma unroll
   for (int g = 0; g < kSlabGroups; ++g) {
     wait_async_groups(kSlabGroups - 1 - g);  // this thread's own pieces: no barrier
-    rows_of(g, [&](int r) {
+    slab_rows(g, f.m, pieces, [&](int r) {
       auto const& in = *reinterpret_cast<Group<T, V> const*>(slab + r * pieces + piece);
       Group<TO, V> out;
 #pragma unroll
@@ -934,13 +950,15 @@ struct GradColumn {
   A mean_h, a, b, c;
 };
 
+// From column c's sums of dy and dy (h - mean_h); with `outputs` (one thread a column), also
+// its dscale, dweight and dbias.
 template <class A>
-__device__ GradColumn<A> grad_column(BackwardArgs const& g, double const* sums, int c) {
-  double sdy = sums[c], q = sums[g.n + c], count = g.m;
+__device__ GradColumn<A> grad_column(BackwardArgs const& g, double sdy, double q, int c, bool outputs) {
+  double count = g.m;
   double s = load(g.scale, c, 1.0), istd = g.invstd[c];
   double w = load(g.weight, c, 1.0);
   double a = s * w * istd;
-  if (blockIdx.y == 0) {  // one thread a column (block_columns)
+  if (outputs) {
     store(g.dbias, c, sdy);
     store(g.dweight, c, istd * s * q);
     // sum_i dz_i h_i = w istd q (1 - istd^2 var(z)) = w istd q eps istd^2: BN is
@@ -995,7 +1013,7 @@ __global__ void grad_input_kernel(BackwardArgs g, double const* __restrict__ sum
   constexpr bool kPipelined = pipelined_sums<Terms, V>();
   __shared__ uint4 stage[kPipelined ? kSumStages * Terms::kInputs * 256 : 1];
   GradColumn<A> col[V];
-  block_columns<V>(g.n, blockIdx.x, col, [&](int c) { return grad_column<A>(g, sums, c); });
+  block_columns<V>(g.n, blockIdx.x, col, [&](int c) { return grad_column<A>(g, sums[c], sums[g.n + c], c, blockIdx.y == 0); });
   int c0 = (blockIdx.x * 32 + threadIdx.x) * V;
   if (c0 >= g.n) return;
   auto const* dy = static_cast<TY const*>(g.dy);
@@ -1014,6 +1032,56 @@ __global__ void grad_input_kernel(BackwardArgs g, double const* __restrict__ sum
         });
   } else {
     grad_input_rows<T, TY, V, R>(g, col, c0, dy, h, dh);
+  }
+}
+
+// The backward for a block that holds every row of its columns, dy's and h's, in shared memory
+// (two slabs, as batch_norm_train_slab_kernel holds h): the sums in chunk_partials' and
+// reduce_partials' orders, so the two passes' bits, then dh, dscale, dweight and dbias, in one
+// launch instead of three. dy in h's dtype. Shared memory: slab_smem.
+template <class T, int V>
+__global__ void __launch_bounds__(256, 3) batch_norm_backward_slab_kernel(BackwardArgs g, int rows, int chunks,
+                                                                          int pieces) {
+  using A = Acc<T>;
+  int tid = threadIdx.x, width = pieces * V, base = blockIdx.x * width;
+  extern __shared__ uint4 smem[];
+  uint4* slab_dy = smem;
+  uint4* slab_h = slab_dy + g.m * pieces;
+  auto* sums = reinterpret_cast<double*>(slab_h + g.m * pieces);  // [2][chunks][width]
+  auto* cols = reinterpret_cast<GradColumn<A>*>(sums + 2 * chunks * width);
+  int piece = tid % pieces, c0 = base + piece * V;
+  bool live = c0 < g.n;
+  auto const* dy = static_cast<T const*>(g.dy);
+  auto const* h = static_cast<T const*>(g.h);
+  if (live) {
+    for (int r = tid / pieces; r < g.m; r += 256 / pieces) {
+      copy_async(slab_dy + r * pieces + piece, dy + r * g.n + c0);
+      copy_async(slab_h + r * pieces + piece, h + r * g.ldh + c0);
+    }
+  }
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+  __syncthreads();
+  slab_chunk_sums<GradSums<T, T>, V>(GradSums<T, T>{dy, h, g.ldh, g.n, g.mean_h}, {slab_dy, slab_h}, g.m, g.n, rows,
+                                     chunks, pieces, base, sums);
+  __syncthreads();
+  if (int c = base + tid; tid < width && c < g.n) {
+    double sdy = 0, q = 0;
+    for (int k = 0; k < chunks; ++k) {
+      sdy += sums[k * width + tid];
+      q += sums[(chunks + k) * width + tid];
+    }
+    cols[tid] = grad_column<A>(g, sdy, q, c, true);
+  }
+  __syncthreads();
+  if (!live) return;
+  GradColumn<A> col[V];
+#pragma unroll
+  for (int v = 0; v < V; ++v) col[v] = cols[piece * V + v];
+  auto* dh = static_cast<T*>(g.dh);
+  for (int r = tid / pieces; r < g.m; r += 256 / pieces) {
+    auto const& d = *reinterpret_cast<Group<T, V> const*>(slab_dy + r * pieces + piece);
+    auto const& x = *reinterpret_cast<Group<T, V> const*>(slab_h + r * pieces + piece);
+    store_group<T, V>(dh + static_cast<int64_t>(r) * g.n + c0, grad_input<T, T, V>(col, d, x));
   }
 }
 
@@ -1106,31 +1174,36 @@ constexpr int kSlabBytes = 64 * 1024;
 // 512 x 4096^2 11.1 -> 15.2, 1024 x 8192^2 29.1 -> 32.5). benchmarks/NOTES.md v0.18.
 constexpr int kSlabRows = 512;
 
-// Pieces of a slab row: the widest of 8, 4 and 2 (128 to 32 bytes, whole sectors) whose slab
-// fits and whose grid fills every SM (any grid where the slab kernel is asked for); 0: none.
-int slab_pieces(int m, int n, int v, int sm_count, bool any_grid) {
+// Pieces of a slab row: the widest of 8, 4 and 2 (128 to 32 bytes, whole sectors) whose slabs
+// (one an input) fit and whose grid fills every SM (any grid where a slab kernel is asked for);
+// 0: none.
+int slab_pieces(int m, int n, int v, int inputs, int sm_count, bool any_grid) {
   for (int p : {8, 4, 2}) {
-    if (m * p * 16 <= kSlabBytes && (any_grid || static_cast<int>(blocks(n, p * v)) >= sm_count)) return p;
+    if (m * p * 16 * inputs <= kSlabBytes && (any_grid || static_cast<int>(blocks(n, p * v)) >= sm_count)) return p;
   }
   return 0;
 }
 
-// Dynamic shared memory of batch_norm_train_slab_kernel: the slab, the sums, the columns.
-template <class A>
-size_t slab_smem(int m, int chunks, int pieces, int v) {
+// Dynamic shared memory of a slab kernel: its slabs, `sum_rows` rows of sums, its columns.
+template <class Column>
+size_t slab_smem(int m, int inputs, int sum_rows, int pieces, int v) {
   size_t width = static_cast<size_t>(pieces) * v;
-  return static_cast<size_t>(m) * pieces * 16 + 2 * sizeof(double) * std::max(chunks, 8) * width +
-         sizeof(Column<A>) * width;
+  return static_cast<size_t>(m) * pieces * 16 * inputs + 2 * sizeof(double) * sum_rows * width +
+         sizeof(Column) * width;
 }
 
-// Lets Kernel take up to `bytes` of dynamic shared memory on the current device, asked once per
-// device (cudaFuncSetAttribute costs host time on every call).
+// A bound on every slab kernel's shared memory: at most 32 chunks of sums and 64 columns of at
+// most 32 bytes each.
+constexpr size_t kSlabSharedMax = kSlabBytes + (2 * sizeof(double) * 32 + 32) * 64;
+
+// Lets Kernel take kSlabSharedMax bytes of dynamic shared memory on the current device, asked
+// once per device (cudaFuncSetAttribute costs host time on every call).
 template <auto Kernel>
-void allow_shared(int device, size_t bytes) {
+void allow_slab(int device) {
   static std::array<std::atomic<bool>, 64> done{};
   if (device < 64 && done[device].load()) return;
-  check_cuda(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
-             "batch_norm_train shared memory");
+  check_cuda(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSlabSharedMax),
+             "slab kernel shared memory");
   if (device < 64) done[device] = true;
 }
 
@@ -1139,7 +1212,7 @@ void allow_shared(int device, size_t bytes) {
 Tail pick_tail(TrainArgs const& a, bool vec, int bytes, int* pieces) {
   FinalizeArgs const& f = a.norm;
   bool small = bytes == 2 && !a.cumulative && f.m <= (a.tail == Tail::small ? kSmallRowsMax : kSmallRows);
-  *pieces = vec && !a.cumulative ? slab_pieces(f.m, f.n, 16 / bytes, a.sm_count, a.tail == Tail::slab) : 0;
+  *pieces = vec && !a.cumulative ? slab_pieces(f.m, f.n, 16 / bytes, 1, a.sm_count, a.tail == Tail::slab) : 0;
   switch (a.tail) {
     case Tail::automatic:
       if (small) return Tail::small;
@@ -1193,9 +1266,8 @@ void batch_norm_train(TrainArgs const& a, cudaStream_t stream) {
       using P = std::conditional_t<std::is_same_v<decltype(p), NoSums>, void, decltype(p)>;
       if (tail == Tail::slab) {
         constexpr auto kernel = batch_norm_train_slab_kernel<T, TO, P>;
-        size_t smem = slab_smem<Acc<T>>(f.m, chunks, pieces, V);
-        // At most 32 chunks and 64 columns: a bound on every slab's sums and columns.
-        allow_shared<kernel>(device, kSlabBytes + (2 * sizeof(double) * 32 + sizeof(Column<Acc<T>>)) * 64);
+        allow_slab<kernel>(device);
+        size_t smem = slab_smem<Column<Acc<T>>>(f.m, 1, std::max(chunks, 8), pieces, V);
         kernel<<<blocks(f.n, pieces * V), 256, smem, stream>>>(a, rows, chunks, pieces);
         check_cuda(cudaGetLastError(), "batch_norm_train");
       } else if (vec) {
@@ -1233,12 +1305,39 @@ size_t batch_norm_backward_workspace(int m, int n) {
   return column_stats_workspace(m, n) + 2 * sizeof(double) * static_cast<size_t>(n);
 }
 
+// The backward's slab kernel where it measured faster: as the training tail's (kSlabRows), with
+// dy in h's dtype. (Measured: benchmarks/NOTES.md v0.18.)
+bool backward_slab(BackwardArgs const& g, int bytes, int* pieces) {
+  bool possible = g.dt_dy == g.dt && can_vectorize_bytes(bytes, g.n, g.ldh, {g.dy, g.h, g.dh});
+  bool forced = g.kernels == BackwardKernels::slab;
+  *pieces = possible ? slab_pieces(g.m, g.n, 16 / bytes, 2, g.sm_count, forced) : 0;
+  if (forced && *pieces == 0)
+    throw std::runtime_error("cutlass_fused: the slab backward needs dy in h's dtype, 16-byte aligned columns and "
+                             "at most " + std::to_string(kSlabBytes / 64) + " rows of 32 bytes");
+  if (g.kernels == BackwardKernels::automatic) return bytes == 2 && g.m <= kSlabRows && *pieces >= 4;
+  return forced;
+}
+
 void batch_norm_backward(BackwardArgs const& g, cudaStream_t stream) {
   auto* sums = static_cast<double*>(g.workspace);
   auto* partials = sums + 2 * static_cast<int64_t>(g.n);
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
   dispatch_pair(g.dt, g.dt_dy, [&](auto t, auto ty) {
     using T = decltype(t);
     using TY = decltype(ty);
+    int pieces = 0;
+    if (backward_slab(g, sizeof(T), &pieces)) {
+      if constexpr (std::is_same_v<T, TY>) {
+        constexpr int V = 16 / sizeof(T);
+        constexpr auto kernel = batch_norm_backward_slab_kernel<T, V>;
+        allow_slab<kernel>(device);
+        int chunks = stat_chunks(g.m);
+        size_t smem = slab_smem<GradColumn<Acc<T>>>(g.m, 2, chunks, pieces, V);
+        kernel<<<blocks(g.n, pieces * V), 256, smem, stream>>>(g, stat_rows(g.m), chunks, pieces);
+        return;
+      }
+    }
     GradSums<T, TY> terms{static_cast<TY const*>(g.dy), static_cast<T const*>(g.h), g.ldh, g.n, g.mean_h};
     column_sums<T>(terms, g.m, g.n, g.ldh, {g.dy, g.h}, sums, partials, stream);
     launch_rows<T, 1>(g.m, g.n, g.ldh, {g.h, g.dy, g.dh}, 1024, [&](auto v, dim3 grid) {
