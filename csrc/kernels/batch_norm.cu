@@ -1055,7 +1055,7 @@ __global__ void __launch_bounds__(256, 3) batch_norm_backward_slab_kernel(Backwa
   auto const* h = static_cast<T const*>(g.h);
   if (live) {
     for (int r = tid / pieces; r < g.m; r += 256 / pieces) {
-      copy_async(slab_dy + r * pieces + piece, dy + r * g.n + c0);
+      copy_async(slab_dy + r * pieces + piece, dy + static_cast<int64_t>(r) * g.n + c0);
       copy_async(slab_h + r * pieces + piece, h + r * g.ldh + c0);
     }
   }
@@ -1179,7 +1179,8 @@ constexpr int kSlabRows = 512;
 // 0: none.
 int slab_pieces(int m, int n, int v, int inputs, int sm_count, bool any_grid) {
   for (int p : {8, 4, 2}) {
-    if (m * p * 16 * inputs <= kSlabBytes && (any_grid || static_cast<int>(blocks(n, p * v)) >= sm_count)) return p;
+    bool fits = int64_t{m} * p * 16 * inputs <= kSlabBytes;
+    if (fits && (any_grid || static_cast<int64_t>(blocks(n, p * v)) >= sm_count)) return p;
   }
   return 0;
 }
@@ -1220,12 +1221,12 @@ Tail pick_tail(TrainArgs const& a, bool vec, int bytes, int* pieces) {
     case Tail::small:
       if (!small)
         throw std::runtime_error("cutlass_fused: the small training tail needs 16-bit h, at most 256 rows and "
-                                    "a momentum");
+                                 "a momentum");
       return Tail::small;
     case Tail::slab:
       if (*pieces == 0)
         throw std::runtime_error("cutlass_fused: the slab training tail needs 16-byte aligned columns, a "
-                                    "momentum, and at most " + std::to_string(kSlabBytes / 32) + " rows of 32 bytes");
+                                 "momentum, and at most " + std::to_string(kSlabBytes / 32) + " rows of 32 bytes");
       return Tail::slab;
     default: return Tail::cooperative;
   }
