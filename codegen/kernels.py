@@ -76,10 +76,12 @@ class Kernel:
     def generic(self) -> bool:
         """Whether its group's header is templated on the element type as well: bf16 and
         TF32, whose kernels of one family and mode differ only in it (codegen/generate.py
-        checks that). fp16's eval rounds h and z (another DAG); 3xTF32 has its own mainloop
+        checks that), and fp16's statistics kernels, whose DAG is bf16's. fp16's eval rounds h and
+        z (another DAG); 3xTF32 has its own mainloop
         and fp64 sums on sm90 and its own math operator on sm80. (Mode "train", built for
         experiments only, keeps per-dtype groups.)"""
-        return self.dtype in ("bf16", "tf32") and self.mode in ("eval", "stats")
+        return (self.dtype in ("bf16", "tf32") and self.mode in ("eval", "stats")) or (
+            self.dtype == "f16" and self.mode == "stats")
 
     @property
     def group(self) -> str:
@@ -135,10 +137,18 @@ _SM90 += [Kernel("sm90", "bf16", "stats", (128, 128, 64), (1, 1, 1))]
 # against 1.089 / 1.120 / 1.143 at 1024x8192^2, 16384x4096^2, 4096^3: not kept.)
 _SM90 += [Kernel("sm90", "tf32", "stats", (128, 256, 32), (2, 1, 1))]
 
-# Smaller bf16 tiles for problems too small to fill the GPU with the default's
+# fp16: bf16's default statistics tile and its small-batch one. Its tile sums are of the rounded
+# fp16 h, as bf16's are; where h overflows they are infinite, and where z = h * scale could
+# overflow (the tail bounds every |z| by sqrt(sum h^2) |scale|) the column takes the exact pass,
+# which emulates that overflow (csrc/kernels/batch_norm.cu, gemm_sums_trusted).
+_SM90 += [Kernel("sm90", "f16", "stats", (128, 256, 64), (2, 1, 1)),
+          Kernel("sm90", "f16", "stats", (128, 128, 64), (1, 1, 1))]
+
+# Smaller 16-bit tiles for problems too small to fill the GPU with the default's
 # tiles (batch <= 256 at 8192 features: 64 CTAs of 256x128 on 132 SMs).
 # find_kernel switches to them by tile count (csrc/kernels/registry.cpp).
-_SM90 += [Kernel("sm90", "bf16", "eval", tile, (1, 2, 1)) for tile in ((128, 128, 64), (128, 64, 64))]
+_SM90 += [Kernel("sm90", dt, "eval", tile, (1, 2, 1))
+          for dt in ("bf16", "f16") for tile in ((128, 128, 64), (128, 64, 64))]
 
 # sm90 fp32 without TF32: the TF32 kernel run over operands split for 3xTF32
 # (the binding splits them, K tripled) with accumulator promotion

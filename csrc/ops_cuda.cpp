@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -409,26 +410,33 @@ void update_running_stats_cuda(at::Tensor const& stats, at::Tensor const& scale,
   write_back(running_var, rv_d);
 }
 
-// CUTLASS_FUSED_TAIL forces the training tail (cooperative, slab, small; read per call: tests
-// compare their bits); unset or empty, batch_norm_train picks by shape.
-Tail forced_tail() {
-  char const* env = std::getenv("CUTLASS_FUSED_TAIL");
-  if (env == nullptr || *env == '\0') return Tail::automatic;
-  std::string v(env);
-  TORCH_CHECK(v == "cooperative" || v == "slab" || v == "small",
-              "cutlass_fused: expected CUTLASS_FUSED_TAIL to be cooperative, slab or small, but got '", v, "'");
-  return v == "cooperative" ? Tail::cooperative : v == "slab" ? Tail::slab : Tail::small;
+// A kernel choice forced by the environment variable `var`, read per call (tests compare the
+// choices' bits), or `automatic` where it is unset or empty; any other value is an error.
+template <class E, size_t N>
+E forced(char const* var, std::pair<char const*, E> const (&choices)[N], E automatic) {
+  char const* env = std::getenv(var);
+  if (env == nullptr || *env == '\0') return automatic;
+  std::string names;
+  for (size_t i = 0; i < N; ++i) {
+    if (std::string(env) == choices[i].first) return choices[i].second;
+    names += std::string(i == 0 ? "" : i + 1 == N ? " or " : ", ") + choices[i].first;
+  }
+  TORCH_CHECK(false, "cutlass_fused: expected ", var, " to be ", names, ", but got '", env, "'");
+  return automatic;
 }
 
-// CUTLASS_FUSED_BACKWARD forces the backward's kernels (passes, slab; read per call: tests compare
-// their bits); unset or empty, batch_norm_backward picks by shape.
+// Unset, batch_norm_train picks the tail by shape.
+Tail forced_tail() {
+  static constexpr std::pair<char const*, Tail> kTails[] = {
+      {"cooperative", Tail::cooperative}, {"slab", Tail::slab}, {"small", Tail::small}};
+  return forced("CUTLASS_FUSED_TAIL", kTails, Tail::automatic);
+}
+
+// Unset, batch_norm_backward picks its kernels by shape.
 BackwardKernels forced_backward() {
-  char const* env = std::getenv("CUTLASS_FUSED_BACKWARD");
-  if (env == nullptr || *env == '\0') return BackwardKernels::automatic;
-  std::string v(env);
-  TORCH_CHECK(v == "passes" || v == "slab",
-              "cutlass_fused: expected CUTLASS_FUSED_BACKWARD to be passes or slab, but got '", v, "'");
-  return v == "passes" ? BackwardKernels::passes : BackwardKernels::slab;
+  static constexpr std::pair<char const*, BackwardKernels> kKernels[] = {
+      {"passes", BackwardKernels::passes}, {"slab", BackwardKernels::slab}};
+  return forced("CUTLASS_FUSED_BACKWARD", kKernels, BackwardKernels::automatic);
 }
 
 // The training forward: the GEMM, then one kernel for everything after it

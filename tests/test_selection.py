@@ -1,4 +1,6 @@
 """Kernel selection by problem size (csrc/kernels/registry.cpp), read off the profiler."""
+import contextlib
+
 import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -7,17 +9,25 @@ import cutlass_fused
 from common import HOPPER
 
 
-def gemm_kernels(m, k, n, training=False):
-    """The sm90 bf16 GEMMs one forward launches."""
-    layer = cutlass_fused.LinearScaleBatchNorm1d(k, n, device="cuda", dtype=torch.bfloat16).train(training)
-    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    with torch.no_grad(), cutlass_fused.use_kernel_family("sm90"):
+def launched(m, k, n, training=False, family=None, dtype=torch.bfloat16):
+    """The names of the kernels one forward of the layer launches (after a warm-up call), on
+    `family`, or the one in force."""
+    layer = cutlass_fused.LinearScaleBatchNorm1d(k, n, device="cuda", dtype=dtype).train(training)
+    x = torch.randn(m, k, device="cuda", dtype=dtype)
+    family_ctx = cutlass_fused.use_kernel_family(family) if family else contextlib.nullcontext()
+    with torch.no_grad(), family_ctx:
         layer(x)
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             layer(x)
             torch.cuda.synchronize()
-    return {e.name for e in prof.events() if "sm90_bf16_" in e.name}
+    return {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
+
+
+def gemm_kernels(m, k, n, training=False, dtype="bf16"):
+    """The sm90 GEMMs of `dtype` one forward launches."""
+    names = launched(m, k, n, training, "sm90", {"bf16": torch.bfloat16, "f16": torch.float16}[dtype])
+    return {name for name in names if f"sm90_{dtype}_" in name}
 
 
 @pytest.mark.skipif(not HOPPER, reason="the sm90 family's tiles need a Hopper GPU")
@@ -29,17 +39,19 @@ def test_small_problems_take_smaller_tiles(shape, tile):
     assert len(names) == 1 and f"sm90_bf16_eval_{tile}" in next(iter(names)), names
 
 
-# Training: the statistics GEMM's default tile; its 128x128 tile (no cluster) where 128x256 fills
-# less than half the SMs; the eval kernel (and the tail's own sums) where neither fills that many.
+# Training (bf16 and fp16 share the tiles): the statistics GEMM's default tile; its 128x128 tile
+# (no cluster) where 128x256 fills less than half the SMs; the eval kernel (and the tail's own
+# sums) where neither fills that many.
 @pytest.mark.skipif(not HOPPER, reason="the sm90 family's tiles need a Hopper GPU")
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
 @pytest.mark.parametrize("shape,kernel", [((1024, 1024, 8192), "stats_128x256x64_c2x1x1"),
                                           ((256, 1024, 8192), "stats_128x128x64_c1x1x1"),
                                           ((128, 1024, 8192), "eval_128x64x64_c1x2x1")])
-def test_training_gemm_by_batch(shape, kernel, monkeypatch):
+def test_training_gemm_by_batch(shape, kernel, dtype, monkeypatch):
     monkeypatch.delenv("CUTLASS_FUSED_STATS", raising=False)
     monkeypatch.delenv("CUTLASS_FUSED_KERNEL", raising=False)
-    names = gemm_kernels(*shape, training=True)
-    assert len(names) == 1 and f"sm90_bf16_{kernel}" in next(iter(names)), names
+    names = gemm_kernels(*shape, training=True, dtype=dtype)
+    assert len(names) == 1 and f"sm90_{dtype}_{kernel}" in next(iter(names)), names
 
 
 # The training tail by shape (csrc/kernels/batch_norm.cu, pick_tail): 16-bit h in registers at
@@ -52,16 +64,7 @@ def test_training_gemm_by_batch(shape, kernel, monkeypatch):
                                         ((256, 256, 4096), "cooperative")])
 def test_training_tail_by_shape(shape, tail, monkeypatch):
     monkeypatch.delenv("CUTLASS_FUSED_TAIL", raising=False)
-    m, k, n = shape
-    layer = cutlass_fused.LinearScaleBatchNorm1d(k, n, device="cuda", dtype=torch.bfloat16)
-    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    with torch.no_grad():
-        layer(x)
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            layer(x)
-            torch.cuda.synchronize()
-    names = {e.name for e in prof.events() if "batch_norm_train" in e.name}
+    names = {name for name in launched(*shape, training=True) if "batch_norm_train" in name}
     kernel = {"small": "batch_norm_train_small_kernel", "slab": "batch_norm_train_slab_kernel",
               "cooperative": "batch_norm_train_kernel"}[tail]
     assert len(names) == 1 and kernel in next(iter(names)), names

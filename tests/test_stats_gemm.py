@@ -1,8 +1,8 @@
-"""The statistics GEMM (sm90 training in bf16, TF32 and 3xTF32): h and per-batch-tile sums of h and
-h^2 from one swapped-operand kernel, so that the training tail reads h once (csrc/ops_cuda.cpp,
-stats_gemm).
+"""The statistics GEMM (sm90 training in bf16, fp16, TF32 and 3xTF32): h and per-batch-tile sums of
+h and h^2 from one swapped-operand kernel, so that the training tail reads h once
+(csrc/ops_cuda.cpp, stats_gemm).
 
-bf16 and TF32 sums are fp32, so they are held against the exact path (CUTLASS_FUSED_STATS=0: our
+16-bit and TF32 sums are fp32, so they are held against the exact path (CUTLASS_FUSED_STATS=0: our
 fp64 pass over h) to fp32's accuracy, and the fallback against float64: a column whose mean dwarfs
 its spread must take the exact pass, where fp32 sums would lose the variance entirely. fp32
 without TF32 (3xTF32) sums in fp64, as the exact pass does, and is held to fp64's accuracy.
@@ -57,18 +57,18 @@ def column_moments(h):
 STATS_KERNELS = [k.name for k in KERNELS if k.mode == "stats"]
 
 
-# bf16, fp32 with TF32 allowed, and fp32 without (3xTF32: f32x3 kernels).
-DTYPES = ["bf16", "tf32", "f32"]
+# bf16, fp16, fp32 with TF32 allowed, and fp32 without (3xTF32: f32x3 kernels).
+DTYPES = ["bf16", "f16", "tf32", "f32"]
 
 # Each path's statistics against float64 of its own h, relative to the spread: fp32 tile
 # sums are good to ~1e-7 of the sum of squares, fp64 ones (and the exact pass) to ~1e-15.
-STATS_TOL = {"bf16": 1e-5, "tf32": 1e-5, "f32": 1e-10}
+STATS_TOL = {"bf16": 1e-5, "f16": 1e-5, "tf32": 1e-5, "f32": 1e-10}
 
 
-def inputs(dtype, m, k, n, seed, monkeypatch):
+def inputs(dtype, m, k, n, seed, monkeypatch, **kw):
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", dtype == "tf32")
-    dt = torch.bfloat16 if dtype == "bf16" else torch.float32
-    return params(k, n, "cuda", dt, seed=seed), torch.randn(m, k, device="cuda").to(dt)
+    dt = {"bf16": torch.bfloat16, "f16": torch.float16}.get(dtype, torch.float32)
+    return params(k, n, "cuda", dt, seed=seed, **kw), torch.randn(m, k, device="cuda").to(dt)
 
 
 def kernel_dtype(kernel):
@@ -108,7 +108,7 @@ def check_against_exact_path(shape, dtype, monkeypatch, kernel):
         spread = ref_var.sqrt() + 1e-30
         assert ((mu - ref_mean).abs() / spread).max() < STATS_TOL[dtype]
         assert ((istd - ref_invstd).abs() / ref_invstd).max() < STATS_TOL[dtype]
-    # y: bf16 either way; the paths' statistics differ far below its rounding.
+    # y: the paths' statistics differ far below a 16-bit h's rounding.
     assert (y.float() - y0.float()).abs().max() <= 2 ** -6 * max(1.0, y0.float().abs().max().item())
     for a, b in ((rm, rm0), (rv, rv0)):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
@@ -159,3 +159,39 @@ def test_stats_gemm_counts_the_batch_for_cumulative_momentum(monkeypatch):
     h = F.linear(x.float(), p["weight"].float(), p["bias"].float()).double()
     ref = 0.75 * p["running_mean"].double() + 0.25 * (h * p["scale"].double()).mean(0)
     assert (rm1.double() - ref).abs().max() < 1e-2
+
+
+@needs_hopper
+@pytest.mark.parametrize("scale_dtype", [torch.float16, torch.float32], ids=["f16-scale", "f32-scale"])
+def test_stats_gemm_sees_fp16_overflow(scale_dtype, monkeypatch):
+    """fp16 h with an fp16 scale: the unfused model rounds z = h * scale to fp16, so an element past
+    65504 is inf and its column's mean and y are not finite (README's error table). The tile sums
+    of h cannot show that: column 0 (h ~ N(0, 9), scale 1e4) overflows in ~3% of its rows and
+    passes the mean^2 <= 64 var rule, so only the tail's bound sqrt(sum h^2) |scale| sends it to the
+    exact pass. Column 2's h itself overflows (inf in the sums). With an fp32 scale z is fp32 and
+    column 0 stays finite. Checked against float64 of the kernel's own h, as the unfused model's
+    z would be."""
+    m, k, n = SHAPES[0]
+    p, x = inputs("f16", m, k, n, 5, monkeypatch, param_dtype=scale_dtype)
+    g = torch.Generator().manual_seed(5)
+    p["weight"][0] = (torch.randn(k, generator=g) * 3 / k ** 0.5).to(p["weight"])
+    p["bias"][0], p["scale"][0], p["scale"][1] = 0, 1e4, 100
+    p["weight"][2] = 0
+    p["weight"][2, 0] = 3e4
+    (y, h, stats, mean, invstd), _, _, used = train(x, p, monkeypatch, True)
+    assert NO_PROFILER or used
+    h64 = h.double()
+    if scale_dtype == torch.float16:  # as SumSquares: an overflowing z counts as an infinite h
+        z = (h.float() * p["scale"].float()).half()
+        h64 = torch.where(torch.isinf(z), torch.copysign(torch.full_like(h64, float("inf")), h64), h64)
+    ref_mean = h64.mean(0)
+    bad = ~torch.isfinite(ref_mean)
+    assert bad[2] and bad[0] == (scale_dtype == torch.float16) and not bad[1]
+    assert not bad[3:].any()
+    for got in (mean, invstd, y.float().sum(0)):
+        assert torch.equal(~torch.isfinite(got), bad)
+    assert torch.equal(torch.isnan(mean), torch.isnan(ref_mean))
+    assert torch.equal(torch.isinf(mean), torch.isinf(ref_mean))
+    good = ~bad
+    spread = h64[:, good].var(0, unbiased=False).sqrt()
+    assert ((mean[good] - ref_mean[good]).abs() / spread).max() < STATS_TOL["f16"]

@@ -544,6 +544,28 @@ __global__ void finalize_normalize_kernel(FinalizeArgs a) {
   normalize_rows<T, TO, V, R>(a, c0, col, blockIdx.y * 8 * R, a.m, int64_t{gridDim.y} * 8 * R);
 }
 
+// Whether a column's statistics may come from the GEMM's tile sums: s and q, its sums of h and h^2
+// added in fp64 (the statistics GEMMs run with a null shift). fp32 partials err by ~2^-20 of the
+// sum of squares, so var = q/m - mean^2 is trusted only where mean^2 <= 64 var (relative error
+// <= ~65 2^-20, far below bf16's, fp16's and TF32's); fp64 partials (fp32 h) are as exact as the
+// pass. A NaN or an Inf is never trusted (an fp16 h that overflowed is summed as stored: inf).
+// Overflow (fp16 h and y, see SumSquares): the unfused model rounds z = h * scale to fp16, where
+// an element past 65504 becomes inf. Every |h| <= sqrt(q), so a column is trusted only where
+// sqrt(q) |scale| (1 + 2^-10) < 65504; the fp32 tile sums' error is far inside that margin, and
+// the exact pass emulates the overflow everywhere else.
+template <class P, bool Overflow>
+__device__ bool gemm_sums_trusted(double s, double q, double count, double scale) {
+  constexpr double kTrust = std::is_same_v<P, double> ? INFINITY : 64;
+  double mean = s / count, var = q / count - mean * mean;
+  bool trusted = isfinite(s) && isfinite(q) && (kTrust == INFINITY || mean * mean <= kTrust * var);
+  if constexpr (Overflow) trusted = trusted && sqrt(q) * fabs(scale) * (1 + 0x1p-10) < 65504.0;
+  return trusted;
+}
+
+// Where the unfused model rounds z = h * scale to T and it can overflow there (SumSquares).
+template <class T, class TO>
+constexpr bool kZOverflows = std::is_same_v<T, __half> && std::is_same_v<T, TO>;
+
 // Work items are (column group, row chunk), column groups fastest so that the
 // blocks in flight read neighbouring columns of the same rows; each block
 // takes the same items in both phases, so phase 2 mostly re-reads h from L2.
@@ -573,11 +595,7 @@ __global__ void __launch_bounds__(256, 4) batch_norm_train_kernel(TrainArgs a, i
     // order: bitwise stable). One thread a column walking all u_tiles tiles while the other
     // blocks waited at the barrier cost 0.6-2.6 us more at 16384 rows (64 tiles), ~1 us less at
     // 1024-4096 rows (4-16 tiles; H100, NOTES.md v0.14).
-    // fp32 partials err by ~2^-20 of the sum of squares, so var = q/m - mean^2 is trusted only
-    // where mean^2 <= 64 var (relative error <= ~65 2^-20, far below bf16's and TF32's);
-    // fp64 partials (fp32 h) are as exact as the pass. Other columns, and any with a NaN or
-    // an Inf, take the exact pass below.
-    constexpr double kTrust = std::is_same_v<P, double> ? INFINITY : 64;
+    // Columns gemm_sums_trusted refuses take the exact pass below.
     auto const* us = static_cast<P const*>(a.u_sum);
     auto const* uq = static_cast<P const*>(a.u_sumsq);
     auto& lanes = *reinterpret_cast<double(*)[2][8][32]>(stage);
@@ -601,8 +619,7 @@ __global__ void __launch_bounds__(256, 4) batch_norm_train_kernel(TrainArgs a, i
           s += lanes[0][i][threadIdx.x];
           q += lanes[1][i][threadIdx.x];
         }
-        double mean = s / f.count, var = q / f.count - mean * mean;
-        exact[c] = !(isfinite(s) && isfinite(q) && (kTrust == INFINITY || mean * mean <= kTrust * var));
+        exact[c] = !gemm_sums_trusted<P, kZOverflows<T, TO>>(s, q, f.count, load(f.scale, c, 1.0));
         a.stats[c] = s;
         a.stats[f.n + c] = q;
       }
@@ -841,6 +858,23 @@ __device__ void slab_chunk_sums(Terms const& terms, uint4 const* const (&slabs)[
   }
 }
 
+// Column j's totals of slab_chunk_sums' output, its chunks added in order (reduce_partials').
+__device__ __forceinline__ void slab_totals(double const* sums, int chunks, int width, int j, double& a, double& b) {
+  a = 0;
+  b = 0;
+  for (int k = 0; k < chunks; ++k) {
+    a += sums[k * width + j];
+    b += sums[(chunks + k) * width + j];
+  }
+}
+
+// The V columns of this thread's piece, from the block's `cols` (one a slab column).
+template <int V, class C>
+__device__ __forceinline__ void piece_columns(C const* cols, int piece, C (&col)[V]) {
+#pragma unroll
+  for (int v = 0; v < V; ++v) col[v] = cols[piece * V + v];
+}
+
 // The training tail where a block holds every row of its columns in shared memory: a slab of
 // m rows x `pieces` 16-byte pieces (W = pieces x V columns), all fetched at once. A block needs
 // no other block's data, so there is no grid barrier: the column constants come from the GEMM's
@@ -879,7 +913,6 @@ __global__ void __launch_bounds__(256, 3) batch_norm_train_slab_kernel(TrainArgs
   if constexpr (FromGemm) {
     // Phase 0's order and trust rule (batch_norm_train_kernel): 8 lanes each add every 8th
     // tile, then the lanes are added in lane order.
-    constexpr double kTrust = std::is_same_v<P, double> ? INFINITY : 64;
     auto const* us = static_cast<P const*>(a.u_sum);
     auto const* uq = static_cast<P const*>(a.u_sumsq);
     for (int i = tid; i < 8 * width; i += 256) {
@@ -902,8 +935,7 @@ __global__ void __launch_bounds__(256, 3) batch_norm_train_slab_kernel(TrainArgs
         s += sums[l * width + j];
         q += sums[(8 + l) * width + j];
       }
-      double mean = s / f.count, var = q / f.count - mean * mean;
-      exact = !(isfinite(s) && isfinite(q) && (kTrust == INFINITY || mean * mean <= kTrust * var));
+      exact = !gemm_sums_trusted<P, kZOverflows<T, TO>>(s, q, f.count, in.scale);
     }
   }
   // The exact sums, where a column of the block needs them (uniform over the block).
@@ -914,22 +946,14 @@ __global__ void __launch_bounds__(256, 3) batch_norm_train_slab_kernel(TrainArgs
     SumSquares<T> terms{h, f.ldh, std::is_same_v<T, TO> ? f.scale : ColVec{}};
     slab_chunk_sums<SumSquares<T>, V>(terms, {slab}, f.m, f.n, rows, chunks, pieces, base, sums);
     __syncthreads();
-    if (owner && exact) {
-      s = 0;
-      q = 0;
-      for (int k = 0; k < chunks; ++k) {
-        s += sums[k * width + j];
-        q += sums[(chunks + k) * width + j];
-      }
-    }
+    if (owner && exact) slab_totals(sums, chunks, width, j, s, q);
   }
   if (owner) cols[j] = finish_column<A>(a, c, s, q, in, true);
   if (a.num_batches_tracked != nullptr && blockIdx.x == 0 && tid == 0) *a.num_batches_tracked += 1;
   __syncthreads();
   if (!live) return;
   Column<A> col[V];
-#pragma unroll
-  for (int v = 0; v < V; ++v) col[v] = cols[piece * V + v];
+  piece_columns(cols, piece, col);
   auto* y = static_cast<TO*>(f.y);
 #pragma unroll
   for (int g = 0; g < kSlabGroups; ++g) {
@@ -1065,18 +1089,14 @@ __global__ void __launch_bounds__(256, 3) batch_norm_backward_slab_kernel(Backwa
                                      chunks, pieces, base, sums);
   __syncthreads();
   if (int c = base + tid; tid < width && c < g.n) {
-    double sdy = 0, q = 0;
-    for (int k = 0; k < chunks; ++k) {
-      sdy += sums[k * width + tid];
-      q += sums[(chunks + k) * width + tid];
-    }
+    double sdy, q;
+    slab_totals(sums, chunks, width, tid, sdy, q);
     cols[tid] = grad_column<A>(g, sdy, q, c, true);
   }
   __syncthreads();
   if (!live) return;
   GradColumn<A> col[V];
-#pragma unroll
-  for (int v = 0; v < V; ++v) col[v] = cols[piece * V + v];
+  piece_columns(cols, piece, col);
   auto* dh = static_cast<T*>(g.dh);
   for (int r = tid / pieces; r < g.m; r += 256 / pieces) {
     auto const& d = *reinterpret_cast<Group<T, V> const*>(slab_dy + r * pieces + piece);
@@ -1197,15 +1217,53 @@ size_t slab_smem(int m, int inputs, int sum_rows, int pieces, int v) {
 // most 32 bytes each.
 constexpr size_t kSlabSharedMax = kSlabBytes + (2 * sizeof(double) * 32 + 32) * 64;
 
-// Lets Kernel take kSlabSharedMax bytes of dynamic shared memory on the current device, asked
-// once per device (cudaFuncSetAttribute costs host time on every call).
+// cache[device]: ask() (a positive int) on the device's first call, as the CUDA runtime's answers
+// about a kernel cost host time on every call and devices of different archs may differ.
+using DeviceCache = std::array<std::atomic<int>, 64>;
+template <class Ask>
+int once_per_device(DeviceCache& cache, int device, Ask&& ask) {
+  if (int known = device < 64 ? cache[device].load() : 0; known != 0) return known;
+  int v = ask();
+  if (device < 64) cache[device] = v;
+  return v;
+}
+
+// The current device: the launchers' caches are per device.
+int current_device() {
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  return device;
+}
+
+// Lets Kernel take kSlabSharedMax bytes of dynamic shared memory on the current device.
 template <auto Kernel>
-void allow_slab(int device) {
-  static std::array<std::atomic<bool>, 64> done{};
-  if (device < 64 && done[device].load()) return;
-  check_cuda(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSlabSharedMax),
-             "slab kernel shared memory");
-  if (device < 64) done[device] = true;
+void allow_slab() {
+  static DeviceCache done{};
+  once_per_device(done, current_device(), [] {
+    check_cuda(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSlabSharedMax),
+               "slab kernel shared memory");
+    return 1;
+  });
+}
+
+// Launches the cooperative training tail Kernel with 32 x 8 threads a block, all blocks resident
+// at once as its grid barrier needs: its grid is at most what the occupancy calculator fits.
+template <auto Kernel>
+void launch_cooperative(TrainArgs const& a, int rows, int chunks, int v, cudaStream_t stream) {
+  static DeviceCache per_sm{};
+  int fit = once_per_device(per_sm, current_device(), [] {
+    int blocks_per_sm = 0;
+    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, Kernel, 256, 0),
+               "batch_norm_train occupancy");
+    return blocks_per_sm;
+  });
+  int groups = static_cast<int>(blocks(a.norm.n, 32 * v));
+  int grid = std::max(1, std::min(groups * chunks, fit * a.sm_count));
+  TrainArgs args = a;
+  void* params[] = {&args, &rows, &chunks, &groups};
+  check_cuda(cudaLaunchCooperativeKernel(reinterpret_cast<void const*>(Kernel), dim3(grid), dim3(32, 8), params, 0,
+                                         stream),
+             "batch_norm_train");
 }
 
 // The tail for `a` (see TrainArgs::tail), with its slab pieces; throws where a forced tail
@@ -1232,13 +1290,9 @@ Tail pick_tail(TrainArgs const& a, bool vec, int bytes, int* pieces) {
   }
 }
 
-// The cooperative kernel is launched with all blocks resident at once, as the grid barrier
-// needs, so its grid is at most what the occupancy calculator fits on the device.
 void batch_norm_train(TrainArgs const& a, cudaStream_t stream) {
   FinalizeArgs const& f = a.norm;
   int rows = stat_rows(f.m), chunks = stat_chunks(f.m);
-  int device = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
   dispatch_pair(f.dt, f.dt_y, [&](auto t, auto to) {
     using T = decltype(t);
     using TO = decltype(to);
@@ -1246,37 +1300,21 @@ void batch_norm_train(TrainArgs const& a, cudaStream_t stream) {
     bool vec = can_vectorize<T>(f.n, f.ldh, {f.h, f.y});
     int pieces = 0;
     Tail tail = pick_tail(a, vec, sizeof(T), &pieces);
-    auto cooperative = [&](auto kernel, int v) {
-      // Blocks per SM, asked once per device (devices of different archs may differ).
-      static std::array<std::atomic<int>, 64> per_sm{};
-      int fit = device < 64 ? per_sm[device].load() : 0;
-      if (fit == 0) {
-        check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, 256, 0), "batch_norm_train occupancy");
-        if (device < 64) per_sm[device] = fit;
-      }
-      int groups = static_cast<int>(blocks(f.n, 32 * v));
-      int grid = std::max(1, std::min(groups * chunks, fit * a.sm_count));
-      TrainArgs args = a;
-      void* params[] = {&args, &rows, &chunks, &groups};
-      check_cuda(cudaLaunchCooperativeKernel(reinterpret_cast<void const*>(kernel), dim3(grid), dim3(32, 8), params, 0,
-                                             stream),
-                 "batch_norm_train");
-    };
     // P: the GEMM's sums' type, void without them.
     auto launch = [&](auto p) {
       using P = std::conditional_t<std::is_same_v<decltype(p), NoSums>, void, decltype(p)>;
       if (tail == Tail::slab) {
         constexpr auto kernel = batch_norm_train_slab_kernel<T, TO, P>;
-        allow_slab<kernel>(device);
+        allow_slab<kernel>();
         size_t smem = slab_smem<Column<Acc<T>>>(f.m, 1, std::max(chunks, 8), pieces, V);
         kernel<<<blocks(f.n, pieces * V), 256, smem, stream>>>(a, rows, chunks, pieces);
         check_cuda(cudaGetLastError(), "batch_norm_train");
       } else if (vec) {
         // R = 2: with 4 rows in flight the kernel spills under its 64 registers
         // and ran 30-40% slower (H100, benchmarks/NOTES.md v0.8).
-        cooperative(batch_norm_train_kernel<T, TO, V, 2, P>, V);
+        launch_cooperative<batch_norm_train_kernel<T, TO, V, 2, P>>(a, rows, chunks, V, stream);
       } else {
-        cooperative(batch_norm_train_kernel<T, TO, 1, 2, P>, 1);
+        launch_cooperative<batch_norm_train_kernel<T, TO, 1, 2, P>>(a, rows, chunks, 1, stream);
       }
     };
     if constexpr (sizeof(T) == 2) {
@@ -1290,15 +1328,14 @@ void batch_norm_train(TrainArgs const& a, cudaStream_t stream) {
         return small(batch_norm_train_small_kernel<T, TO, 1, kSmallRowsPerThread>, 1);
       }
     }
-    // Statistics GEMMs exist for bf16 (fp32 sums) and fp32 (fp32 sums for TF32, fp64 for
-    // 3xTF32); fp16's statistics must see z overflow, which the pass emulates.
+    // Statistics GEMMs leave fp32 sums for 16-bit h and TF32, fp64 ones for 3xTF32.
     if (a.u_sum == nullptr) return launch(NoSums{});
-    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    if constexpr (sizeof(T) == 2) {
       if (!a.u_fp64) return launch(float{});
-    } else if constexpr (std::is_same_v<T, float>) {
+    } else {
       return a.u_fp64 ? launch(double{}) : launch(float{});
     }
-    throw std::runtime_error("cutlass_fused: GEMM statistics exist for bf16 (fp32 sums) and fp32 only");
+    throw std::runtime_error("cutlass_fused: GEMM statistics of 16-bit h are fp32 sums");
   });
 }
 
@@ -1322,8 +1359,6 @@ bool backward_slab(BackwardArgs const& g, int bytes, int* pieces) {
 void batch_norm_backward(BackwardArgs const& g, cudaStream_t stream) {
   auto* sums = static_cast<double*>(g.workspace);
   auto* partials = sums + 2 * static_cast<int64_t>(g.n);
-  int device = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
   dispatch_pair(g.dt, g.dt_dy, [&](auto t, auto ty) {
     using T = decltype(t);
     using TY = decltype(ty);
@@ -1332,7 +1367,7 @@ void batch_norm_backward(BackwardArgs const& g, cudaStream_t stream) {
       if constexpr (std::is_same_v<T, TY>) {
         constexpr int V = 16 / sizeof(T);
         constexpr auto kernel = batch_norm_backward_slab_kernel<T, V>;
-        allow_slab<kernel>(device);
+        allow_slab<kernel>();
         int chunks = stat_chunks(g.m);
         size_t smem = slab_smem<GradColumn<Acc<T>>>(g.m, 2, chunks, pieces, V);
         kernel<<<blocks(g.n, pieces * V), 256, smem, stream>>>(g, stat_rows(g.m), chunks, pieces);

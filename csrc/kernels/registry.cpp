@@ -167,10 +167,12 @@ void choose_tile_order(KernelInfo const& info, GemmEvtArgs& p) {
   p.raster = 0;
   int64_t tiles_m = ceil_div(p.m, info.tile_m), tiles_n = ceil_div(p.n, info.tile_n);
   if (info.family != Family::sm90) return apply_env(p);
-  // The rule is measured on the bf16 kernels only; the f32x3 ones broke it both ways (H100,
-  // swizzle 8 against none: the statistics GEMM 16% slower at 8192 x 8192^2 and 8% faster at
-  // 16384 x 4096^2; eval 7% faster and 6% slower), so they take the table's entries alone.
-  if (info.dtype == KernelDtype::bf16 && p.sm_count > 0) {
+  // The rule is measured on the bf16 kernels, and fp16's move the same bytes through the same
+  // mainloop; the f32x3 ones broke it both ways (H100, swizzle 8 against none: the statistics
+  // GEMM 16% slower at 8192 x 8192^2 and 8% faster at 16384 x 4096^2; eval 7% faster and 6%
+  // slower), so they take the table's entries alone.
+  bool sixteen_bit = info.dtype == KernelDtype::bf16 || info.dtype == KernelDtype::f16;
+  if (sixteen_bit && p.sm_count > 0) {
     double base = wave_rows(tiles_m, tiles_n, info.tile_m, info.tile_n, 1, p.sm_count), best = base;
     for (int s : {2, 4, 8}) {
       if (tiles_m % (2 * s) != 0 || tiles_n % (2 * s) != 0) continue;
