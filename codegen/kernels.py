@@ -143,6 +143,11 @@ _SM90 += [Kernel("sm90", "tf32", "stats", (128, 256, 32), (2, 1, 1))]
 # which emulates that overflow (csrc/kernels/batch_norm.cu, gemm_sums_trusted).
 _SM90 += [Kernel("sm90", "f16", "stats", (128, 256, 64), (2, 1, 1)),
           Kernel("sm90", "f16", "stats", (128, 128, 64), (1, 1, 1))]
+# fp16 tuner candidates (untuned so far): the statistics tile without a cluster, bf16's 256x128
+# statistics tile, and bf16's tuned eval tile.
+_SM90 += [Kernel("sm90", "f16", "stats", (128, 256, 64), (1, 1, 1)),
+          Kernel("sm90", "f16", "stats", (256, 128, 64), (1, 2, 1)),
+          Kernel("sm90", "f16", "eval", (256, 128, 64), (1, 2, 1))]
 
 # Smaller 16-bit tiles for problems too small to fill the GPU with the default's
 # tiles (batch <= 256 at 8192 features: 64 CTAs of 256x128 on 132 SMs).
