@@ -103,11 +103,12 @@ class Kernel:
 # bf16 and TF32 training use the "stats" kernels below (fp32 tile sums, NOTES.md v0.10);
 # the generator still emits mode "train" for experiments.
 _SM90 = [
-    # bf16: 256x128, cluster 1x2 (cuBLAS's own choice here) measured best or level
-    # on an H100 at 1024x8192^2, 16384x4096^2 and 4096^3 (python -m cutlass_fused.tune,
-    # benchmarks/NOTES.md v0.7); f16 and tf32 keep the 128x256 tile, untuned.
+    # 16-bit: 256x128, cluster 1x2 (cuBLAS's own choice here) measured best or level
+    # on an H100 at 1024x8192^2, 16384x4096^2 and 4096^3 (python -m cutlass_fused.tune;
+    # bf16: benchmarks/NOTES.md v0.7; f16, eval x torch.mm against 128x256 c1x2: 1.024 / 1.038 /
+    # 1.031 against 1.073 / 1.038 / 1.053, v0.19); tf32 keeps the 128x256 tile, untuned.
     Kernel("sm90", "bf16", "eval", (256, 128, 64), (1, 2, 1)),
-    Kernel("sm90", "f16", "eval", (128, 256, 64), (1, 2, 1)),
+    Kernel("sm90", "f16", "eval", (256, 128, 64), (1, 2, 1)),
     Kernel("sm90", "tf32", "eval", (128, 256, 32), (1, 2, 1)),
 ]
 
@@ -143,11 +144,11 @@ _SM90 += [Kernel("sm90", "tf32", "stats", (128, 256, 32), (2, 1, 1))]
 # which emulates that overflow (csrc/kernels/batch_norm.cu, gemm_sums_trusted).
 _SM90 += [Kernel("sm90", "f16", "stats", (128, 256, 64), (2, 1, 1)),
           Kernel("sm90", "f16", "stats", (128, 128, 64), (1, 1, 1))]
-# fp16 tuner candidates (untuned so far): the statistics tile without a cluster, bf16's 256x128
-# statistics tile, and bf16's tuned eval tile.
+# fp16 tuner candidates: the statistics tile without a cluster (registry.cpp's kTunedKernels
+# takes it at 1024 x 8192^2), bf16's 256x128 statistics tile, and the previous eval default.
 _SM90 += [Kernel("sm90", "f16", "stats", (128, 256, 64), (1, 1, 1)),
           Kernel("sm90", "f16", "stats", (256, 128, 64), (1, 2, 1)),
-          Kernel("sm90", "f16", "eval", (256, 128, 64), (1, 2, 1))]
+          Kernel("sm90", "f16", "eval", (128, 256, 64), (1, 2, 1))]
 
 # Smaller 16-bit tiles for problems too small to fill the GPU with the default's
 # tiles (batch <= 256 at 8192 features: 64 CTAs of 256x128 on 132 SMs).

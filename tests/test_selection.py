@@ -31,12 +31,13 @@ def gemm_kernels(m, k, n, training=False, dtype="bf16"):
 
 
 @pytest.mark.skipif(not HOPPER, reason="the sm90 family's tiles need a Hopper GPU")
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
 @pytest.mark.parametrize("shape,tile", [((4096, 1024, 8192), "256x128x64_c1x2x1"),
                                         ((256, 1024, 8192), "128x128x64_c1x2x1"),
                                         ((128, 1024, 512), "128x64x64_c1x2x1")])
-def test_small_problems_take_smaller_tiles(shape, tile):
-    names = gemm_kernels(*shape)
-    assert len(names) == 1 and f"sm90_bf16_eval_{tile}" in next(iter(names)), names
+def test_small_problems_take_smaller_tiles(shape, tile, dtype):
+    names = gemm_kernels(*shape, dtype=dtype)
+    assert len(names) == 1 and f"sm90_{dtype}_eval_{tile}" in next(iter(names)), names
 
 
 # Training (bf16 and fp16 share the tiles): the statistics GEMM's default tile; its 128x128 tile
@@ -48,6 +49,18 @@ def test_small_problems_take_smaller_tiles(shape, tile):
                                           ((256, 1024, 8192), "stats_128x128x64_c1x1x1"),
                                           ((128, 1024, 8192), "eval_128x64x64_c1x2x1")])
 def test_training_gemm_by_batch(shape, kernel, dtype, monkeypatch):
+    monkeypatch.delenv("CUTLASS_FUSED_STATS", raising=False)
+    monkeypatch.delenv("CUTLASS_FUSED_KERNEL", raising=False)
+    names = gemm_kernels(*shape, training=True, dtype=dtype)
+    assert len(names) == 1 and f"sm90_{dtype}_{kernel}" in next(iter(names)), names
+
+
+# A shape registry.cpp's kTunedKernels names takes its measured kernel, and a neighbour the rule's.
+@pytest.mark.skipif(not HOPPER, reason="the sm90 family's tiles need a Hopper GPU")
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("shape,kernel", [((1024, 8192, 8192), "stats_128x256x64_c1x1x1"),
+                                          ((1024, 8192 - 64, 8192), "stats_128x256x64_c2x1x1")])
+def test_tuned_kernel_by_shape(shape, kernel, dtype, monkeypatch):
     monkeypatch.delenv("CUTLASS_FUSED_STATS", raising=False)
     monkeypatch.delenv("CUTLASS_FUSED_KERNEL", raising=False)
     names = gemm_kernels(*shape, training=True, dtype=dtype)

@@ -61,25 +61,53 @@ char const* to_string(Mode m) {
 KernelInfo const* kernels_begin() { return kTable; }
 KernelInfo const* kernels_end() { return kTable + sizeof(kTable) / sizeof(kTable[0]) - 1; }
 
-// The kernel for (family, dtype, mode) and an m x n problem: the first such
-// row of the table is the default; when its tiles would give fewer CTAs than
-// half the SMs (a small batch), the row with the largest tile that reaches
-// that many is taken instead, or, if none does, the one with the most CTAs.
-// $CUTLASS_FUSED_KERNEL names a row to take instead (python -m
-// cutlass_fused.tune measures each candidate that way; read on every call).
-KernelInfo const* find_kernel(Family family, KernelDtype dtype, Mode mode, int m, int n, int, int sm_count) {
+namespace {
+
+// Kernels measured faster than find_kernel's rule on one GEMM problem (stats kernels: m features,
+// n batch rows), with python -m cutlass_fused.tune --rounds 3 on an H100 (benchmarks/NOTES.md
+// v0.19).
+struct TunedKernel {
+  KernelId kernel;
+  int m, n, k;
+};
+constexpr TunedKernel kTunedKernels[] = {
+    // The 1024 x 8192^2 training forward without the cluster, train x torch.mm, c2x1 -> c1x1:
+    // bf16 1.099 -> 1.079; fp16 1.113 -> 1.067 (and 1.113 -> 1.088 in an earlier run). It lost
+    // at 16384 x 4096^2 and 4096^3 in both dtypes (1-3%) and was mixed at 2048 x 8192^2.
+    {KernelId::sm90_bf16_stats_128x256x64_c1x1x1, 8192, 1024, 8192},
+    {KernelId::sm90_f16_stats_128x256x64_c1x1x1, 8192, 1024, 8192},
+};
+
+}  // namespace
+
+// The kernel for (family, dtype, mode) and an m x n x k problem: a row kTunedKernels names for
+// it, else the first such row of the table, the default; when its tiles would give fewer CTAs
+// than half the SMs (a small batch), the row with the largest tile that reaches that many is
+// taken instead, or, if none does, the one with the most CTAs. $CUTLASS_FUSED_KERNEL names a
+// row to take instead (python -m cutlass_fused.tune measures each candidate that way; read on
+// every call).
+KernelInfo const* find_kernel(Family family, KernelDtype dtype, Mode mode, int m, int n, int k, int sm_count) {
   char const* forced = std::getenv("CUTLASS_FUSED_KERNEL");
-  auto ctas = [&](KernelInfo const* k) { return cta_count(*k, m, n); };
+  auto serves = [&](KernelInfo const* row) { return row->family == family && row->dtype == dtype && row->mode == mode; };
+  for (auto const* row = kernels_begin(); forced != nullptr && row != kernels_end(); ++row) {
+    if (serves(row) && !std::strcmp(row->name, forced)) return row;
+  }
+  for (auto const& t : kTunedKernels) {
+    if (t.m != m || t.n != n || t.k != k) continue;
+    for (auto const* row = kernels_begin(); row != kernels_end(); ++row) {
+      if (row->id == t.kernel && serves(row)) return row;
+    }
+  }
+  auto ctas = [&](KernelInfo const* row) { return cta_count(*row, m, n); };
   int64_t enough = std::max(1, sm_count / 2);
   KernelInfo const* first = nullptr;
   KernelInfo const* best = nullptr;
-  for (auto const* k = kernels_begin(); k != kernels_end(); ++k) {
-    if (k->family != family || k->dtype != dtype || k->mode != mode) continue;
-    if (forced != nullptr && !std::strcmp(k->name, forced)) return k;
-    if (first == nullptr) first = best = k;
-    bool fills = ctas(k) >= enough, best_fills = ctas(best) >= enough;
-    int64_t area = int64_t{k->tile_m} * k->tile_n, best_area = int64_t{best->tile_m} * best->tile_n;
-    if (fills ? (!best_fills || area > best_area) : (!best_fills && ctas(k) > ctas(best))) best = k;
+  for (auto const* row = kernels_begin(); row != kernels_end(); ++row) {
+    if (!serves(row)) continue;
+    if (first == nullptr) first = best = row;
+    bool fills = ctas(row) >= enough, best_fills = ctas(best) >= enough;
+    int64_t area = int64_t{row->tile_m} * row->tile_n, best_area = int64_t{best->tile_m} * best->tile_n;
+    if (fills ? (!best_fills || area > best_area) : (!best_fills && ctas(row) > ctas(best))) best = row;
   }
   if (first != nullptr && ctas(first) >= enough) return first;
   return best;
