@@ -1,9 +1,10 @@
 """The batch-norm backward's GPU time by kernel choice: the two passes (column sums, then dh)
-against the slab kernel (CUTLASS_FUSED_BACKWARD), summed over the kernels a call launches
+against the slab kernel or the cooperative kernel (CUTLASS_FUSED_BACKWARD), summed over the kernels a call launches
 (torch.profiler, 20 calls a round, median of rounds), the choices timed in turn, the order
 reversed every other round.
 
     python benchmarks/backward_time.py [--dtype bf16 --dtype f16 ...] [--shape B,N ...] [--rounds 3]
+                                       [--kernels passes --kernels cooperative ...]
 """
 import argparse
 import os
@@ -23,8 +24,10 @@ def main():
     ap.add_argument("--dtype", action="append", choices=DTYPES)
     ap.add_argument("--shape", action="append", type=lambda s: tuple(int(v) for v in s.split(",")))
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--kernels", action="append", choices=["passes", "slab", "cooperative"],
+                    help="repeatable; default: passes and slab")
     args = ap.parse_args()
-    choices = ["passes", "slab"]
+    choices = args.kernels or ["passes", "slab"]
     old = os.environ.get("CUTLASS_FUSED_BACKWARD")
     try:
         for dtype in args.dtype or ["bf16"]:

@@ -435,7 +435,8 @@ Tail forced_tail() {
 // Unset, batch_norm_backward picks its kernels by shape.
 BackwardKernels forced_backward() {
   static constexpr std::pair<char const*, BackwardKernels> kKernels[] = {
-      {"passes", BackwardKernels::passes}, {"slab", BackwardKernels::slab}};
+      {"passes", BackwardKernels::passes}, {"slab", BackwardKernels::slab},
+      {"cooperative", BackwardKernels::cooperative}};
   return forced("CUTLASS_FUSED_BACKWARD", kKernels, BackwardKernels::automatic);
 }
 

@@ -322,10 +322,13 @@ def test_backward_frees_h_before_the_gemms(family):
     assert extra <= max(mn, xk + nk) + mn // 4, (extra, mn, xk, nk)
 
 
-# The backward's two passes and its slab kernel (CUTLASS_FUSED_BACKWARD) must write the same bits:
-# slab rows of 128, 64 and 32 bytes (two slabs, dy's and h's: at most 256, 512 and 1024 rows), a
-# last slab with some columns (1032), a slab wider than the layer (24), a mean 1000x the spread.
-SLAB_SHAPES = [(256, 4096), (500, 8192), (1000, 2048), (200, 1032), (3, 24)]
+# The backward's two passes, its slab kernel and its cooperative kernel (CUTLASS_FUSED_BACKWARD)
+# must write the same bits: slab rows of 128, 64 and 32 bytes (two slabs, dy's and h's: at most
+# 256, 512 and 1024 rows), a last slab with some columns (1032), a slab wider than the layer (24),
+# a mean 1000x the spread; batches too big for a slab (the cooperative kernel's: 1500 rows with a
+# partial last chunk, 4096 rows of 2048 columns, whose items outnumber the co-resident blocks).
+SLAB_SHAPES = [(256, 4096), (500, 8192), (1000, 2048), (200, 1032), (3, 24), (1500, 1032), (4096, 2048)]
+SLAB_ROWS_MAX = 1024  # two slabs of 32-byte rows in 64 KiB
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -341,23 +344,28 @@ def test_backward_kernels_agree(m, n, mode, large_mean, monkeypatch):
     _, mean, invstd = ops.batch_norm_finalize(h, stats, scale, m, gamma, None, 1e-5)
     dy = torch.randn(m, n, generator=g).to("cuda", dtype)
     out = {}
-    for kernels in ("passes", "slab"):
+    for kernels in ("passes", "slab", "cooperative") if m <= SLAB_ROWS_MAX else ("passes", "cooperative"):
         monkeypatch.setenv("CUTLASS_FUSED_BACKWARD", kernels)
         out[kernels] = ops.batch_norm_backward(dy, h, mean, invstd, scale, gamma, 1e-5)
     assert all(torch.isfinite(t).all() for t in out["passes"])
-    for name, a, b in zip(("dh", "dscale", "dweight", "dbias"), out["passes"], out["slab"]):
-        assert torch.equal(a, b), name
+    for kernels in out:
+        for name, a, b in zip(("dh", "dscale", "dweight", "dbias"), out["passes"], out[kernels]):
+            assert torch.equal(a, b), f"{kernels}: {name}"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_forced_backward_that_cannot_run(monkeypatch):
-    """dy in fp32 for a bf16 h (y's dtype under an fp32 scale) has no slab kernel: an error."""
+    """dy in fp32 for a bf16 h (y's dtype under an fp32 scale) has no slab or cooperative kernel:
+    an error."""
     h = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
     ones = torch.ones(512, device="cuda", dtype=torch.float64)
     args = (torch.randn(256, 512, device="cuda"), h, ones * 0, ones, torch.ones(512, device="cuda"), None, 1e-5)
     monkeypatch.setenv("CUTLASS_FUSED_BACKWARD", "slab")
     with pytest.raises(RuntimeError, match="slab backward needs dy in h's dtype"):
         ops.batch_norm_backward(*args)
+    monkeypatch.setenv("CUTLASS_FUSED_BACKWARD", "cooperative")
+    with pytest.raises(RuntimeError, match="cooperative backward needs dy in h's dtype"):
+        ops.batch_norm_backward(*args)
     monkeypatch.setenv("CUTLASS_FUSED_BACKWARD", "both")
-    with pytest.raises(RuntimeError, match="expected CUTLASS_FUSED_BACKWARD to be passes or slab"):
+    with pytest.raises(RuntimeError, match="expected CUTLASS_FUSED_BACKWARD to be passes, slab or cooperative"):
         ops.batch_norm_backward(*args)

@@ -1059,6 +1059,51 @@ __global__ void grad_input_kernel(BackwardArgs g, double const* __restrict__ sum
   }
 }
 
+// The backward's BN part in one cooperative launch, for batches past the slab kernel's: the
+// column sums' chunk partials (column_partials' items and order), one grid barrier, then each
+// item's column totals in reduce_partials' order and dh over its chunk's rows, which the same
+// block read before the barrier (from L2 where dy and h fit there). The two passes' bits, in one
+// launch instead of three. dy in h's dtype, 16-byte groups (the pipelined rows).
+template <class T, int V>
+__global__ void __launch_bounds__(256, 3) batch_norm_backward_kernel(BackwardArgs g, int rows, int chunks, int groups) {
+  using A = Acc<T>;
+  using Terms = GradSums<T, T>;
+  static_assert(pipelined_sums<Terms, V>(), "the cooperative backward streams 16-byte groups of dy and h");
+  auto* pa = static_cast<double*>(g.workspace) + 2 * static_cast<int64_t>(g.n);  // batch_norm_backward's layout
+  auto* pb = pa + static_cast<int64_t>(chunks) * g.n;
+  __shared__ uint4 stage[partials_scratch<Terms, V>() / sizeof(uint4)];
+  Terms terms{static_cast<T const*>(g.dy), static_cast<T const*>(g.h), g.ldh, g.n, g.mean_h};
+  int items = groups * chunks;
+  for (int item = blockIdx.x; item < items; item += gridDim.x)
+    chunk_partials<Terms, V>(terms, g.m, g.n, rows, item % groups, item / groups, pa, pb, stage);
+  cooperative_groups::this_grid().sync();
+  auto* dh = static_cast<T*>(g.dh);
+  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+    int group = item % groups, chunk = item / groups;
+    GradColumn<A> col[V];
+    block_columns<V>(g.n, group, col, [&](int c) {
+      double sdy = 0, q = 0;
+#pragma unroll 8
+      for (int r = 0; r < chunks; ++r) {
+        sdy += pa[r * static_cast<int64_t>(g.n) + c];
+        q += pb[r * static_cast<int64_t>(g.n) + c];
+      }
+      return grad_column<A>(g, sdy, q, c, chunk == 0);
+    });
+    int c0 = (group * 32 + threadIdx.x) * V;
+    int64_t first = static_cast<int64_t>(chunk) * rows + threadIdx.y;
+    int64_t end = std::min<int64_t>(g.m, static_cast<int64_t>(chunk + 1) * rows);
+    int count = c0 < g.n && first < end ? static_cast<int>((end - first + 7) / 8) : 0;
+    pipelined_rows<kSumStages, Terms::kInputs>(
+        count, stage, [&](int j, int k) { return terms.input(k, first + 8 * j, c0); },
+        [&](int j, auto piece) {
+          auto const& d = *reinterpret_cast<Group<T, V> const*>(piece(0));
+          auto const& x = *reinterpret_cast<Group<T, V> const*>(piece(1));
+          store_group<T, V>(dh + (first + 8 * j) * g.n + c0, grad_input<T, T, V>(col, d, x));
+        });
+  }
+}
+
 // The backward for a block that holds every row of its columns, dy's and h's, in shared memory
 // (two slabs, as batch_norm_train_slab_kernel holds h): the sums in chunk_partials' and
 // reduce_partials' orders, so the two passes' bits, then dh, dscale, dweight and dbias, in one
@@ -1246,24 +1291,25 @@ void allow_slab() {
   });
 }
 
-// Launches the cooperative training tail Kernel with 32 x 8 threads a block, all blocks resident
-// at once as its grid barrier needs: its grid is at most what the occupancy calculator fits.
-template <auto Kernel>
-void launch_cooperative(TrainArgs const& a, int rows, int chunks, int v, cudaStream_t stream) {
+// Launches a cooperative Kernel(args, rows, chunks, groups) over the (column group of v columns,
+// row chunk) items of n columns, 32 x 8 threads a block, all blocks resident at once as its grid
+// barrier needs: its grid is at most what the occupancy calculator fits on sm_count SMs.
+template <auto Kernel, class Args>
+void launch_cooperative(Args const& args, int n, int sm_count, int rows, int chunks, int v, cudaStream_t stream,
+                        char const* what) {
   static DeviceCache per_sm{};
-  int fit = once_per_device(per_sm, current_device(), [] {
+  int fit = once_per_device(per_sm, current_device(), [what] {
     int blocks_per_sm = 0;
-    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, Kernel, 256, 0),
-               "batch_norm_train occupancy");
+    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, Kernel, 256, 0), what);
     return blocks_per_sm;
   });
-  int groups = static_cast<int>(blocks(a.norm.n, 32 * v));
-  int grid = std::max(1, std::min(groups * chunks, fit * a.sm_count));
-  TrainArgs args = a;
-  void* params[] = {&args, &rows, &chunks, &groups};
+  int groups = static_cast<int>(blocks(n, 32 * v));
+  int grid = std::max(1, std::min(groups * chunks, fit * sm_count));
+  Args copy = args;
+  void* params[] = {&copy, &rows, &chunks, &groups};
   check_cuda(cudaLaunchCooperativeKernel(reinterpret_cast<void const*>(Kernel), dim3(grid), dim3(32, 8), params, 0,
                                          stream),
-             "batch_norm_train");
+             what);
 }
 
 // The tail for `a` (see TrainArgs::tail), with its slab pieces; throws where a forced tail
@@ -1312,9 +1358,11 @@ void batch_norm_train(TrainArgs const& a, cudaStream_t stream) {
       } else if (vec) {
         // R = 2: with 4 rows in flight the kernel spills under its 64 registers
         // and ran 30-40% slower (H100, benchmarks/NOTES.md v0.8).
-        launch_cooperative<batch_norm_train_kernel<T, TO, V, 2, P>>(a, rows, chunks, V, stream);
+        launch_cooperative<batch_norm_train_kernel<T, TO, V, 2, P>>(a, f.n, a.sm_count, rows, chunks, V, stream,
+                                                                     "batch_norm_train");
       } else {
-        launch_cooperative<batch_norm_train_kernel<T, TO, 1, 2, P>>(a, rows, chunks, 1, stream);
+        launch_cooperative<batch_norm_train_kernel<T, TO, 1, 2, P>>(a, f.n, a.sm_count, rows, chunks, 1, stream,
+                                                                     "batch_norm_train");
       }
     };
     if constexpr (sizeof(T) == 2) {
@@ -1343,17 +1391,29 @@ size_t batch_norm_backward_workspace(int m, int n) {
   return column_stats_workspace(m, n) + 2 * sizeof(double) * static_cast<size_t>(n);
 }
 
-// The backward's slab kernel where it measured faster: as the training tail's (kSlabRows), with
-// dy in h's dtype. (Measured: benchmarks/NOTES.md v0.18.)
-bool backward_slab(BackwardArgs const& g, int bytes, int* pieces) {
-  bool possible = g.dt_dy == g.dt && can_vectorize_bytes(bytes, g.n, g.ldh, {g.dy, g.h, g.dh});
-  bool forced = g.kernels == BackwardKernels::slab;
-  *pieces = possible ? slab_pieces(g.m, g.n, 16 / bytes, 2, g.sm_count, forced) : 0;
-  if (forced && *pieces == 0)
-    throw std::runtime_error("cutlass_fused: the slab backward needs dy in h's dtype, 16-byte aligned columns and "
-                             "at most " + std::to_string(kSlabBytes / 64) + " rows of 32 bytes");
-  if (g.kernels == BackwardKernels::automatic) return bytes == 2 && g.m <= kSlabRows && *pieces >= 4;
-  return forced;
+// The backward's kernels for g (see BackwardArgs::kernels), with the slab kernel's pieces; throws
+// where a forced kernel cannot run. The slab kernel where it measured faster: as the training
+// tail's (kSlabRows), with dy in h's dtype (benchmarks/NOTES.md v0.18). The cooperative kernel:
+// dy in h's dtype and 16-byte groups, more rows than the slab kernel takes.
+BackwardKernels pick_backward(BackwardArgs const& g, int bytes, int* pieces) {
+  bool streams = g.dt_dy == g.dt && can_vectorize_bytes(bytes, g.n, g.ldh, {g.dy, g.h, g.dh});
+  *pieces = streams ? slab_pieces(g.m, g.n, 16 / bytes, 2, g.sm_count, g.kernels == BackwardKernels::slab) : 0;
+  switch (g.kernels) {
+    case BackwardKernels::automatic:
+      if (bytes == 2 && g.m <= kSlabRows && *pieces >= 4) return BackwardKernels::slab;
+      return bytes == 2 && streams && g.m > kSlabRows ? BackwardKernels::cooperative : BackwardKernels::passes;
+    case BackwardKernels::slab:
+      if (*pieces == 0)
+        throw std::runtime_error("cutlass_fused: the slab backward needs dy in h's dtype, 16-byte aligned columns and "
+                                 "at most " + std::to_string(kSlabBytes / 64) + " rows of 32 bytes");
+      return BackwardKernels::slab;
+    case BackwardKernels::cooperative:
+      if (!streams)
+        throw std::runtime_error("cutlass_fused: the cooperative backward needs dy in h's dtype and 16-byte aligned "
+                                 "columns");
+      return BackwardKernels::cooperative;
+    default: return BackwardKernels::passes;
+  }
 }
 
 void batch_norm_backward(BackwardArgs const& g, cudaStream_t stream) {
@@ -1362,15 +1422,21 @@ void batch_norm_backward(BackwardArgs const& g, cudaStream_t stream) {
   dispatch_pair(g.dt, g.dt_dy, [&](auto t, auto ty) {
     using T = decltype(t);
     using TY = decltype(ty);
+    constexpr int V = 16 / sizeof(T);
     int pieces = 0;
-    if (backward_slab(g, sizeof(T), &pieces)) {
-      if constexpr (std::is_same_v<T, TY>) {
-        constexpr int V = 16 / sizeof(T);
+    BackwardKernels kernels = pick_backward(g, sizeof(T), &pieces);
+    if constexpr (std::is_same_v<T, TY>) {
+      if (kernels == BackwardKernels::slab) {
         constexpr auto kernel = batch_norm_backward_slab_kernel<T, V>;
         allow_slab<kernel>();
         int chunks = stat_chunks(g.m);
         size_t smem = slab_smem<GradColumn<Acc<T>>>(g.m, 2, chunks, pieces, V);
         kernel<<<blocks(g.n, pieces * V), 256, smem, stream>>>(g, stat_rows(g.m), chunks, pieces);
+        return;
+      }
+      if (kernels == BackwardKernels::cooperative) {
+        launch_cooperative<batch_norm_backward_kernel<T, V>>(g, g.n, g.sm_count, stat_rows(g.m), stat_chunks(g.m), V,
+                                                             stream, "batch_norm_backward");
         return;
       }
     }

@@ -110,9 +110,9 @@ void update_running_stats(int n, double const* stats, ColVec scale, double count
                           ColOut running_var, int64_t const* num_batches_tracked, double momentum,
                           cudaStream_t stream);
 
-// The backward's kernels: automatic picks by shape; the others force the two passes or the slab
-// kernel (tests compare their bits), which throws where it cannot run.
-enum class BackwardKernels { automatic, passes, slab };
+// The backward's kernels: automatic picks by shape; the others force the two passes, the slab
+// kernel or the cooperative kernel (tests compare their bits), which throw where they cannot run.
+enum class BackwardKernels { automatic, passes, slab, cooperative };
 
 struct BackwardArgs {
   DType dt;                       // of h and dh
@@ -128,7 +128,8 @@ struct BackwardArgs {
   double eps;
   ColOut dscale, dweight, dbias;  // n each
   void* workspace;                // batch_norm_backward_workspace(m, n) bytes
-  int sm_count = 0;               // of the device (the slab kernel's grid should fill it)
+  int sm_count = 0;               // of the device (the slab kernel's grid should fill it, the
+                                  // cooperative kernel's must be co-resident)
   BackwardKernels kernels = BackwardKernels::automatic;
 };
 
@@ -138,7 +139,8 @@ struct BackwardArgs {
 // follow from the sums. Nothing divides by scale or weight. fp32 data is
 // evaluated in fp64 and rounded once; bf16/f16 in fp32, far below their rounding.
 // 16-bit batches of 129-512 rows with dy in h's dtype take one kernel whose blocks hold
-// every row of their columns (the slab kernel, see Tail): the same sums, the same bits.
+// every row of their columns (the slab kernel, see Tail), larger ones one cooperative kernel
+// (both passes with a grid barrier between them): the same sums, the same bits.
 size_t batch_norm_backward_workspace(int m, int n);
 void batch_norm_backward(BackwardArgs const& a, cudaStream_t stream);
 
