@@ -1063,9 +1063,13 @@ __global__ void grad_input_kernel(BackwardArgs g, double const* __restrict__ sum
 // column sums' chunk partials (column_partials' items and order), one grid barrier, then each
 // item's column totals in reduce_partials' order and dh over its chunk's rows, which the same
 // block read before the barrier (from L2 where dy and h fit there). The two passes' bits, in one
-// launch instead of three. dy in h's dtype, 16-byte groups (the pipelined rows).
+// launch instead of three. dy in h's dtype, 16-byte groups (the pipelined rows). 80 registers
+// (kBackwardBlocksPerSm): 12-92 bytes of stack; at two blocks an SM it would have none.
+constexpr int kBackwardBlocksPerSm = 3;
+
 template <class T, int V>
-__global__ void __launch_bounds__(256, 3) batch_norm_backward_kernel(BackwardArgs g, int rows, int chunks, int groups) {
+__global__ void __launch_bounds__(256, kBackwardBlocksPerSm) batch_norm_backward_kernel(BackwardArgs g, int rows,
+                                                                                        int chunks, int groups) {
   using A = Acc<T>;
   using Terms = GradSums<T, T>;
   static_assert(pipelined_sums<Terms, V>(), "the cooperative backward streams 16-byte groups of dy and h");
@@ -1393,15 +1397,22 @@ size_t batch_norm_backward_workspace(int m, int n) {
 
 // The backward's kernels for g (see BackwardArgs::kernels), with the slab kernel's pieces; throws
 // where a forced kernel cannot run. The slab kernel where it measured faster: as the training
-// tail's (kSlabRows), with dy in h's dtype (benchmarks/NOTES.md v0.18). The cooperative kernel:
-// dy in h's dtype and 16-byte groups, more rows than the slab kernel takes.
+// tail's (kSlabRows), with dy in h's dtype (benchmarks/NOTES.md v0.18). The cooperative kernel
+// (dy in h's dtype, 16-byte groups) for 16-bit batches past that where every block takes one
+// item a phase. GPU us, passes -> cooperative (H100, benchmarks/NOTES.md v0.19): bf16 768 x 8192
+// 34.8 -> 27.3, fp16 32.5 -> 23.8; with two items a block or more it lost: bf16 1024 x 8192 43.7
+// -> 54.2, 2048 x 8192 80.3 -> 92.5, 4096 x 4096 76.3 -> 92.3, 16384 x 4096 246.3 -> 306.1.
 BackwardKernels pick_backward(BackwardArgs const& g, int bytes, int* pieces) {
   bool streams = g.dt_dy == g.dt && can_vectorize_bytes(bytes, g.n, g.ldh, {g.dy, g.h, g.dh});
   *pieces = streams ? slab_pieces(g.m, g.n, 16 / bytes, 2, g.sm_count, g.kernels == BackwardKernels::slab) : 0;
+  int64_t items = int64_t{blocks(g.n, 32 * (16 / bytes))} * stat_chunks(g.m);
   switch (g.kernels) {
     case BackwardKernels::automatic:
-      if (bytes == 2 && g.m <= kSlabRows && *pieces >= 4) return BackwardKernels::slab;
-      return bytes == 2 && streams && g.m > kSlabRows ? BackwardKernels::cooperative : BackwardKernels::passes;
+      if (bytes != 2) return BackwardKernels::passes;
+      if (g.m <= kSlabRows && *pieces >= 4) return BackwardKernels::slab;
+      return streams && g.m > kSlabRows && items <= int64_t{kBackwardBlocksPerSm} * g.sm_count
+                 ? BackwardKernels::cooperative
+                 : BackwardKernels::passes;
     case BackwardKernels::slab:
       if (*pieces == 0)
         throw std::runtime_error("cutlass_fused: the slab backward needs dy in h's dtype, 16-byte aligned columns and "

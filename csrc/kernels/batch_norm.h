@@ -139,8 +139,9 @@ struct BackwardArgs {
 // follow from the sums. Nothing divides by scale or weight. fp32 data is
 // evaluated in fp64 and rounded once; bf16/f16 in fp32, far below their rounding.
 // 16-bit batches of 129-512 rows with dy in h's dtype take one kernel whose blocks hold
-// every row of their columns (the slab kernel, see Tail), larger ones one cooperative kernel
-// (both passes with a grid barrier between them): the same sums, the same bits.
+// every row of their columns (the slab kernel, see Tail), somewhat larger ones (one block an
+// item) one cooperative kernel (both passes with a grid barrier between them): the same sums,
+// the same bits.
 size_t batch_norm_backward_workspace(int m, int n);
 void batch_norm_backward(BackwardArgs const& a, cudaStream_t stream);
 
