@@ -88,7 +88,9 @@ constexpr TunedKernel kTunedKernels[] = {
 // every call).
 KernelInfo const* find_kernel(Family family, KernelDtype dtype, Mode mode, int m, int n, int k, int sm_count) {
   char const* forced = std::getenv("CUTLASS_FUSED_KERNEL");
-  auto serves = [&](KernelInfo const* row) { return row->family == family && row->dtype == dtype && row->mode == mode; };
+  auto serves = [&](KernelInfo const* row) {
+    return row->family == family && row->dtype == dtype && row->mode == mode;
+  };
   for (auto const* row = kernels_begin(); forced != nullptr && row != kernels_end(); ++row) {
     if (serves(row) && !std::strcmp(row->name, forced)) return row;
   }
