@@ -1,18 +1,17 @@
 """The batch-norm backward's GPU time by kernel choice: the two passes (column sums, then dh)
-against the slab kernel or the cooperative kernel (CUTLASS_FUSED_BACKWARD), summed over the kernels a call launches
-(torch.profiler, 20 calls a round, median of rounds), the choices timed in turn, the order
-reversed every other round.
+against the slab kernel or the cooperative kernel (CUTLASS_FUSED_BACKWARD), summed over the
+kernels a call launches (torch.profiler, 20 calls a round, median of rounds), the choices timed
+in turn, the order reversed every other round.
 
     python benchmarks/backward_time.py [--dtype bf16 --dtype f16 ...] [--shape B,N ...] [--rounds 3]
                                        [--kernels passes --kernels cooperative ...]
 """
 import argparse
-import os
 import statistics
 
 import torch
 
-from cutlass_fused.bench import profile
+from cutlass_fused.bench import alternating, env_var, profile
 from cutlass_fused.ops import ops
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
@@ -28,28 +27,21 @@ def main():
                     help="repeatable; default: passes and slab")
     args = ap.parse_args()
     choices = args.kernels or ["passes", "slab"]
-    old = os.environ.get("CUTLASS_FUSED_BACKWARD")
-    try:
-        for dtype in args.dtype or ["bf16"]:
-            for m, n in args.shape or SHAPES:
-                h = torch.randn(m, n, device="cuda").to(DTYPES[dtype])
-                scale, gamma = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
-                stats = torch.stack([h.double().sum(0), (h.double() ** 2).sum(0)])
-                _, mean, invstd = ops.batch_norm_finalize(h, stats, scale, m, gamma, None, 1e-5)
-                dy = torch.randn_like(h)
-                call = lambda: ops.batch_norm_backward(dy, h, mean, invstd, scale, gamma, 1e-5)
-                us = {c: [] for c in choices}
-                for r in range(args.rounds):
-                    for c in choices if r % 2 == 0 else choices[::-1]:
-                        os.environ["CUTLASS_FUSED_BACKWARD"] = c
-                        us[c].append(sum(profile(call, calls=20)[1].values()))
-                print(f"{dtype} {m}x{n}: " + ", ".join(
-                    f"{c} {statistics.median(v):6.1f} us (rounds {', '.join(f'{t:.1f}' for t in v)})"
-                    for c, v in us.items()), flush=True)
-    finally:
-        os.environ.pop("CUTLASS_FUSED_BACKWARD", None)
-        if old is not None:
-            os.environ["CUTLASS_FUSED_BACKWARD"] = old
+    for dtype in args.dtype or ["bf16"]:
+        for m, n in args.shape or SHAPES:
+            h = torch.randn(m, n, device="cuda").to(DTYPES[dtype])
+            scale, gamma = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+            stats = torch.stack([h.double().sum(0), (h.double() ** 2).sum(0)])
+            _, mean, invstd = ops.batch_norm_finalize(h, stats, scale, m, gamma, None, 1e-5)
+            dy = torch.randn_like(h)
+            call = lambda: ops.batch_norm_backward(dy, h, mean, invstd, scale, gamma, 1e-5)
+            us = {c: [] for c in choices}
+            for c in alternating(choices, args.rounds):
+                with env_var("CUTLASS_FUSED_BACKWARD", c):
+                    us[c].append(sum(profile(call, calls=20)[1].values()))
+            print(f"{dtype} {m}x{n}: " + ", ".join(
+                f"{c} {statistics.median(v):6.1f} us (rounds {', '.join(f'{t:.1f}' for t in v)})"
+                for c, v in us.items()), flush=True)
 
 
 if __name__ == "__main__":

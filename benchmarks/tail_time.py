@@ -8,12 +8,11 @@ change to the tail is judged by its own microseconds and by the ratio users see.
 --tail times each forced tail (CUTLASS_FUSED_TAIL) in turn, the order reversed every other round.
 """
 import argparse
-import os
 import statistics
 
 import torch
 
-from cutlass_fused.bench import DTYPES, Case, median_ms, profile
+from cutlass_fused.bench import DTYPES, Case, alternating, env_var, median_ms, profile
 
 SHAPES = [(1024, 8192, 8192), (16384, 4096, 4096), (4096, 4096, 4096)]
 
@@ -26,7 +25,7 @@ def main():
     ap.add_argument("--tail", action="append", choices=["cooperative", "slab", "small"])
     args = ap.parse_args()
     tails = args.tail or [None]
-    old_tf32, old_tail = torch.backends.cuda.matmul.allow_tf32, os.environ.get("CUTLASS_FUSED_TAIL")
+    old_tf32 = torch.backends.cuda.matmul.allow_tf32
     try:
         for dtype in args.dtype or ["bf16", "tf32"]:
             torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
@@ -34,9 +33,8 @@ def main():
                 case = Case(shape, dtype, torch.device("cuda"))
                 train, mm = case.fn("cutlass_fused", "train"), case.fn("torch.mm", "train")
                 gemm, tail, ratio = ({t: [] for t in tails} for _ in range(3))
-                for r in range(args.rounds):
-                    for t in tails if r % 2 == 0 else tails[::-1]:
-                        os.environ["CUTLASS_FUSED_TAIL"] = t or ""
+                for t in alternating(tails, args.rounds):
+                    with env_var("CUTLASS_FUSED_TAIL", t or ""):
                         _, kernels = profile(train, calls=20)
                         # The GEMM is the longest kernel; the tail, the other one (two launches a forward).
                         times = sorted(kernels.values(), reverse=True)
@@ -50,9 +48,6 @@ def main():
                           f"train x mm {statistics.median(ratio[t]):.3f}", flush=True)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old_tf32
-        os.environ.pop("CUTLASS_FUSED_TAIL", None)
-        if old_tail is not None:
-            os.environ["CUTLASS_FUSED_TAIL"] = old_tail
 
 
 if __name__ == "__main__":

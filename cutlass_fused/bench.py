@@ -14,6 +14,7 @@ times. Without a GPU it checks the layer against float64, times it against
 eager on the CPU, and exits 0.
 """
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -36,6 +37,28 @@ IMPLS = ("torch.mm", "eager", "compile", "compile-max-autotune", "cutlass_fused"
 GEMMS = {"train": 1, "eval": 1, "fwdbwd": 3}
 # Error floor of the correctness check: one output rounding step of an O(1) value.
 FLOOR = {"bf16": 2e-2, "f16": 3e-3, "tf32": 2e-3, "f32": 1e-5}
+
+
+def alternating(items, rounds):
+    """items in turn, `rounds` times over, the order reversed every other round, so that no item
+    always runs first or last: the GPU's clocks drift as it heats, and 2-4% leads of one run did not
+    repeat in the next (benchmarks/NOTES.md v0.17)."""
+    for r in range(rounds):
+        yield from (items if r % 2 == 0 else items[::-1])
+
+
+@contextlib.contextmanager
+def env_var(name, value):
+    """$name set to value inside the block, and as it was after it."""
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
 
 
 def median_ms(fn, cuda):

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 import cutlass_fused
-from cutlass_fused.bench import SHAPES, Case, median_ms, meta, parse_shape
+from cutlass_fused.bench import SHAPES, Case, alternating, median_ms, meta, parse_shape
 
 
 def main(argv=None):
@@ -74,12 +74,9 @@ def run(args, argv):
         mm = case.fn("torch.mm", "train")
         cands = [Candidate(case, n, stem, args.family, s, r) for n in names for s, r in orders]
         # Each candidate is timed right after torch.mm, in every round: the GPU's clocks drift as
-        # it heats (H100: ~6% over a tuning run), and the ratio of neighbours cancels that. The
-        # order is reversed every other round, so that no candidate always runs first or last
-        # (2-4% leads of one run did not repeat in the next: benchmarks/NOTES.md v0.17).
-        for r in range(args.rounds):
-            for c in cands if r % 2 == 0 else cands[::-1]:
-                c.time(mm)
+        # it heats (H100: ~6% over a tuning run), and the ratio of neighbours cancels that.
+        for c in alternating(cands, args.rounds):
+            c.time(mm)
         for c in cands:
             rows.append(c.report())
     out = Path(args.out)

@@ -74,3 +74,19 @@ def test_tune_times_each_tile_order_in_rounds(tmp_path):
     rows = json.loads((tmp_path / "tune.json").read_text())["rows"]
     assert [(r["swizzle"], r["raster"]) for r in rows] == [("auto", "-"), ("auto", "m"), ("8", "-"), ("8", "m")]
     assert all(r["kernel"] == name and r["eval_x_mm"] > 0 and r["train_x_mm"] > 0 for r in rows)
+
+
+def test_alternating_reverses_every_other_round():
+    """The timing order of bench's tools (tune, benchmarks/*_time.py): no item always first."""
+    assert list(bench.alternating(["a", "b", "c"], 3)) == ["a", "b", "c", "c", "b", "a", "a", "b", "c"]
+
+
+@pytest.mark.parametrize("before", [None, "slab"])
+def test_env_var_restores(monkeypatch, before):
+    if before is None:
+        monkeypatch.delenv("CUTLASS_FUSED_TAIL", raising=False)
+    else:
+        monkeypatch.setenv("CUTLASS_FUSED_TAIL", before)
+    with bench.env_var("CUTLASS_FUSED_TAIL", "small"):
+        assert bench.os.environ["CUTLASS_FUSED_TAIL"] == "small"
+    assert bench.os.environ.get("CUTLASS_FUSED_TAIL") == before

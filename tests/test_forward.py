@@ -209,7 +209,7 @@ def test_launches_per_forward(family, training, launches):
 
 
 # The training tails (CUTLASS_FUSED_TAIL) must write the same bits, with the statistics GEMM's
-# sums (bf16 and fp32 at the three larger shapes take it) and without them (fp16; STATS=0), and
+# sums (16-bit and fp32 at the three larger shapes take it) and without them (STATS=0), and
 # for columns whose tile sums are not trusted (a bias 1000x their spread sends them to the exact
 # pass). Slab rows of 128, 64 and 32 bytes (at most 512, 1024 and 2048 rows); a last slab with
 # some columns (1032) or a slab wider than the layer (24); 200 and 3 rows take the small tail too.
