@@ -155,6 +155,11 @@ _SM90 += [Kernel("sm90", "f16", "stats", (128, 256, 64), (1, 1, 1)),
 # find_kernel switches to them by tile count (csrc/kernels/registry.cpp).
 _SM90 += [Kernel("sm90", dt, "eval", tile, (1, 2, 1))
           for dt in ("bf16", "f16") for tile in ((128, 128, 64), (128, 64, 64))]
+# At 256 rows of 8192 -> 8192 the pair of CTAs along the batch shares W's tile (the operand
+# that streams from memory there) instead of x's: eval x torch.mm 1.043 against 1.080 for
+# c1x2 (registry.cpp's kTunedKernels). It lost at 128, 384 and 512 rows and at 256 x 4096^2,
+# and a 1x4 cluster of 128x64 tiles lost everywhere (benchmarks/NOTES.md, v0.20).
+_SM90 += [Kernel("sm90", "bf16", "eval", (128, 128, 64), (2, 1, 1))]
 
 # sm90 fp32 without TF32: the TF32 kernel run over operands split for 3xTF32
 # (the binding splits them, K tripled) with accumulator promotion

@@ -67,6 +67,18 @@ def test_tuned_kernel_by_shape(shape, kernel, dtype, monkeypatch):
     assert len(names) == 1 and f"sm90_{dtype}_{kernel}" in next(iter(names)), names
 
 
+# The eval entry: 256 x 8192^2 in bf16 takes the CTA pair along the batch, a neighbour the rule's
+# 128x128 tile with the pair along the features, and fp16 (no such row) the rule's too.
+@pytest.mark.skipif(not HOPPER, reason="the sm90 family's tiles need a Hopper GPU")
+@pytest.mark.parametrize("shape,dtype,kernel", [((256, 8192, 8192), "bf16", "eval_128x128x64_c2x1x1"),
+                                                ((256, 8192, 8192 - 128), "bf16", "eval_128x128x64_c1x2x1"),
+                                                ((256, 8192, 8192), "f16", "eval_128x128x64_c1x2x1")])
+def test_tuned_eval_kernel_by_shape(shape, dtype, kernel, monkeypatch):
+    monkeypatch.delenv("CUTLASS_FUSED_KERNEL", raising=False)
+    names = gemm_kernels(*shape, dtype=dtype)
+    assert len(names) == 1 and f"sm90_{dtype}_{kernel}" in next(iter(names)), names
+
+
 # The training tail by shape (csrc/kernels/batch_norm.cu, pick_tail): 16-bit h in registers at
 # <= 128 rows, in a shared-memory slab of every row at 129-512 rows where slabs of 64-byte rows
 # fill the GPU (8192 columns: 256 slabs of 32; 4096 columns would need 32-byte rows), the

@@ -64,8 +64,8 @@ KernelInfo const* kernels_end() { return kTable + sizeof(kTable) / sizeof(kTable
 namespace {
 
 // Kernels measured faster than find_kernel's rule on one GEMM problem (stats kernels: m features,
-// n batch rows), with python -m cutlass_fused.tune --rounds 3 on an H100 (benchmarks/NOTES.md
-// v0.19).
+// n batch rows; eval kernels the reverse), with python -m cutlass_fused.tune --rounds 3 on an
+// H100 (benchmarks/NOTES.md v0.19, v0.20).
 struct TunedKernel {
   KernelId kernel;
   int m, n, k;
@@ -76,6 +76,9 @@ constexpr TunedKernel kTunedKernels[] = {
     // at 16384 x 4096^2 and 4096^3 in both dtypes (1-3%) and was mixed at 2048 x 8192^2.
     {KernelId::sm90_bf16_stats_128x256x64_c1x1x1, 8192, 1024, 8192},
     {KernelId::sm90_f16_stats_128x256x64_c1x1x1, 8192, 1024, 8192},
+    // bf16 eval at 256 x 8192^2 with the CTA pair along the batch, eval x torch.mm c1x2 -> c2x1:
+    // 1.080 -> 1.043.
+    {KernelId::sm90_bf16_eval_128x128x64_c2x1x1, 256, 8192, 8192},
 };
 
 }  // namespace
