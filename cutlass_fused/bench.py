@@ -259,6 +259,14 @@ def parse_shape(s):
     return b, i, o
 
 
+def run_shapes(shapes, sweep, cuda):
+    """--shape's shapes, then the sweep's (once each, in one results file); without either,
+    the default shapes."""
+    if shapes or sweep:
+        return list(dict.fromkeys((shapes or []) + sweep))
+    return SHAPES if cuda else [(128, 1024, 512)]
+
+
 def run(args, argv):
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
@@ -272,11 +280,10 @@ def run(args, argv):
     if args.autocast and not cuda and args.dtype != "bf16":
         raise SystemExit("cutlass_fused.bench: CPU autocast runs bf16")
     torch.backends.cuda.matmul.allow_tf32 = args.dtype == "tf32"
-    shapes = args.shape or (SHAPES if cuda else [(128, 1024, 512)])
-    if args.sweep:
-        shapes = [(b, 8192, 8192) for b in SWEEP]
+    sweep = [(b, 8192, 8192) for b in SWEEP] if args.sweep else []
+    shapes = run_shapes(args.shape, sweep, cuda)
     impls = args.impl or (IMPLS if cuda else ("torch.mm", "eager", "cutlass_fused"))
-    modes = args.mode or (("train", "eval") if args.sweep else MODES)
+    modes = args.mode or (("train", "eval") if args.sweep and not args.shape else MODES)
     graph_opts = [False, True] if args.graphs and cuda else [False]
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -290,7 +297,7 @@ def run(args, argv):
                    dynamic_ncols=True)
     except ImportError:
         bar = None
-    name = "sweep.json" if args.sweep else "results.json"
+    name = "sweep.json" if args.sweep and not args.shape else "results.json"
     for shape in shapes:
         torch._dynamo.reset()
         case = Case(shape, args.dtype, device, args.autocast)
@@ -355,7 +362,12 @@ def run(args, argv):
         print(f"check {c['mode']:5s} {'x'.join(map(str, c['shape']))} {c['dtype']}: max|y - float64| "
               f"ours {c['err_ours']:.3e}, eager {c['err_eager']:.3e} [ok]")
     if cuda:
-        plot(result, out_dir / ("sweep.png" if args.sweep else "results.png"), args.sweep)
+        if args.shape:
+            plot(result, out_dir / "results.png", [r for r in rows if tuple(r["shape"]) in args.shape])
+        if sweep:
+            plot(result, out_dir / "sweep.png", [r for r in rows if tuple(r["shape"]) in sweep], sweep=True)
+        if not args.shape and not sweep:
+            plot(result, out_dir / "results.png", rows)
     print(f"wrote {out_dir / name}")
     return 0
 
@@ -448,7 +460,7 @@ def table(result, markdown=False):
     return "\n".join([fmt_line(head)] + [fmt_line(line) for line in lines])
 
 
-def plot(result, path, sweep):
+def plot(result, path, rows, sweep=False):
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -456,7 +468,9 @@ def plot(result, path, sweep):
     except ImportError:
         print("cutlass_fused.bench: matplotlib missing (pip install .[bench]): no plot", file=sys.stderr)
         return
-    rows = [r for r in result["rows"] if not r["graphs"] and r["impl"] != "torch.mm"]
+    rows = [r for r in rows if not r["graphs"] and r["impl"] != "torch.mm"]
+    if not rows:
+        return
     modes = sorted({r["mode"] for r in rows}, key=MODES.index)
     impls = [i for i in IMPLS if any(r["impl"] == i for r in rows)]
     fig, axes = plt.subplots(1, len(modes), figsize=(5.5 * len(modes), 4.2), squeeze=False)
@@ -503,7 +517,8 @@ def main(argv=None):
                     help="fp32 models and inputs under torch.autocast(dtype=--dtype), which must be bf16 or f16")
     ap.add_argument("--impl", choices=IMPLS, action="append", help="repeatable; default: all")
     ap.add_argument("--graphs", action="store_true", help="add rows with each call captured in a CUDA graph")
-    ap.add_argument("--sweep", action="store_true", help="batch 128..16384 at 8192 -> 8192")
+    ap.add_argument("--sweep", action="store_true",
+                    help="batch 128..16384 at 8192 -> 8192 (after any --shape, in the same results file)")
     ap.add_argument("--profile", action="store_true", help="per-kernel GPU time split and Chrome traces")
     ap.add_argument("--rounds", type=int, default=1,
                     help="times each row (and its torch.mm) this many times; medians are reported")

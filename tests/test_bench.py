@@ -90,3 +90,13 @@ def test_env_var_restores(monkeypatch, before):
     with bench.env_var("CUTLASS_FUSED_TAIL", "small"):
         assert bench.os.environ["CUTLASS_FUSED_TAIL"] == "small"
     assert bench.os.environ.get("CUTLASS_FUSED_TAIL") == before
+
+
+def test_run_shapes_puts_the_sweep_after_the_shapes():
+    """--shape with --sweep: one results file holds both (issue 7's record), each shape once."""
+    sweep = [(b, 8192, 8192) for b in bench.SWEEP]
+    assert bench.run_shapes([(1024, 8192, 8192), (4096, 4096, 4096)], sweep, True) == \
+        [(1024, 8192, 8192), (4096, 4096, 4096)] + [s for s in sweep if s != (1024, 8192, 8192)]
+    assert bench.run_shapes(None, sweep, True) == sweep
+    assert bench.run_shapes(None, [], True) == bench.SHAPES
+    assert bench.run_shapes([(2, 3, 4)], [], False) == [(2, 3, 4)]
