@@ -240,8 +240,8 @@ void bump_versions(std::initializer_list<OptTensor const*> ts) {
 // The ops that update running stats bump their versions, as nn.BatchNorm1d's
 // in-place update does (also under inference_mode, which skips Autograd but
 // not this key): a graph that saved them (an eval forward's) then refuses to
-// backward through stale values, and the caches keyed on versions
-// (tensor_stamp.h: the eval fold) see the change.
+// backward through stale values, and a fold kept inside frozen_weights()
+// (derived_cache.h) is made anew.
 TrainOut train_in_place(at::Tensor const& x, at::Tensor const& weight, OptTensor const& bias, at::Tensor const& scale,
                         OptTensor const& bn_weight, OptTensor const& bn_bias, OptTensor const& running_mean,
                         OptTensor const& running_var, OptTensor const& num_batches_tracked,

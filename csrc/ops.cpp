@@ -18,6 +18,7 @@
 
 #include "ops.h"
 #if defined(CUTLASS_FUSED_WITH_CUDA)
+#include "derived_cache.h"
 #include "kernels/gemm_evt.h"
 #endif
 
@@ -102,16 +103,24 @@ std::vector<std::string> kernel_names() {
   return out;
 }
 
+void clear_cache() {
+#if defined(CUTLASS_FUSED_WITH_CUDA)
+  clear_derived();
+#endif
+}
+
 }  // namespace
 
 TORCH_LIBRARY(cutlass_fused, m) {
   // `cache`: whether the GEMM ops may keep what they derive from parameters (the
-  // weight's 3xTF32 split, the eval fold) for the next call. functional.py turns
-  // it off while torch.compile traces: Inductor's CUDA-graph warm-up allocates
-  // from the graph's private pool, which must hold no tensor a cache outlives.
+  // weight's 3xTF32 split, the eval fold) for the next call: set by Python only
+  // inside cutlass_fused.frozen_weights(), where the user promises no writes
+  // through `.data` (which no version counter sees; csrc/derived_cache.h), and
+  // never while torch.compile traces (Inductor's CUDA-graph warm-up allocates
+  // from the graph's private pool, which must hold no tensor a cache outlives).
   //
   // The training forward in two steps, so SyncBN can all-reduce `stats` between them.
-  m.def("linear_stats(Tensor x, Tensor weight, Tensor? bias, str family, bool deterministic, bool cache=True)"
+  m.def("linear_stats(Tensor x, Tensor weight, Tensor? bias, str family, bool deterministic, bool cache=False)"
         " -> (Tensor h, Tensor stats)");
   m.def(
       "batch_norm_finalize(Tensor h, Tensor stats, Tensor scale, SymInt count, Tensor? weight, Tensor? bias, float eps)"
@@ -121,7 +130,7 @@ TORCH_LIBRARY(cutlass_fused, m) {
   m.def(
       "linear_scale_batch_norm_train(Tensor x, Tensor weight, Tensor? bias, Tensor scale, Tensor? bn_weight,"
       " Tensor? bn_bias, Tensor(a!)? running_mean, Tensor(b!)? running_var, Tensor(c!)? num_batches_tracked,"
-      " float? momentum, float eps, str family, bool deterministic, bool cache=True)"
+      " float? momentum, float eps, str family, bool deterministic, bool cache=False)"
       " -> (Tensor y, Tensor h, Tensor stats, Tensor mean, Tensor invstd)");
   m.def(
       "update_running_stats(Tensor stats, Tensor scale, SymInt count, Tensor(a!) running_mean, Tensor(b!) running_var,"
@@ -131,11 +140,13 @@ TORCH_LIBRARY(cutlass_fused, m) {
       " -> (Tensor dh, Tensor dscale, Tensor dweight, Tensor dbias)");
   m.def(
       "linear_scale_batch_norm_eval(Tensor x, Tensor weight, Tensor? bias, Tensor scale, Tensor? bn_weight,"
-      " Tensor? bn_bias, Tensor running_mean, Tensor running_var, float eps, str family, bool cache=True) -> Tensor");
+      " Tensor? bn_bias, Tensor running_mean, Tensor running_var, float eps, str family, bool cache=False) -> Tensor");
   // a @ b in the precision of the layer's forward for `family` (3xTF32 for fp32
   // without TF32 on sm90; torch.mm otherwise): the backward's dX and dW GEMMs.
   m.def("matmul(Tensor a, Tensor b, str family) -> Tensor");
   m.def("kernel_names() -> str[]", &kernel_names);
+  // Drops every value kept under `cache` (frozen_weights' exit).
+  m.def("clear_cache() -> ()", &clear_cache);
 }
 
 }  // namespace cutlass_fused

@@ -132,8 +132,8 @@ void const* ptr_or_null(c10::optional<at::Tensor> const& t) { return t.has_value
 // The sm80 family's fp32 GEMM (CUTLASS's in-kernel 3xTF32) turns an infinite
 // operand into NaN; csrc/kernels/inf_fix.h rewrites the outputs that x's and
 // W's infinite rows reach, after the GEMM (out = (h + b) * a + c, b fp32).
-// Where no row holds an infinity this is a pass over x (W's flags are cached
-// as its split is) and a launch that reads the flags.
+// Where no row holds an infinity this is a pass over x and one over W (kept
+// inside frozen_weights(), as its split is) and a launch that reads the flags.
 bool in_kernel_tf32x3(Family family, KernelDtype dtype) {
   return family == Family::sm80 && dtype == KernelDtype::f32x3;
 }

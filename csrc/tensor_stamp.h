@@ -1,10 +1,10 @@
-// A tensor's identity and contents as its version counter sees them: the
-// key of the caches of values derived from parameters (the weight's 3xTF32
-// split, the eval fold). A stamp matches while the tensor is the same live
-// TensorImpl with the same storage, layout and version; in-place updates
-// (optimizer steps, load_state_dict, copy_, our running-stat updates) bump the
-// version. Writes through `.data` bypass the version counter, as they bypass
-// autograd, and are not seen.
+// A tensor's identity and contents as its version counter sees them: the key
+// of the values derived from parameters (derived_cache.h). A stamp matches
+// while the tensor is the same live TensorImpl with the same storage, layout
+// and version; in-place updates (optimizer steps, load_state_dict, copy_, our
+// running-stat updates) bump the version. Writes through `.data` bypass the
+// version counter, as they bypass autograd, and are not seen: that is why
+// values are kept only inside frozen_weights().
 #pragma once
 
 #include <vector>

@@ -13,12 +13,12 @@ namespace cutlass_fused {
 // takes small_big_big, the weight (and the backward's second operand) big_small_big.
 at::Tensor split_tf32x3(at::Tensor const& t, int64_t rows_out, SplitOrder order);
 
-// w (N x K) as the B operand, cached while w is unchanged and grad mode is off
-// (and `cache`: the ops' schema argument, csrc/ops.cpp).
+// w (N x K) as the B operand; kept for the next call only where `cache` (the
+// ops' schema argument, csrc/ops.cpp) allows: derived_cache.h.
 at::Tensor split_weight_tf32x3(at::Tensor const& w, int64_t rows_out, bool cache);
 
 // Byte flags of t's rows (R x C, fp32, CUDA, unit column stride) that hold +-inf
-// (csrc/kernels/inf_fix.h); weight_inf_rows caches w's as split_weight_tf32x3 does.
+// (csrc/kernels/inf_fix.h); weight_inf_rows keeps w's as split_weight_tf32x3 does.
 at::Tensor inf_rows(at::Tensor const& t);
 at::Tensor weight_inf_rows(at::Tensor const& w, bool cache);
 

@@ -2,6 +2,7 @@
 __version__ = "0.2.0"
 
 from ._family import use_kernel_family
+from .frozen import frozen_weights
 from .functional import linear_scale_batch_norm
 from .fuse import fuse
 from .module import LinearScaleBatchNorm1d, convert_sync_batchnorm
@@ -14,4 +15,4 @@ def built_kernels() -> list[str]:
 
 
 __all__ = ["linear_scale_batch_norm", "LinearScaleBatchNorm1d", "convert_sync_batchnorm", "use_kernel_family",
-           "built_kernels", "fuse"]
+           "built_kernels", "fuse", "frozen_weights"]

@@ -15,6 +15,7 @@ eager on the CPU, and exits 0.
 """
 import argparse
 import contextlib
+import copy
 import datetime
 import json
 import os
@@ -33,7 +34,10 @@ DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "tf32": torch.float32, "
 SHAPES = [(128, 1024, 512), (1024, 8192, 8192), (16384, 4096, 4096), (4096, 4096, 4096)]
 SWEEP = [128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 MODES = ("train", "eval", "fwdbwd")
-IMPLS = ("torch.mm", "eager", "compile", "compile-max-autotune", "cutlass_fused")
+IMPLS = ("torch.mm", "eager", "compile", "compile-max-autotune", "cutlass_fused", "cutlass_fused-frozen")
+# cutlass_fused-frozen: ours inside cutlass_fused.frozen_weights() (the eval fold and fp32's weight
+# split kept between calls), on a copy of the layer of its own; asked for by --impl only.
+DEFAULT_IMPLS = IMPLS[:-1]
 GEMMS = {"train": 1, "eval": 1, "fwdbwd": 3}
 # Error floor of the correctness check: one output rounding step of an O(1) value.
 FLOOR = {"bf16": 2e-2, "f16": 3e-3, "tf32": 2e-3, "f32": 1e-5}
@@ -158,6 +162,11 @@ class Case:
         self.seed = SeedModel(k, n).to(device, dt)
         self.ours = cutlass_fused.LinearScaleBatchNorm1d(k, n, device=device, dtype=dt)
         self.ours.load_state_dict(self.seed.state_dict())
+        # Frozen for the case's lifetime (close() leaves the scope): a scope per call would drop
+        # what it keeps at every exit.
+        self.frozen = copy.deepcopy(self.ours)
+        self.scope = contextlib.ExitStack()
+        self.scope.enter_context(cutlass_fused.frozen_weights(self.frozen))
         self.x = torch.randn(m, k, device=device, dtype=dt)
         self.xg = self.x.clone().requires_grad_()
         self.dy = torch.randn(m, n, device=device, dtype=dt)
@@ -168,6 +177,8 @@ class Case:
             return self.seed
         if impl == "cutlass_fused":
             return self.ours
+        if impl == "cutlass_fused-frozen":
+            return self.frozen
         if impl not in self.compiled:
             mode = "max-autotune-no-cudagraphs" if impl == "compile-max-autotune" else "default"
             model = SeedModel(*self.shape[1:]).to(self.device, self.seed.gemm.weight.dtype)
@@ -210,6 +221,9 @@ class Case:
             call(self.xg).backward(self.dy)
         return step
 
+    def close(self):
+        self.scope.close()
+
 
 def check(case, family):
     """Max |y - float64| of ours and eager, train and eval; raises on a mismatch."""
@@ -219,17 +233,17 @@ def check(case, family):
     for mode in ("train", "eval"):
         train = mode == "train"
         state = {k: v.clone() for k, v in case.seed.state_dict().items()}
-        for mod in (case.seed, case.ours, ref):
+        for mod in (case.seed, case.ours, case.frozen, ref):
             mod.train(train)
             mod.load_state_dict(state)
         amp = torch.autocast(case.device.type, dtype=DTYPES[case.dtype_name], enabled=bool(case.autocast))
         with torch.no_grad(), cutlass_fused.use_kernel_family(family):
             y64 = ref(case.x.double())
             with amp:
-                y_ours, y_eager = case.ours(case.x), case.seed(case.x)
-            e_ours = (y_ours.double() - y64).abs().max().item()
+                y_ours, y_frozen, y_eager = case.ours(case.x), case.frozen(case.x), case.seed(case.x)
+            e_ours = max((y.double() - y64).abs().max().item() for y in (y_ours, y_frozen))
             e_eager = (y_eager.double() - y64).abs().max().item()
-        for mod in (case.seed, case.ours):
+        for mod in (case.seed, case.ours, case.frozen):
             mod.load_state_dict(state)
         ok = e_ours <= 2 * e_eager + FLOOR[case.dtype_name]
         out[mode] = (e_ours, e_eager, ok)
@@ -282,7 +296,7 @@ def run(args, argv):
     torch.backends.cuda.matmul.allow_tf32 = args.dtype == "tf32"
     sweep = [(b, 8192, 8192) for b in SWEEP] if args.sweep else []
     shapes = run_shapes(args.shape, sweep, cuda)
-    impls = args.impl or (IMPLS if cuda else ("torch.mm", "eager", "cutlass_fused"))
+    impls = args.impl or (DEFAULT_IMPLS if cuda else ("torch.mm", "eager", "cutlass_fused"))
     modes = args.mode or (("train", "eval") if args.sweep and not args.shape else MODES)
     graph_opts = [False, True] if args.graphs and cuda else [False]
     out_dir = Path(args.out)
@@ -352,6 +366,7 @@ def run(args, argv):
                 r["tflops"] = k_ * 2 * shape[0] * shape[1] * shape[2] / r["ms"] / 1e9
             r["ratio_to_mm"] = r["ms"] / (k_ * base)
         rows += shape_rows
+        case.close()
         # Written after every shape, so that a run cut short keeps what it measured.
         result = {"meta": meta(argv, device), "rows": rows, "checks": checks}
         (out_dir / name).write_text(json.dumps(result, indent=1) + "\n")
@@ -378,7 +393,7 @@ def guarded(impl, mode, shape, step):
     try:
         return step()
     except Exception as e:
-        if impl == "cutlass_fused":
+        if impl.startswith("cutlass_fused"):
             raise
         print(f"cutlass_fused.bench: skipped {impl} {mode} {shape}: {type(e).__name__}: {str(e)[:200]}",
               file=sys.stderr)
@@ -515,7 +530,8 @@ def main(argv=None):
     ap.add_argument("--family", choices=("auto", "sm90", "sm80"), default="auto")
     ap.add_argument("--autocast", action="store_true",
                     help="fp32 models and inputs under torch.autocast(dtype=--dtype), which must be bf16 or f16")
-    ap.add_argument("--impl", choices=IMPLS, action="append", help="repeatable; default: all")
+    ap.add_argument("--impl", choices=IMPLS, action="append",
+                    help="repeatable; default: all but cutlass_fused-frozen (ours inside frozen_weights())")
     ap.add_argument("--graphs", action="store_true", help="add rows with each call captured in a CUDA graph")
     ap.add_argument("--sweep", action="store_true",
                     help="batch 128..16384 at 8192 -> 8192 (after any --shape, in the same results file)")

@@ -3,7 +3,8 @@ import torch
 import torch.nn.functional as F
 
 from . import _family
-from .ops import may_cache, ops
+from .frozen import may_cache
+from .ops import ops
 
 
 def linear_scale_batch_norm(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, training,
@@ -37,7 +38,9 @@ def linear_scale_batch_norm(x, weight, bias, scale, bn_weight, bn_bias, running_
         if running_mean is None or running_var is None:
             raise RuntimeError("running_mean must be defined in evaluation mode")
         return ops.linear_scale_batch_norm_eval(x, weight, bias, scale, bn_weight, bn_bias, running_mean,
-                                                running_var, eps, family, may_cache())
+                                                running_var, eps, family,
+                                                may_cache(weight, bias, scale, bn_weight, bn_bias, running_mean,
+                                                          running_var))
     if (running_mean is None) != (running_var is None):
         raise ValueError("cutlass_fused: running_mean and running_var must both be given or both be None")
     if running_mean is None:
@@ -49,5 +52,5 @@ def linear_scale_batch_norm(x, weight, bias, scale, bn_weight, bn_bias, running_
     y, _, _, _, _ = ops.linear_scale_batch_norm_train(
         x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked,
         None if momentum is None else float(momentum), eps, family, torch.are_deterministic_algorithms_enabled(),
-        may_cache())
+        may_cache(weight, bias, scale, bn_weight, bn_bias, running_mean, running_var))
     return y

@@ -9,12 +9,6 @@ from . import _C  # noqa: F401  (registers torch.ops.cutlass_fused.*)
 ops = torch.ops.cutlass_fused
 
 
-def may_cache() -> bool:
-    """The GEMM ops' `cache` argument (csrc/ops.cpp): off in what torch.compile (or torch.export)
-    traces, since cudagraph trees' warm-up would leave cached tensors in the graph's private pool."""
-    return not torch.compiler.is_compiling()
-
-
 def padded_ld(n: int, dtype: torch.dtype) -> int:
     """Row stride of h: rows padded to 16 bytes (the contract in csrc/ops.h)."""
     align = max(1, 16 // dtype.itemsize)
@@ -26,7 +20,7 @@ def _stat_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 @torch.library.register_fake("cutlass_fused::linear_stats")
-def _linear_stats(x, weight, bias, family, deterministic, cache=True):
+def _linear_stats(x, weight, bias, family, deterministic, cache=False):
     torch._check(x.dim() == 2 and weight.dim() == 2, lambda: "cutlass_fused: expected 2-D input and weight")
     torch._check(x.shape[1] == weight.shape[1], lambda: "cutlass_fused: mat1 and mat2 shapes cannot be multiplied")
     m, n = x.shape[0], weight.shape[0]
@@ -44,7 +38,7 @@ def _finalize(h, stats, scale, count, weight, bias, eps):
 
 @torch.library.register_fake("cutlass_fused::linear_scale_batch_norm_train")
 def _(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, momentum, eps,
-      family, deterministic, cache=True):
+      family, deterministic, cache=False):
     # The split ops' outputs; the running stats are updated in place.
     h, stats = _linear_stats(x, weight, bias, family, deterministic)
     y, mean, invstd = _finalize(h, stats, scale, x.shape[0], bn_weight, bn_bias, eps)
@@ -65,7 +59,7 @@ def _(dy, h, mean, invstd, scale, weight, eps):
 
 
 @torch.library.register_fake("cutlass_fused::linear_scale_batch_norm_eval")
-def _(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, eps, family, cache=True):
+def _(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, eps, family, cache=False):
     torch._check(x.shape[1] == weight.shape[1], lambda: "cutlass_fused: mat1 and mat2 shapes cannot be multiplied")
     return x.new_empty((x.shape[0], weight.shape[0]), dtype=torch.promote_types(x.dtype, scale.dtype))
 

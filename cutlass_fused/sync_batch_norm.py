@@ -15,7 +15,8 @@ import torch
 import torch.distributed as dist
 
 from . import _family
-from .ops import may_cache, ops
+from .frozen import may_cache
+from .ops import ops
 
 
 def should_sync(process_group, training: bool) -> bool:
@@ -81,7 +82,7 @@ class SyncFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, scale, bn_weight, bn_bias, eps, group, family, deterministic):
-        h, stats = ops.linear_stats(x, weight, bias, family, deterministic, may_cache())
+        h, stats = ops.linear_stats(x, weight, bias, family, deterministic, may_cache(weight, bias))
         count, mean, m2 = merge_stats(_gather_rows(_local_row(stats, x.shape[0]), group))
         y, mean_h, invstd = ops.batch_norm_finalize(h, _sums_for(1, mean, m2 / count), scale, 1, bn_weight,
                                                     bn_bias, eps)

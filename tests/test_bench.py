@@ -13,13 +13,13 @@ ROW_KEYS = {"shape", "dtype", "mode", "impl", "graphs", "ms", "tflops", "ratio_t
 @pytest.mark.parametrize("rounds", [1, 2])
 def test_bench_runs_and_writes_schema(tmp_path, capsys, rounds):
     argv = ["--shape", "64,96,40", "--out", str(tmp_path), "--impl", "torch.mm", "--impl", "eager",
-            "--impl", "cutlass_fused", "--rounds", str(rounds)]
+            "--impl", "cutlass_fused", "--impl", "cutlass_fused-frozen", "--rounds", str(rounds)]
     assert bench.main(argv) == 0
     res = json.loads((tmp_path / "results.json").read_text())
     assert set(res["meta"]) >= {"gpu", "torch", "cuda", "version", "commit", "date", "command"}
     rows = res["rows"]
-    assert {(r["impl"], r["mode"]) for r in rows} == {(i, m) for i in ("torch.mm", "eager", "cutlass_fused")
-                                                     for m in bench.MODES}
+    impls = ("torch.mm", "eager", "cutlass_fused", "cutlass_fused-frozen")
+    assert {(r["impl"], r["mode"]) for r in rows} == {(i, m) for i in impls for m in bench.MODES}
     for r in rows:
         assert set(r) == ROW_KEYS and r["shape"] == [64, 96, 40] and r["ms"] > 0
         # Every ratio is to one torch.mm time per shape (the median of all its rounds), so the

@@ -1,4 +1,5 @@
 """Forward results against a float64 reference of the unfused model."""
+import contextlib
 import os
 
 import pytest
@@ -190,13 +191,16 @@ def test_fused_train_matches_split_ops(shape, dtype, momentum, monkeypatch):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("family", [f for d, f in FAMILIES if d == "cuda"])
-@pytest.mark.parametrize("training,launches", [(True, 2), (False, 1)], ids=["train", "eval"])
-def test_launches_per_forward(family, training, launches):
-    """Training: the GEMM and one kernel for everything after it. Eval, parameters unchanged:
-    the fold is cached and the forward is the GEMM alone. (bf16, aligned: no padding or casts.)"""
+@pytest.mark.parametrize("training,frozen,launches", [(True, False, 2), (False, False, 2), (False, True, 1)],
+                         ids=["train", "eval", "eval-frozen"])
+def test_launches_per_forward(family, training, frozen, launches):
+    """Training: the GEMM and one kernel for everything after it. Eval: the fold and the GEMM,
+    or inside frozen_weights(), where the fold is kept, the GEMM alone. (bf16, aligned: no
+    padding or casts.)"""
     layer = cutlass_fused.LinearScaleBatchNorm1d(256, 512, device="cuda", dtype=torch.bfloat16).train(training)
     x = torch.randn(128, 256, device="cuda", dtype=torch.bfloat16)
-    with cutlass_fused.use_kernel_family(family), torch.no_grad():
+    scope = cutlass_fused.frozen_weights(layer) if frozen else contextlib.nullcontext()
+    with cutlass_fused.use_kernel_family(family), torch.no_grad(), scope:
         layer(x)
         torch.cuda.synchronize()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:

@@ -1,7 +1,7 @@
 """fp32 without TF32 (KernelBench's setting): fp32-accurate on tensor cores (3xTF32).
 
 On sm90 the operands are split into TF32 parts and run through the TF32 kernel
-with K tripled; the weight's split is cached in forward-only loops.
+with K tripled; the weight's split is kept between calls inside frozen_weights().
 """
 import pytest
 import torch
@@ -86,7 +86,7 @@ def test_sm90_3xtf32_unaligned_and_non_finite(m, k, n):
 @needs_cuda
 @pytest.mark.parametrize("device,family", CUDA_FAMILIES)
 def test_infinite_operands_in_a_forward_only_loop(device, family):
-    """Eval under no_grad, where what is derived from the weight is cached: an infinite x, an
+    """Eval under no_grad inside frozen_weights(), where what is derived from the weight is kept: an infinite x, an
     infinite weight entry set in place, a zero weight entry meeting it, then both made finite
     again. Each call has NaN and +-Inf where the unfused fp32 model has them (sm80's in-kernel
     3xTF32 alone would give NaN for every infinity) and its finite values within 1e-4."""
@@ -102,10 +102,10 @@ def test_infinite_operands_in_a_forward_only_loop(device, family):
             w[i, j] = v
     steps = [lambda: None, lambda: x.__setitem__((5, 7), float("inf")), lambda: set_w(3, 0, -float("inf")),
              lambda: set_w(1, 7, 0.0), lambda: x.__setitem__((5, 7), 1.0), lambda: set_w(3, 0, 0.5)]
-    with torch.no_grad(), precision(device, family, "f32"):
+    with torch.no_grad(), precision(device, family, "f32"), cutlass_fused.frozen_weights(ours):
         for i, step in enumerate(steps):
             step()
-            for _ in range(2):  # the second call takes the cached weight flags
+            for _ in range(2):  # the second call takes the kept weight flags
                 y, y_ref = ours(x), ref(x)
                 for what, mask in (("NaN", torch.isnan), ("+Inf", torch.isposinf), ("-Inf", torch.isneginf)):
                     assert torch.equal(mask(y), mask(y_ref)), f"step {i}: {what} at {mask(y).nonzero().tolist()}"
@@ -116,15 +116,15 @@ def test_infinite_operands_in_a_forward_only_loop(device, family):
 @needs_cuda
 @pytest.mark.parametrize("device,family", CUDA_FAMILIES)
 def test_weight_split_cache_follows_the_weight(device, family):
-    """A forward-only loop reuses the weight's split; in-place updates, a reloaded state
-    and a new weight of the same shape each take effect at once."""
+    """A forward-only loop inside frozen_weights() reuses the weight's split; in-place updates,
+    a reloaded state and a new weight of the same shape each take effect at once."""
     torch.manual_seed(0)
     ref = Seed(96, 40).to(device)
     ours = cutlass_fused.LinearScaleBatchNorm1d(96, 40, device=device)
     ours.load_state_dict(ref.state_dict())
     ref.eval(), ours.eval()
     x = torch.randn(33, 96, device=device)
-    with torch.no_grad(), precision(device, family, "f32"):
+    with torch.no_grad(), precision(device, family, "f32"), cutlass_fused.frozen_weights(ours):
         updates = [lambda m: None,
                    lambda m: m.gemm.weight.mul_(-0.5),
                    lambda m: m.gemm.weight.copy_(torch.randn(40, 96, device=device)),

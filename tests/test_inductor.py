@@ -119,8 +119,8 @@ def test_inductor_matches_eager(device, family, training):
 
 @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
 def test_traced_calls_do_not_cache(training):
-    """What torch.compile traces calls our GEMM ops with cache=False (the cudagraph cases below
-    say why)."""
+    """What torch.compile traces calls our GEMM ops with cache=False, inside frozen_weights() too
+    (the cudagraph cases below say why)."""
     calls = []
 
     def record(gm, example_inputs):
@@ -128,12 +128,13 @@ def test_traced_calls_do_not_cache(training):
         return gm.forward
 
     layer = make_layer("cpu", 8, 6).train(training)
-    torch.compile(layer, backend=record, fullgraph=True)(torch.randn(4, 8))
+    with cutlass_fused.frozen_weights(layer):
+        torch.compile(layer, backend=record, fullgraph=True)(torch.randn(4, 8))
     assert calls, "the traced graph holds no cutlass_fused op"
     for n in calls:
         schema = getattr(n.target, "default", n.target)._schema
         i = [a.name for a in schema.arguments].index("cache")
-        value = n.args[i] if len(n.args) > i else n.kwargs.get("cache", True)
+        value = n.args[i] if len(n.args) > i else n.kwargs.get("cache", schema.arguments[i].default_value)
         assert value is False, f"{n.target} traced with cache={value}"
 
 
@@ -306,15 +307,14 @@ def assert_replayed(events):
     assert not ours, f"our ops ran on the host in a step that should be a graph replay: {sorted(ours)}"
 
 
-# The CUDA ops cache two values derived from parameters, keyed on their versions: eval's fold of
-# the batch norm into the GEMM epilogue (csrc/eval_fold_cuda.cpp) and the 3xTF32 split of an fp32
-# weight for the sm90 family without TF32 (csrc/tf32x3_cuda.cpp; cached where grad mode is off,
-# which it is inside a compiled graph, training's forward and backward too). Cudagraph trees run
-# each graph's first call (warmup) eagerly with every allocation of the thread routed to the
-# graph's private memory pool, so a cache filled there would keep a tensor in that pool, and the
-# warmup's check raises "Detected 1 tensor(s) in the cudagraph pool not tracked as outputs" (seen
-# on an H100, torch 2.11). So traced code passes cache=False (cutlass_fused.ops.may_cache): the
-# cases below failed that way before it did.
+# Inside frozen_weights() the CUDA ops keep values derived from parameters, keyed on their
+# versions: eval's fold of the batch norm into the GEMM epilogue and the 3xTF32 split of an fp32
+# weight for the sm90 family without TF32 (csrc/derived_cache.h). Cudagraph trees run each
+# graph's first call (warmup) eagerly with every allocation of the thread routed to the graph's
+# private memory pool, so a value kept there would keep a tensor in that pool, and the warmup's
+# check raises "Detected 1 tensor(s) in the cudagraph pool not tracked as outputs" (seen on an
+# H100, torch 2.11). So traced code passes cache=False (cutlass_fused.frozen.may_cache): the
+# cases below failed that way before it did, when values were kept outside any scope.
 @needs_cuda
 @pytest.mark.parametrize("mode", ["bf16", "f32", "tf32"])
 @pytest.mark.parametrize("family", CUDA_FAMILIES)

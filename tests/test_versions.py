@@ -1,9 +1,10 @@
-"""The running stats' version counters, and the eval fold cached on them.
+"""The running stats' version counters, and the eval fold kept on them inside frozen_weights().
 
 Our running-stat updates bump the buffers' versions (nn.BatchNorm1d's does not,
-torch 2.11-2.13), since autograd's saved-tensor check and our eval-fold cache
-(csrc/eval_fold_cuda.cpp) both rely on them. (That the cached fold makes the eval
-forward one launch is tests/test_forward.py::test_launches_per_forward.)
+torch 2.11-2.13), since autograd's saved-tensor check and the eval fold kept inside
+frozen_weights() (csrc/derived_cache.h) both rely on them. (That the kept fold makes the
+eval forward one launch is tests/test_forward.py::test_launches_per_forward; writes of
+every kind outside the scope are tests/test_writes.py.)
 """
 import pytest
 import torch
@@ -58,7 +59,8 @@ def test_eval_backward_after_a_training_step_refuses_stale_running_stats(device)
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("family", [f for d, f in FAMILIES if d == "cuda"])
 def test_eval_fold_follows_every_change(family):
-    """Eval after each kind of change to the vectors the fold is made of."""
+    """Eval inside frozen_weights() after each kind of change to the vectors the fold is made of
+    that their versions see."""
     seed, ours = pair("cuda", 64, 40)
     seed.eval(), ours.eval()
     x = torch.randn(32, 64, device="cuda")
@@ -74,7 +76,7 @@ def test_eval_fold_follows_every_change(family):
     old_tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
-        with cutlass_fused.use_kernel_family(family), torch.no_grad():
+        with cutlass_fused.use_kernel_family(family), torch.no_grad(), cutlass_fused.frozen_weights(ours):
             for i, change in enumerate(changes):
                 torch.manual_seed(i)
                 change(seed)
