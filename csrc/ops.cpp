@@ -46,12 +46,13 @@ void check_linear_args(at::Tensor const& x, at::Tensor const& weight, c10::optio
               weight.sizes());
   TORCH_CHECK(x.size(1) == weight.size(1), "cutlass_fused: mat1 and mat2 shapes cannot be multiplied (", x.size(0),
               "x", x.size(1), " and ", weight.size(1), "x", weight.size(0), ")");
+  // Integer and bool layers would otherwise compute in float and truncate h on the CPU. Checked
+  // before the dtypes' match, so that an integer x meets this message whatever the weight's dtype.
+  TORCH_CHECK(at::isFloatingType(x.scalar_type()), "cutlass_fused: expected input to be a floating-point tensor, ",
+              "but got ", x.scalar_type());
   TORCH_CHECK(x.scalar_type() == weight.scalar_type(),
               "cutlass_fused: expected input and weight to have the same dtype, but got ", x.scalar_type(), " and ",
               weight.scalar_type());
-  // Integer and bool layers would otherwise compute in float and truncate h on the CPU.
-  TORCH_CHECK(at::isFloatingType(x.scalar_type()), "cutlass_fused: expected input to be a floating-point tensor, ",
-              "but got ", x.scalar_type());
   check_vector(bias, "bias", weight.size(0));
   check_vector(scale, "scale", weight.size(0));
 }

@@ -376,13 +376,16 @@ def run(args, argv):
     for c in checks:
         print(f"check {c['mode']:5s} {'x'.join(map(str, c['shape']))} {c['dtype']}: max|y - float64| "
               f"ours {c['err_ours']:.3e}, eager {c['err_eager']:.3e} [ok]")
-    if cuda:
-        if args.shape:
-            plot(result, out_dir / "results.png", [r for r in rows if tuple(r["shape"]) in args.shape])
-        if sweep:
-            plot(result, out_dir / "sweep.png", [r for r in rows if tuple(r["shape"]) in sweep], sweep=True)
-        if not args.shape and not sweep:
-            plot(result, out_dir / "results.png", rows)
+    if not cuda:
+        print("On the CPU the layer runs PyTorch ops (the CUDA kernels need a GPU): each ms is the median of "
+              "5 wall-clock calls, and x mm divides by the CPU's own torch.mm of the same shape. The rows check "
+              "the CPU path and compare it with eager; they say nothing of the kernels' speed.")
+    if args.shape:
+        plot(result, out_dir / "results.png", [r for r in rows if tuple(r["shape"]) in args.shape])
+    if sweep:
+        plot(result, out_dir / "sweep.png", [r for r in rows if tuple(r["shape"]) in sweep], sweep=True)
+    if not args.shape and not sweep:
+        plot(result, out_dir / "results.png", rows)
     print(f"wrote {out_dir / name}")
     return 0
 
@@ -488,31 +491,45 @@ def plot(result, path, rows, sweep=False):
         return
     modes = sorted({r["mode"] for r in rows}, key=MODES.index)
     impls = [i for i in IMPLS if any(r["impl"] == i for r in rows)]
-    fig, axes = plt.subplots(1, len(modes), figsize=(5.5 * len(modes), 4.2), squeeze=False)
-    for ax, mode in zip(axes[0], modes):
-        sel = [r for r in rows if r["mode"] == mode]
-        shapes = sorted({tuple(r["shape"]) for r in sel})
-        for j, impl in enumerate(impls):
-            by = {tuple(r["shape"]): r for r in sel if r["impl"] == impl}
-            if sweep:
-                pts = [(s[0], by[s]["tflops"]) for s in shapes if s in by]
+    if sweep:
+        fig, axes = plt.subplots(1, len(modes), figsize=(5.5 * len(modes), 4.2), squeeze=False)
+        for ax, mode in zip(axes[0], modes):
+            sel = [r for r in rows if r["mode"] == mode]
+            for impl in impls:
+                pts = sorted((r["shape"][0], r["tflops"]) for r in sel if r["impl"] == impl)
                 ax.plot([b for b, _ in pts], [t for _, t in pts], marker="o", label=impl)
-            else:
-                w = 0.8 / len(impls)
-                xs = [i + j * w for i, s in enumerate(shapes) if s in by]
-                ax.bar(xs, [by[s]["ratio_to_mm"] or 0 for s in shapes if s in by], w, label=impl)
-        if sweep:
             ax.set_xscale("log", base=2)
             ax.set_xlabel("batch (in = out = 8192)")
             ax.set_ylabel("TFLOP/s")
-        else:
-            ax.axhline(1.0, color="k", lw=0.8)
-            ax.set_yscale("log")  # small shapes run tens of times the floor; large ones near it
-            ax.set_xticks([i + 0.4 - 0.4 / len(impls) for i in range(len(shapes))])
-            ax.set_xticklabels(["x".join(map(str, s)) for s in shapes], fontsize=7)
-            ax.set_ylabel("time / torch.mm" + (" (x3)" if mode == "fwdbwd" else "") + ", lower is better")
-        ax.set_title(f"{mode} ({rows[0]['dtype']})")
-        ax.legend(fontsize=7)
+            ax.set_title(f"{mode} ({rows[0]['dtype']})")
+            ax.legend(fontsize=7)
+    else:
+        # One panel a shape and mode, each on its own linear scale: the large shapes' 1.0-1.3x
+        # differences are what users compare, and a shared log axis flattens them under a small
+        # shape's 5-30x.
+        shapes = sorted({tuple(r["shape"]) for r in rows})
+        fig, axes = plt.subplots(len(modes), len(shapes), figsize=(max(5.5, 3.2 * len(shapes)), 2.9 * len(modes)),
+                                 squeeze=False)
+        colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+        for i, mode in enumerate(modes):
+            for j, shape in enumerate(shapes):
+                ax = axes[i][j]
+                by = {r["impl"]: r["ratio_to_mm"] for r in rows
+                      if r["mode"] == mode and tuple(r["shape"]) == shape and r["ratio_to_mm"]}
+                names = [impl for impl in impls if impl in by]
+                bars = ax.bar(range(len(names)), [by[n] for n in names],
+                              color=[colors[IMPLS.index(n) % len(colors)] for n in names])  # one color an impl
+                ax.bar_label(bars, fmt="%.3f", fontsize=6)
+                if by:
+                    lo, hi = min(by.values()), max(by.values())
+                    ax.set_ylim(min(0.9, 0.95 * lo), 1.08 * hi)
+                ax.axhline(1.0, color="k", lw=0.8)
+                ax.set_xticks(range(len(names)))
+                ax.set_xticklabels(names, fontsize=6, rotation=30, ha="right")
+                ax.set_title(f"{mode}, {'x'.join(map(str, shape))}", fontsize=8)
+                if j == 0:
+                    ax.set_ylabel("time / torch.mm" + (" (x3)" if mode == "fwdbwd" else "") + "\nlower is better",
+                                  fontsize=7)
     m = result["meta"]
     fig.suptitle(f"cutlass_fused on {m['gpu']}, {m['date']}, commit {m['commit']}", fontsize=9)
     fig.tight_layout()
@@ -524,21 +541,28 @@ def plot(result, path, rows, sweep=False):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(prog="python -m cutlass_fused.bench", description=__doc__.split("\n")[0])
-    ap.add_argument("--shape", type=parse_shape, action="append", help="B,IN,OUT (repeatable)")
+    ap.add_argument("--shape", type=parse_shape, action="append",
+                    help="B,IN,OUT (repeatable; default: " + " ".join(",".join(map(str, s)) for s in SHAPES)
+                    + " on a GPU, 128,1024,512 on the CPU)")
     ap.add_argument("--dtype", choices=DTYPES, help="f32 = fp32 with TF32 disallowed (default: bf16 on a GPU, f32 on the CPU)")
     ap.add_argument("--mode", choices=MODES, action="append", help="repeatable; default: all three")
-    ap.add_argument("--family", choices=("auto", "sm90", "sm80"), default="auto")
+    ap.add_argument("--family", choices=("auto", "sm90", "sm80"), default="auto",
+                    help="CUDA kernel family: auto picks sm90 on Hopper, sm80 elsewhere (default: auto)")
     ap.add_argument("--autocast", action="store_true",
                     help="fp32 models and inputs under torch.autocast(dtype=--dtype), which must be bf16 or f16")
     ap.add_argument("--impl", choices=IMPLS, action="append",
-                    help="repeatable; default: all but cutlass_fused-frozen (ours inside frozen_weights())")
-    ap.add_argument("--graphs", action="store_true", help="add rows with each call captured in a CUDA graph")
+                    help="repeatable; default: all but cutlass_fused-frozen (ours inside frozen_weights()) on a "
+                         "GPU, torch.mm, eager and cutlass_fused on the CPU")
+    ap.add_argument("--graphs", action="store_true",
+                    help="add rows with each call captured in a CUDA graph (GPU only; ignored on the CPU)")
     ap.add_argument("--sweep", action="store_true",
                     help="batch 128..16384 at 8192 -> 8192 (after any --shape, in the same results file)")
-    ap.add_argument("--profile", action="store_true", help="per-kernel GPU time split and Chrome traces")
+    ap.add_argument("--profile", action="store_true",
+                    help="per-kernel GPU time split and Chrome traces (GPU only; ignored on the CPU)")
     ap.add_argument("--rounds", type=int, default=1,
-                    help="times each row (and its torch.mm) this many times; medians are reported")
-    ap.add_argument("--out", default=os.environ.get("OUT", "bench_out"), help="output folder")
+                    help="times each row (and its torch.mm) this many times; medians are reported (default: 1)")
+    ap.add_argument("--out", default=os.environ.get("OUT", "bench_out"),
+                    help="output folder for results.json (sweep.json) and the PNG (default: $OUT, else bench_out)")
     ap.add_argument("--report", metavar="RESULTS_JSON", help="print a results file as a markdown table and exit")
     args = ap.parse_args(argv)
     if args.rounds < 1:

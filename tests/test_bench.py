@@ -1,4 +1,5 @@
 """The benchmark CLI (python -m cutlass_fused.bench): its correctness check, JSON schema and report."""
+import importlib.util
 import json
 
 import pytest
@@ -29,6 +30,8 @@ def test_bench_runs_and_writes_schema(tmp_path, capsys, rounds):
     # The check compared both modes against float64 and passed the error rule.
     assert [c["mode"] for c in res["checks"]] == ["train", "eval"] and all(c["ok"] for c in res["checks"])
     assert "cutlass_fused" in capsys.readouterr().out
+    # The PNG is drawn on the CPU too (where matplotlib, the [bench] extra, is installed).
+    assert (tmp_path / "results.png").exists() == (importlib.util.find_spec("matplotlib") is not None)
     assert bench.main(["--report", str(tmp_path / "results.json")]) == 0
     report = capsys.readouterr().out
     assert report.startswith("| shape |") and report.count("| 64x96x40 |") == len(rows)

@@ -28,6 +28,7 @@ BAD_INPUTS = {  # what replaces part of t, and the error's words
     "weight-f16": (lambda t: {"weight": t["weight"].half()},
                    r"expected input and weight to have the same dtype, but got Float and Half"),
     "int64": (lambda t: {"x": t["x"].long(), "weight": t["weight"].long()}, FLOAT + "Long"),
+    "int64-x": (lambda t: {"x": t["x"].long()}, FLOAT + "Long"),  # a float layer fed integers
     "int32": (lambda t: {"x": t["x"].int(), "weight": t["weight"].int()}, FLOAT + "Int"),
     "uint8": (lambda t: {"x": t["x"].byte(), "weight": t["weight"].byte()}, FLOAT + "Byte"),
     "bool": (lambda t: {"x": t["x"] > 0, "weight": t["weight"] > 0}, FLOAT + "Bool"),

@@ -111,3 +111,13 @@ def test_model_new_matches_model_cuda_real_sizes(problem):
         kernelbench_trials(problem, ref, new, "cuda", trials=5)
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+
+
+def test_readme_example_runs_as_written():
+    """The README's first code block, run as a user pastes it: on the CPU here, on the GPU there."""
+    readme = (EXAMPLES.parent / "README.md").read_text()
+    code = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    scope = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    layer = scope["layer"]
+    assert scope["y"].shape == (256, 512) and layer.gemm.weight.grad is not None
