@@ -151,7 +151,7 @@ def graphed(fn):
 class Case:
     """One shape and precision: the models, the inputs and a callable per (impl, mode)."""
 
-    def __init__(self, shape, dtype_name, device, autocast=None):
+    def __init__(self, shape, dtype_name, device, autocast=None, frozen=False):
         m, k, n = shape
         self.shape, self.dtype_name, self.device = shape, dtype_name, device
         # Under autocast the models and inputs stay fp32, as in a mixed-precision training loop.
@@ -162,11 +162,12 @@ class Case:
         self.seed = SeedModel(k, n).to(device, dt)
         self.ours = cutlass_fused.LinearScaleBatchNorm1d(k, n, device=device, dtype=dt)
         self.ours.load_state_dict(self.seed.state_dict())
-        # Frozen for the case's lifetime (close() leaves the scope): a scope per call would drop
-        # what it keeps at every exit.
-        self.frozen = copy.deepcopy(self.ours)
-        self.scope = contextlib.ExitStack()
-        self.scope.enter_context(cutlass_fused.frozen_weights(self.frozen))
+        # For cutlass_fused-frozen: a copy of ours, frozen for the case's lifetime (close() leaves
+        # the scope), since a scope per call would drop what it keeps at every exit.
+        self.frozen, self.scope = None, contextlib.ExitStack()
+        if frozen:
+            self.frozen = copy.deepcopy(self.ours)
+            self.scope.enter_context(cutlass_fused.frozen_weights(self.frozen))
         self.x = torch.randn(m, k, device=device, dtype=dt)
         self.xg = self.x.clone().requires_grad_()
         self.dy = torch.randn(m, n, device=device, dtype=dt)
@@ -226,24 +227,26 @@ class Case:
 
 
 def check(case, family):
-    """Max |y - float64| of ours and eager, train and eval; raises on a mismatch."""
+    """Max |y - float64| of ours (and its frozen copy, where asked for) and eager, train and eval; raises on a
+    mismatch."""
     out = {}
     ref = SeedModel(*case.shape[1:]).to(case.device, torch.float64)
     ref.load_state_dict(case.seed.state_dict())
     for mode in ("train", "eval"):
         train = mode == "train"
         state = {k: v.clone() for k, v in case.seed.state_dict().items()}
-        for mod in (case.seed, case.ours, case.frozen, ref):
+        ours = [m for m in (case.ours, case.frozen) if m is not None]
+        for mod in (case.seed, *ours, ref):
             mod.train(train)
             mod.load_state_dict(state)
         amp = torch.autocast(case.device.type, dtype=DTYPES[case.dtype_name], enabled=bool(case.autocast))
         with torch.no_grad(), cutlass_fused.use_kernel_family(family):
             y64 = ref(case.x.double())
             with amp:
-                y_ours, y_frozen, y_eager = case.ours(case.x), case.frozen(case.x), case.seed(case.x)
-            e_ours = max((y.double() - y64).abs().max().item() for y in (y_ours, y_frozen))
+                ys, y_eager = [m(case.x) for m in ours], case.seed(case.x)
+            e_ours = max((y.double() - y64).abs().max().item() for y in ys)
             e_eager = (y_eager.double() - y64).abs().max().item()
-        for mod in (case.seed, case.ours, case.frozen):
+        for mod in (case.seed, *ours):
             mod.load_state_dict(state)
         ok = e_ours <= 2 * e_eager + FLOOR[case.dtype_name]
         out[mode] = (e_ours, e_eager, ok)
@@ -314,7 +317,7 @@ def run(args, argv):
     name = "sweep.json" if args.sweep and not args.shape else "results.json"
     for shape in shapes:
         torch._dynamo.reset()
-        case = Case(shape, args.dtype, device, args.autocast)
+        case = Case(shape, args.dtype, device, args.autocast, frozen="cutlass_fused-frozen" in impls)
         res = check(case, args.family)
         for mode, (e_ours, e_eager, ok) in res.items():
             checks.append({"shape": list(shape), "dtype": case.label, "mode": mode, "err_ours": e_ours,
