@@ -14,13 +14,14 @@ import torch
 
 from .ops import ops
 
-_local = threading.local()
+class _Scopes(threading.local):
+    """Each thread's stack of frozen_weights() scopes, each a dict id(tensor) -> tensor."""
+
+    def __init__(self):
+        self.stack = []
 
 
-def _frozen() -> list:
-    if not hasattr(_local, "scopes"):
-        _local.scopes = []
-    return _local.scopes
+_scopes = _Scopes()
 
 
 def _tensors(objs):
@@ -50,12 +51,11 @@ def frozen_weights(*modules_or_tensors):
     traces keeps nothing either (cudagraph trees' private pool must hold no kept tensor)."""
     if not modules_or_tensors:
         raise TypeError("cutlass_fused: frozen_weights expects the modules or tensors it freezes")
-    scopes = _frozen()
-    scopes.append(_tensors(modules_or_tensors))
+    _scopes.stack.append(_tensors(modules_or_tensors))
     try:
         yield
     finally:
-        scopes.pop()
+        _scopes.stack.pop()
         ops.clear_cache()
 
 
@@ -64,7 +64,7 @@ def may_cache(*tensors) -> bool:
     frozen by an enclosing frozen_weights() of this thread, outside what torch.compile traces."""
     if torch.compiler.is_compiling():
         return False
-    scopes = _frozen()
-    if not scopes:
+    stack = _scopes.stack
+    if not stack:
         return False
-    return all(t is None or any(s.get(id(t)) is t for s in scopes) for t in tensors)
+    return all(t is None or any(s.get(id(t)) is t for s in stack) for t in tensors)
