@@ -1,5 +1,5 @@
 """The batch-norm backward's GPU time by kernel choice: the two passes (column sums, then dh)
-against the slab kernel or the cooperative kernel (CUTLASS_FUSED_BACKWARD), summed over the
+against the slab kernel or the cooperative kernel (cutlass_fused.overrides(backward=...)), summed over the
 kernels a call launches (torch.profiler, 20 calls a round, median of rounds), the choices timed
 in turn, the order reversed every other round.
 
@@ -11,7 +11,8 @@ import statistics
 
 import torch
 
-from cutlass_fused.bench import alternating, env_var, profile
+import cutlass_fused
+from cutlass_fused.bench import alternating, profile
 from cutlass_fused.ops import ops
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
@@ -37,7 +38,7 @@ def main():
             call = lambda: ops.batch_norm_backward(dy, h, mean, invstd, scale, gamma, 1e-5)
             us = {c: [] for c in choices}
             for c in alternating(choices, args.rounds):
-                with env_var("CUTLASS_FUSED_BACKWARD", c):
+                with cutlass_fused.overrides(backward=c):
                     us[c].append(sum(profile(call, calls=20)[1].values()))
             print(f"{dtype} {m}x{n}: " + ", ".join(
                 f"{c} {statistics.median(v):6.1f} us (rounds {', '.join(f'{t:.1f}' for t in v)})"

@@ -4,7 +4,6 @@ same data, the worst of three seeds, at several K. Issue 8's rule: at most 2 (pl
 Eval kernels are run through linear_stats, statistics kernels through the training forward's h.
     python benchmarks/f32_accuracy.py [--k 48 --k 300 ...]"""
 import argparse
-import os
 
 import torch
 
@@ -33,15 +32,13 @@ def main():
             e_sgemm = err(torch.nn.functional.linear(x, w, b), ref)
             for n in names:
                 family = n.split("_")[0]
-                os.environ.update(CUTLASS_FUSED_KERNEL=n, CUTLASS_FUSED_STATS="1")
-                with cutlass_fused.use_kernel_family(family):
+                with cutlass_fused.use_kernel_family(family), cutlass_fused.overrides(kernel=n):
                     if "_stats_" in n:
                         ones = torch.ones(520, device="cuda")
                         h = ops.linear_scale_batch_norm_train(x, w, b, ones, None, None, None, None, None, 0.1,
-                                                              1e-5, family, False)[1]
+                                                              1e-5, family)[1]
                     else:
-                        h = ops.linear_stats(x, w, b, family, False)[0]
-                del os.environ["CUTLASS_FUSED_KERNEL"], os.environ["CUTLASS_FUSED_STATS"]
+                        h = ops.linear_stats(x, w, b, family)[0]
                 worst[n] = max(worst[n], err(h, ref) / e_sgemm)
         for n in names:
             print(f"f32 accuracy K={k:5d} {n:40s} error / SGEMM's {worst[n]:.2f}")

@@ -32,14 +32,14 @@ def ops_breakdown(m, k, n, dev, dt):
     x = torch.randn(m, k, device=dev, dtype=dt)
     w, b, s = mod.gemm.weight.detach(), mod.gemm.bias.detach(), mod.scale.detach()
     train = (x, w, b, s, bn.weight.detach(), bn.bias.detach(), bn.running_mean, bn.running_var,
-             bn.num_batches_tracked, 0.1, 1e-5, "auto", False, True)
+             bn.num_batches_tracked, 0.1, 1e-5, "auto", True)
     wt = w.t().contiguous()
-    h, stats = ops.linear_stats(x, w, b, "auto", False)
+    h, stats = ops.linear_stats(x, w, b, "auto")
     rows = {
         "torch.mm": lambda: torch.mm(x, w.t()),
         "torch.empty": lambda: torch.empty(m, n, device=dev, dtype=dt),
         "ops.matmul": lambda: ops.matmul(x, wt, "auto"),
-        "ops.linear_stats": lambda: ops.linear_stats(x, w, b, "auto", False),
+        "ops.linear_stats": lambda: ops.linear_stats(x, w, b, "auto"),
         "ops.batch_norm_finalize": lambda: ops.batch_norm_finalize(h, stats, s, m, bn.weight, bn.bias, 1e-5),
         "train op": lambda: ops.linear_scale_batch_norm_train(*train),
         "eval op": lambda: ops.linear_scale_batch_norm_eval(*train[:8], 1e-5, "auto", True),

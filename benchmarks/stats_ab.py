@@ -1,13 +1,12 @@
 """Interleaved A/B of the fp32 (TF32 off) training forward: each statistics-GEMM candidate, the
-exact pass (CUTLASS_FUSED_STATS=0) and eval, against eager, in rounds so that clock drift hits
+exact pass (overrides(stats_gemm=False)) and eval, against eager, in rounds so that clock drift hits
 all alike; then the per-kernel split of each from torch.profiler.
 
     python benchmarks/stats_ab.py [--rounds 3] [--kernel NAME ...] [--swizzle S ...]
 
---swizzle adds the default statistics kernel in that tile order ($CUTLASS_FUSED_SWIZZLE).
+--swizzle adds the default statistics kernel in that tile order (overrides(swizzle=...)).
 """
 import argparse
-import os
 import statistics
 
 import torch
@@ -38,10 +37,10 @@ def main():
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     kernels = args.kernel or [k for k in cutlass_fused.built_kernels() if k.startswith("sm90_f32x3_stats_")]
-    # (label, environment, training)
-    configs = [(k.split("_stats_")[1], {"CUTLASS_FUSED_STATS": "1", "CUTLASS_FUSED_KERNEL": k}, True) for k in kernels]
-    configs += [(f"default s{s}", {"CUTLASS_FUSED_STATS": "1", "CUTLASS_FUSED_SWIZZLE": s}, True) for s in args.swizzle]
-    configs += [("pass", {"CUTLASS_FUSED_STATS": "0"}, True), ("eval", {}, False), ("eager", None, True)]
+    # (label, cutlass_fused.overrides() or None for eager, training)
+    configs = [(k.split("_stats_")[1], {"kernel": k}, True) for k in kernels]
+    configs += [(f"default s{s}", {"swizzle": int(s)}, True) for s in args.swizzle]
+    configs += [("pass", {"stats_gemm": False}, True), ("eval", {}, False), ("eager", None, True)]
     for m, k, n in [(1024, 8192, 8192), (16384, 4096, 4096)]:
         torch.manual_seed(0)
         seed = SeedModel(k, n).cuda()
@@ -52,29 +51,23 @@ def main():
         with torch.no_grad():
             for _ in range(args.rounds):
                 for label, env, train in configs:
-                    os.environ.pop("CUTLASS_FUSED_KERNEL", None)
-                    os.environ.pop("CUTLASS_FUSED_SWIZZLE", None)
-                    os.environ.update(env or {})
                     mod = seed if env is None else ours
                     mod.train(train)
-                    times.setdefault(label, []).append(time_ms(lambda: mod(x)))
+                    with cutlass_fused.overrides(**(env or {})):
+                        times.setdefault(label, []).append(time_ms(lambda: mod(x)))
             eager = statistics.median(times["eager"])
             print(f"{m}x{k}x{n}, ms (median of {args.rounds} rounds; eager / this):")
             for label, env, train in configs:
                 t = statistics.median(times[label])
                 split = ""
                 if env is not None:
-                    os.environ.pop("CUTLASS_FUSED_KERNEL", None)
-                    os.environ.pop("CUTLASS_FUSED_SWIZZLE", None)
-                    os.environ.update(env)
                     ours.train(train)
-                    _, per_kernel = profile(lambda: ours(x), calls=10)
+                    with cutlass_fused.overrides(**env):
+                        _, per_kernel = profile(lambda: ours(x), calls=10)
                     split = "  " + "; ".join(f"{us:.1f} {name[:48]}" for name, us in
                                              sorted(per_kernel.items(), key=lambda kv: -kv[1]))
                 print(f"  {label:24s} {t:8.4f} ({min(times[label]):.4f}-{max(times[label]):.4f})  "
                       f"{eager / t:5.3f}x{split}")
-        for var in ("CUTLASS_FUSED_KERNEL", "CUTLASS_FUSED_STATS", "CUTLASS_FUSED_SWIZZLE"):
-            os.environ.pop(var, None)
 
 
 if __name__ == "__main__":

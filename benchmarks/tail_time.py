@@ -5,14 +5,15 @@ change to the tail is judged by its own microseconds and by the ratio users see.
     python benchmarks/tail_time.py [--dtype bf16 --dtype tf32 ...] [--shape B,IN,OUT ...] [--rounds 3]
                                    [--tail cooperative --tail slab ...]
 
---tail times each forced tail (CUTLASS_FUSED_TAIL) in turn, the order reversed every other round.
+--tail times each forced tail (cutlass_fused.overrides(tail=...)) in turn, the order reversed every other round.
 """
 import argparse
 import statistics
 
 import torch
 
-from cutlass_fused.bench import DTYPES, Case, alternating, env_var, median_ms, profile
+import cutlass_fused
+from cutlass_fused.bench import DTYPES, Case, alternating, median_ms, profile
 
 SHAPES = [(1024, 8192, 8192), (16384, 4096, 4096), (4096, 4096, 4096)]
 
@@ -34,7 +35,7 @@ def main():
                 train, mm = case.fn("cutlass_fused", "train"), case.fn("torch.mm", "train")
                 gemm, tail, ratio = ({t: [] for t in tails} for _ in range(3))
                 for t in alternating(tails, args.rounds):
-                    with env_var("CUTLASS_FUSED_TAIL", t or ""):
+                    with cutlass_fused.overrides(tail=t or "auto"):
                         _, kernels = profile(train, calls=20)
                         # The GEMM is the longest kernel; the tail, the other one (two launches a forward).
                         times = sorted(kernels.values(), reverse=True)

@@ -22,14 +22,13 @@ template <c10::DeviceType device>
 TrainOut train_autocast(at::Tensor const& x, at::Tensor const& weight, OptTensor const& bias, at::Tensor const& scale,
                         OptTensor const& bn_weight, OptTensor const& bn_bias, OptTensor const& running_mean,
                         OptTensor const& running_var, OptTensor const& num_batches_tracked,
-                        c10::optional<double> momentum, double eps, c10::string_view family, bool deterministic,
-                        bool cache) {
+                        c10::optional<double> momentum, double eps, c10::string_view family, bool cache) {
   static auto op = op_handle<TrainSig>("cutlass_fused::linear_scale_batch_norm_train");
   c10::impl::ExcludeDispatchKeyGuard no_autocast(at::autocast::get_autocast_dispatch_key_from_device_type(device));
   auto dt = at::autocast::get_autocast_dtype(device);
   return op.call(at::autocast::cached_cast(dt, x, device), at::autocast::cached_cast(dt, weight, device),
                  at::autocast::cached_cast(dt, bias, device), scale, bn_weight, bn_bias, running_mean, running_var,
-                 num_batches_tracked, momentum, eps, family, deterministic, cache);
+                 num_batches_tracked, momentum, eps, family, cache);
 }
 
 template <c10::DeviceType device>

@@ -81,7 +81,7 @@ struct TrainFunction : torch::autograd::Function<TrainFunction> {
                                OptTensor const& bias, at::Tensor const& scale, OptTensor const& bn_weight,
                                OptTensor const& bn_bias, OptTensor const& running_mean, OptTensor const& running_var,
                                OptTensor const& num_batches_tracked, c10::optional<double> momentum, double eps,
-                               c10::string_view family, bool deterministic, bool cache) {
+                               c10::string_view family, bool cache) {
     static auto op = op_handle<TrainSig>("cutlass_fused::linear_scale_batch_norm_train");
     save_needs(ctx, {x.requires_grad(), weight.requires_grad(), requires_grad(bias), scale.requires_grad(),
                      requires_grad(bn_weight), requires_grad(bn_bias)});
@@ -89,7 +89,7 @@ struct TrainFunction : torch::autograd::Function<TrainFunction> {
     // running stats' update.
     at::AutoDispatchBelowAutograd below;
     auto [y, h, stats, mean, invstd] = op.call(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var,
-                                               num_batches_tracked, momentum, eps, family, deterministic, cache);
+                                               num_batches_tracked, momentum, eps, family, cache);
     // h, mean and invstd are held outside the saved variables, so that the backward
     // can free them once dh exists (see take), unless saved-tensor hooks (activation
     // offload, checkpointing) are to see them.
@@ -216,10 +216,9 @@ struct EvalFunction : torch::autograd::Function<EvalFunction> {
 TrainOut train_autograd(at::Tensor const& x, at::Tensor const& weight, OptTensor const& bias, at::Tensor const& scale,
                         OptTensor const& bn_weight, OptTensor const& bn_bias, OptTensor const& running_mean,
                         OptTensor const& running_var, OptTensor const& num_batches_tracked,
-                        c10::optional<double> momentum, double eps, c10::string_view family, bool deterministic,
-                        bool cache) {
+                        c10::optional<double> momentum, double eps, c10::string_view family, bool cache) {
   auto out = TrainFunction::apply(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var,
-                                  num_batches_tracked, momentum, eps, family, deterministic, cache);
+                                  num_batches_tracked, momentum, eps, family, cache);
   return {out[0], out[1], out[2], out[3], out[4]};
 }
 
@@ -245,14 +244,13 @@ void bump_versions(std::initializer_list<OptTensor const*> ts) {
 TrainOut train_in_place(at::Tensor const& x, at::Tensor const& weight, OptTensor const& bias, at::Tensor const& scale,
                         OptTensor const& bn_weight, OptTensor const& bn_bias, OptTensor const& running_mean,
                         OptTensor const& running_var, OptTensor const& num_batches_tracked,
-                        c10::optional<double> momentum, double eps, c10::string_view family, bool deterministic,
-                        bool cache) {
+                        c10::optional<double> momentum, double eps, c10::string_view family, bool cache) {
   static auto op = op_handle<TrainSig>("cutlass_fused::linear_scale_batch_norm_train");
   TrainOut out;
   {
     at::AutoDispatchBelowADInplaceOrView below;
     out = op.call(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, momentum,
-                  eps, family, deterministic, cache);
+                  eps, family, cache);
   }
   bump_versions({&running_mean, &running_var, &num_batches_tracked});
   return out;

@@ -16,7 +16,7 @@ using OptTensor = c10::optional<at::Tensor>;
 
 using TrainSig = TrainOut(
     at::Tensor const&, at::Tensor const&, OptTensor const&, at::Tensor const&, OptTensor const&, OptTensor const&,
-    OptTensor const&, OptTensor const&, OptTensor const&, c10::optional<double>, double, c10::string_view, bool, bool);
+    OptTensor const&, OptTensor const&, OptTensor const&, c10::optional<double>, double, c10::string_view, bool);
 using BackwardSig = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
     at::Tensor const&, at::Tensor const&, at::Tensor const&, at::Tensor const&, at::Tensor const&, OptTensor const&,
     double);

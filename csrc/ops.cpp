@@ -16,10 +16,13 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <mutex>
+
+#include "kernels/plan.h"
 #include "ops.h"
 #if defined(CUTLASS_FUSED_WITH_CUDA)
 #include "derived_cache.h"
-#include "kernels/gemm_evt.h"
 #endif
 
 extern "C" {
@@ -77,8 +80,79 @@ void check_running_stats(at::Tensor const& running_mean, at::Tensor const& runni
 }
 
 void check_family(c10::string_view family) {
-  TORCH_CHECK(family == "auto" || family == "sm90" || family == "sm80",
-              "cutlass_fused: expected family to be 'auto', 'sm90' or 'sm80', but got '", family, "'");
+  try {
+    check_family_name(std::string(family.data(), family.size()));
+  } catch (std::exception const& e) {
+    TORCH_CHECK(false, e.what());
+  }
+}
+
+namespace {
+
+// The overrides in force, process-wide: set by cutlass_fused.overrides() (and from the
+// environment once, at import), read by every CUDA call, the autograd engine's threads too.
+std::mutex overrides_mutex;
+Overrides overrides_now;
+bool poison_now = false;
+
+void set_overrides(std::string const& kernel, std::string const& tail, std::string const& backward, int64_t swizzle,
+                   std::string const& raster, bool stats_gemm, bool poison) {
+  Overrides o;
+  try {
+    o = parse_overrides(kernel, tail, backward, swizzle, raster, stats_gemm);
+  } catch (std::exception const& e) {
+    TORCH_CHECK_VALUE(false, e.what());
+  }
+  std::lock_guard<std::mutex> lock(overrides_mutex);
+  overrides_now = o;
+  poison_now = poison;
+}
+
+// torch.ops.cutlass_fused.plan: what make_plan chooses for a problem on a GPU described by its
+// compute capability and SM count, with the overrides in force; "key=value" lines.
+std::string plan_op(std::string const& op, int64_t m, int64_t n, int64_t k, at::ScalarType dtype, bool y_wider,
+                    bool allow_tf32, std::string const& family, int64_t capability, int64_t sm_count,
+                    bool cumulative, bool groups16) {
+  static constexpr std::pair<char const*, Op> kOps[] = {{"train", Op::train},   {"linear", Op::linear},
+                                                        {"eval", Op::eval},     {"matmul", Op::matmul},
+                                                        {"backward", Op::backward}};
+  Problem p;
+  auto it = std::find_if(std::begin(kOps), std::end(kOps), [&](auto const& o) { return op == o.first; });
+  TORCH_CHECK_VALUE(it != std::end(kOps), "cutlass_fused: expected op to be 'train', 'linear', 'eval', 'matmul' or ",
+                    "'backward', but got '", op, "'");
+  TORCH_CHECK_VALUE(m > 0 && n > 0 && k >= 0 && sm_count > 0, "cutlass_fused: expected positive sizes and SM count");
+  p.op = it->second;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  TORCH_CHECK_VALUE(dtype == at::kBFloat16 || dtype == at::kHalf || dtype == at::kFloat,
+                    "cutlass_fused: expected dtype to be bfloat16, float16 or float32, but got ", dtype);
+  p.x = dtype == at::kBFloat16 ? DType::bf16 : dtype == at::kHalf ? DType::f16 : DType::f32;
+  p.y_wider = y_wider;
+  p.allow_tf32 = allow_tf32;
+  p.family = family;
+  p.capability = static_cast<int>(capability);
+  p.sm_count = static_cast<int>(sm_count);
+  p.cumulative = cumulative;
+  p.groups16 = groups16;
+  p.overrides = current_overrides();
+  try {
+    return describe(make_plan(p));
+  } catch (std::exception const& e) {
+    TORCH_CHECK(false, e.what());
+  }
+}
+
+}  // namespace
+
+Overrides current_overrides() {
+  std::lock_guard<std::mutex> lock(overrides_mutex);
+  return overrides_now;
+}
+
+bool poison_outputs() {
+  std::lock_guard<std::mutex> lock(overrides_mutex);
+  return poison_now;
 }
 
 void check_batch(int64_t count, int64_t n) {
@@ -96,11 +170,12 @@ void check_running_args(c10::optional<at::Tensor> const& running_mean, c10::opti
 
 namespace {
 
+// The kernel table's rows this build compiled.
 std::vector<std::string> kernel_names() {
   std::vector<std::string> out;
-#if defined(CUTLASS_FUSED_WITH_CUDA)
-  for (auto const* k = kernels_begin(); k != kernels_end(); ++k) out.emplace_back(k->name);
-#endif
+  for (auto const* k = kernels_begin(); k != kernels_end(); ++k) {
+    if (k->entry != nullptr) out.emplace_back(k->name);
+  }
   return out;
 }
 
@@ -121,7 +196,7 @@ TORCH_LIBRARY(cutlass_fused, m) {
   // from the graph's private pool, which must hold no tensor a cache outlives).
   //
   // The training forward in two steps, so SyncBN can all-reduce `stats` between them.
-  m.def("linear_stats(Tensor x, Tensor weight, Tensor? bias, str family, bool deterministic, bool cache=False)"
+  m.def("linear_stats(Tensor x, Tensor weight, Tensor? bias, str family, bool cache=False)"
         " -> (Tensor h, Tensor stats)");
   m.def(
       "batch_norm_finalize(Tensor h, Tensor stats, Tensor scale, SymInt count, Tensor? weight, Tensor? bias, float eps)"
@@ -131,7 +206,7 @@ TORCH_LIBRARY(cutlass_fused, m) {
   m.def(
       "linear_scale_batch_norm_train(Tensor x, Tensor weight, Tensor? bias, Tensor scale, Tensor? bn_weight,"
       " Tensor? bn_bias, Tensor(a!)? running_mean, Tensor(b!)? running_var, Tensor(c!)? num_batches_tracked,"
-      " float? momentum, float eps, str family, bool deterministic, bool cache=False)"
+      " float? momentum, float eps, str family, bool cache=False)"
       " -> (Tensor y, Tensor h, Tensor stats, Tensor mean, Tensor invstd)");
   m.def(
       "update_running_stats(Tensor stats, Tensor scale, SymInt count, Tensor(a!) running_mean, Tensor(b!) running_var,"
@@ -146,6 +221,14 @@ TORCH_LIBRARY(cutlass_fused, m) {
   // without TF32 on sm90; torch.mm otherwise): the backward's dX and dW GEMMs.
   m.def("matmul(Tensor a, Tensor b, str family) -> Tensor");
   m.def("kernel_names() -> str[]", &kernel_names);
+  // The overrides of the plan's choices (cutlass_fused.overrides(); empty or "auto": the plan's).
+  m.def("set_overrides(str kernel, str tail, str backward, int swizzle, str raster, bool stats_gemm, bool poison)"
+        " -> ()",
+        &set_overrides);
+  // What the plan chooses for a problem (cutlass_fused.plan()), on any device.
+  m.def("plan(str op, int m, int n, int k, ScalarType dtype, bool y_wider, bool allow_tf32, str family,"
+        " int capability, int sm_count, bool cumulative, bool groups16) -> str",
+        &plan_op);
   // Drops every value kept under `cache` (frozen_weights' exit).
   m.def("clear_cache() -> ()", &clear_cache);
 }

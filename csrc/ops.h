@@ -3,6 +3,8 @@
 
 #include <ATen/ATen.h>
 
+#include "kernels/plan.h"
+
 namespace cutlass_fused {
 
 // Rows of h are padded to 16 bytes so the TMA/vector paths can use them:
@@ -32,6 +34,11 @@ void check_vector(c10::optional<at::Tensor> const& t, char const* name, int64_t 
 // as PyTorch's batch norm takes them; any floating dtype where z is not known (the split update).
 void check_running_stats(at::Tensor const& running_mean, at::Tensor const& running_var, int64_t n,
                          c10::optional<at::ScalarType> z);
+// The overrides of the plan's choices in force (cutlass_fused.overrides()), and whether outputs
+// start as NaN (tests).
+Overrides current_overrides();
+bool poison_outputs();
+
 // "auto", "sm90" or "sm80": checked on every device, so that the CPU path refuses what CUDA does.
 void check_family(c10::string_view family);
 // Training needs a batch of at least two rows (count rows behind n columns).

@@ -49,7 +49,7 @@ at::Tensor with_overflow(at::Tensor const& stats, at::Tensor const& h, at::Tenso
 
 std::tuple<at::Tensor, at::Tensor> linear_stats_cpu(at::Tensor const& x, at::Tensor const& weight,
                                                     c10::optional<at::Tensor> const& bias, c10::string_view family,
-                                                    bool /*deterministic*/, bool /*cache: nothing is cached on CPU*/) {
+                                                    bool /*cache: nothing is cached on CPU*/) {
   check_linear_args(x, weight, bias, c10::nullopt);
   check_family(family);
   auto out = linear_acc(x, weight, bias);
@@ -97,7 +97,7 @@ TrainOut linear_scale_batch_norm_train_cpu(at::Tensor const& x, at::Tensor const
                                            c10::optional<at::Tensor> const& running_var,
                                            c10::optional<at::Tensor> const& num_batches_tracked,
                                            c10::optional<double> momentum, double eps, c10::string_view family,
-                                           bool deterministic, bool cache) {
+                                           bool cache) {
   check_linear_args(x, weight, bias, scale);
   check_batch(x.size(0), weight.size(0));
   check_running_args(running_mean, running_var, num_batches_tracked, momentum);
@@ -105,7 +105,7 @@ TrainOut linear_scale_batch_norm_train_cpu(at::Tensor const& x, at::Tensor const
     check_running_stats(*running_mean, *running_var, weight.size(0),
                         output_dtype(x.scalar_type(), scale.scalar_type()));
   }
-  auto [h, stats_h] = linear_stats_cpu(x, weight, bias, family, deterministic, cache);
+  auto [h, stats_h] = linear_stats_cpu(x, weight, bias, family, cache);
   auto stats = with_overflow(stats_h, h, scale);
   auto [y, mean, invstd] = batch_norm_finalize_cpu(h, stats, scale, x.size(0), bn_weight, bn_bias, eps);
   if (num_batches_tracked.has_value()) num_batches_tracked->add_(1);

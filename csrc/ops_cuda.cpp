@@ -1,10 +1,10 @@
 // CUDA implementations: torch tensors in, raw pointers out to csrc/kernels.
-// Everything runs on the inputs' device and torch's current stream, with
-// workspaces from the caching allocator, and never synchronizes.
-#include <cstdlib>
+// Each op checks its arguments, asks the plan (csrc/kernels/plan.h) what to run, makes the
+// pointers, allocates one workspace, and runs the plan. Everything runs on the inputs' device
+// and torch's current stream, with workspaces from the caching allocator, and never
+// synchronizes.
 #include <limits>
 #include <string>
-#include <utility>
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -14,6 +14,7 @@
 #include "kernels/batch_norm.h"
 #include "kernels/gemm_evt.h"
 #include "kernels/inf_fix.h"
+#include "kernels/plan.h"
 #include "eval_fold_cuda.h"
 #include "ops.h"
 #include "tf32x3_cuda.h"
@@ -33,60 +34,39 @@ DType dtype_of(at::ScalarType t, char const* name) {
   }
 }
 
-// fp32 inputs use TF32 tensor cores exactly when torch.mm would.
-KernelDtype kernel_dtype(at::ScalarType t) {
-  switch (dtype_of(t, "input")) {
-    case DType::bf16: return KernelDtype::bf16;
-    case DType::f16: return KernelDtype::f16;
-    default: return at::globalContext().allowTF32CuBLAS() ? KernelDtype::tf32 : KernelDtype::f32x3;
-  }
-}
-
-Family pick_family(c10::string_view requested, at::Device device) {
+// The problem of one call on `device`, with the overrides in force (cutlass_fused.overrides()).
+Problem problem(Op op, int64_t m, int64_t n, int64_t k, at::ScalarType x, bool y_wider, c10::string_view family,
+                at::Device device) {
   auto* prop = at::cuda::getDeviceProperties(device.index());
-  int cc = prop->major * 10 + prop->minor;
-  TORCH_CHECK(cc >= 80, "cutlass_fused: needs an Ampere (compute capability 8.0) or newer GPU, but ", device,
-              " (", prop->name, ") has compute capability ", prop->major, ".", prop->minor);
-  std::string req(requested.data(), requested.size());
-  TORCH_CHECK(req == "auto" || req == "sm90" || req == "sm80", "cutlass_fused: expected family to be 'auto', ",
-              "'sm90' or 'sm80', but got '", req, "'");
-  // sm90a code runs on compute capability 9.0 only. fp32 without TF32 is
-  // 3xTF32 in both families: in-kernel on sm80 (mma.sync), over split operands
-  // through the TF32 kernel on sm90 (csrc/kernels/tf32x3.h).
-  if (req == "sm90") {
-    TORCH_CHECK(cc == 90, "cutlass_fused: family 'sm90' needs compute capability 9.0, but ", device, " has ",
-                prop->major, ".", prop->minor);
-    return Family::sm90;
+  Problem p;
+  p.op = op;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.x = dtype_of(x, "input");
+  p.y_wider = y_wider;
+  p.allow_tf32 = at::globalContext().allowTF32CuBLAS();
+  p.family = std::string(family.data(), family.size());
+  p.capability = prop->major * 10 + prop->minor;
+  p.sm_count = prop->multiProcessorCount;
+  p.device = device.str() + " (" + prop->name + ")";
+  p.overrides = current_overrides();
+  return p;
+}
+
+Plan planned(Problem const& p) {
+  try {
+    return make_plan(p);
+  } catch (std::exception const& e) {
+    TORCH_CHECK(false, e.what());
   }
-  if (req == "sm80") return Family::sm80;
-  return cc == 90 ? Family::sm90 : Family::sm80;
 }
 
-// The sm90 family has no 3xTF32 kernel: its TF32 kernel runs over split operands.
-bool split_tf32x3(Family family, KernelDtype dtype) {
-  return family == Family::sm90 && dtype == KernelDtype::f32x3;
-}
-
-int sm_count(int device) { return at::cuda::getDeviceProperties(device)->multiProcessorCount; }
-
-KernelInfo const& lookup(Family family, KernelDtype dtype, Mode mode, int64_t m, int64_t n, int64_t k,
-                         at::Device device) {
-  auto const* info = find_kernel(family, dtype, mode, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
-                                 sm_count(device.index()));
-  TORCH_CHECK(info != nullptr, "cutlass_fused: this build has no ", to_string(family), " ", to_string(dtype), " ",
-              to_string(mode),
-              " kernel; rebuild with that architecture in CUTLASS_FUSED_CUDA_ARCHS");
-  return *info;
-}
-
-// Tests set CUTLASS_FUSED_POISON=1 so that every output starts as NaN and an
-// element a kernel forgot to write cannot pass as a plausible value.
+// Tests turn poisoning on (cutlass_fused.overrides(poison=True), or $CUTLASS_FUSED_POISON=1 at
+// import) so that every output starts as NaN and an element a kernel forgot to write cannot
+// pass as a plausible value.
 void poison(at::Tensor& t) {
-  static bool const on = [] {
-    char const* v = std::getenv("CUTLASS_FUSED_POISON");
-    return v != nullptr && std::string(v) == "1";
-  }();
-  if (on) t.fill_(std::numeric_limits<double>::quiet_NaN());
+  if (poison_outputs()) t.fill_(std::numeric_limits<double>::quiet_NaN());
 }
 
 // A 16-byte aligned, unit-stride operand whose row length is a multiple of 16
@@ -115,16 +95,16 @@ at::Tensor weight_rows(at::Tensor const& w, int64_t rows) {
 }
 
 // The GEMM's operands: x and w as they are (16-byte aligned rows, w padded to
-// kn rows), or split for 3xTF32 with K tripled.
+// kn rows), or split for 3xTF32 with K tripled. Split, the segments of x
+// [small | again | big] meet W's [again | small | big] (csrc/kernels/tf32x3.h), in either
+// operand order (the stats kernels take W as A).
 struct Operands {
   at::Tensor x, w;
-  int64_t k;
 };
 
 Operands operands(at::Tensor const& x, at::Tensor const& weight, int64_t kn, bool split, bool cache) {
-  if (!split) return {aligned_rows(x), weight_rows(weight, kn), x.size(1)};
-  auto xs = split_tf32x3(x, x.size(0), SplitOrder::small_big_big);
-  return {xs, split_weight_tf32x3(weight, kn, cache), xs.size(1)};
+  if (!split) return {aligned_rows(x), weight_rows(weight, kn)};
+  return {split_tf32x3(x, x.size(0), SplitOrder::small_big_big), split_weight_tf32x3(weight, kn, cache)};
 }
 
 void const* ptr_or_null(c10::optional<at::Tensor> const& t) { return t.has_value() ? t->data_ptr() : nullptr; }
@@ -134,10 +114,6 @@ void const* ptr_or_null(c10::optional<at::Tensor> const& t) { return t.has_value
 // W's infinite rows reach, after the GEMM (out = (h + b) * a + c, b fp32).
 // Where no row holds an infinity this is a pass over x and one over W (kept
 // inside frozen_weights(), as its split is) and a launch that reads the flags.
-bool in_kernel_tf32x3(Family family, KernelDtype dtype) {
-  return family == Family::sm80 && dtype == KernelDtype::f32x3;
-}
-
 void fix_infinite_operands(Operands const& ops, at::Tensor const& weight, int64_t n, bool cache, void const* b,
                            float const* a, float const* c, at::Tensor& out) {
   auto x_flags = inf_rows(ops.x);
@@ -164,34 +140,6 @@ void check_device(at::Tensor const& t, at::Device d, char const* name) {
   TORCH_CHECK(t.device() == d, "cutlass_fused: expected ", name, " to be on ", d, " like input, but got ", t.device());
 }
 
-GemmEvtArgs gemm_args(at::Tensor const& x, at::Tensor const& w, at::Tensor& out, int64_t n) {
-  GemmEvtArgs p;
-  p.m = static_cast<int>(x.size(0));
-  p.n = static_cast<int>(n);
-  p.k = static_cast<int>(x.size(1));
-  p.x = x.data_ptr();
-  p.ldx = x.stride(0);
-  p.w = w.data_ptr();
-  p.ldw = w.stride(0);
-  p.out = out.data_ptr();
-  p.ldo = out.stride(0);
-  p.device = x.get_device();
-  p.sm_count = sm_count(p.device);
-  return p;
-}
-
-void run(KernelInfo const& info, GemmEvtArgs& p, at::Tensor const& like) {
-  auto const& e = info.entry();
-  choose_tile_order(info, p);
-  at::Tensor ws;
-  size_t bytes = e.workspace_size(p);
-  if (bytes > 0) {
-    ws = at::empty({static_cast<int64_t>(bytes)}, like.options().dtype(at::kByte));
-    p.workspace = ws.data_ptr();
-  }
-  e.run(p, at::cuda::getCurrentCUDAStream(p.device).stream());
-}
-
 void check_gemm_inputs(at::Tensor const& x, at::Tensor const& weight, c10::optional<at::Tensor> const& bias,
                        c10::optional<at::Tensor> const& scale) {
   check_linear_args(x, weight, bias, scale);
@@ -204,91 +152,95 @@ void check_gemm_inputs(at::Tensor const& x, at::Tensor const& weight, c10::optio
   if (bias.has_value()) check_device(*bias, x.device(), "bias");
 }
 
-// h = x W^T + b through the eval kernel with no epilogue vectors but the bias.
-// Its statistics are our ordered column pass over h: deterministic on both
-// families, and faster than the fp64 statistics EVT (benchmarks/NOTES.md, v0.7).
-// The caller holds a device guard and has checked the inputs.
-at::Tensor linear_h(at::Tensor const& x, at::Tensor const& weight, c10::optional<at::Tensor> const& bias,
-                    c10::string_view family, bool cache) {
-  int64_t m = x.size(0), n = weight.size(0), k = x.size(1);
-  KernelDtype dt = kernel_dtype(x.scalar_type());
-  Family fam = pick_family(family, x.device());
-  bool split = split_tf32x3(fam, dt);
-  auto const& info = lookup(fam, dt, Mode::eval, m, n, k, x.device());
-
-  // Both families need N to be a multiple of 16 bytes (sm80 stores whole
-  // vectors, sm90's can_implement rejects D otherwise): the kernel computes kn
-  // columns, from zero weight rows, into the padded rows of h.
-  int64_t kn = padded_ld(n, x.scalar_type());
-  auto ops = operands(x, weight, kn, split, cache);
-  auto b = bias_vector(bias, x.scalar_type(), kn);
-  auto h = empty_padded(m, n, x.options());
-  poison(h);
-
-  GemmEvtArgs p = gemm_args(ops.x, ops.w, h, kn);
-  p.b = ptr_or_null(b);
-  run(info, p, x);
-  if (in_kernel_tf32x3(fam, dt)) fix_infinite_operands(ops, weight, n, cache, p.b, nullptr, nullptr, h);
-  return h;
-}
-
-// The statistics GEMM (sm90, csrc/kernels/gemm_evt.h "stats" kernels): h and each batch
-// tile's sums of h and h^2 (fp32; fp64 for 3xTF32, whose h is fp32 data), so that the
-// training tail reads h once. Used where one is built and its tiles fill half the GPU
-// (smaller problems keep linear_h's smaller tiles); CUTLASS_FUSED_STATS=0 turns it off.
-struct StatsGemm {
-  at::Tensor h, u;  // u: (2, tiles, ld), fp32 or fp64
-  int tiles = 0;
-  int64_t ld = 0;
+// The epilogue's per-column vectors (eval: the fold), or none (h = x W^T + b).
+struct Epilogue {
+  float const* a = nullptr;
+  float const* c = nullptr;
+  float const* s = nullptr;
 };
 
-c10::optional<StatsGemm> stats_gemm(at::Tensor const& x, at::Tensor const& weight,
-                                    c10::optional<at::Tensor> const& bias, c10::string_view family, bool cache) {
-  char const* env = std::getenv("CUTLASS_FUSED_STATS");  // read per call: tests compare both paths
-  if (env != nullptr && std::string(env) == "0") return c10::nullopt;
-  KernelDtype dt = kernel_dtype(x.scalar_type());
-  Family fam = pick_family(family, x.device());
-  int64_t m = x.size(0), n = weight.size(0), kn = padded_ld(n, x.scalar_type());
-  int sms = sm_count(x.get_device());
-  // Features are the kernel's M, the batch its N.
-  auto const* info = find_kernel(fam, dt, Mode::stats, static_cast<int>(kn), static_cast<int>(m),
-                                 static_cast<int>(x.size(1)), sms);
-  if (info == nullptr) return c10::nullopt;
-  if (cta_count(*info, kn, m) < std::max(1, sms / 2)) return c10::nullopt;
-  // Swapped: the weight is the A operand (kn rows), x the B operand, h^T the column-major D.
-  // Split for 3xTF32, W's segments [again | small | big] meet x's [small | again | big]
-  // (csrc/kernels/tf32x3.h): the same three products as the eval kernel's, in the other
-  // operand order.
-  auto ops = operands(x, weight, kn, split_tf32x3(fam, dt), cache);
-  auto b = bias_vector(bias, x.scalar_type(), kn);
-  auto h = empty_padded(m, n, x.options());
-  poison(h);
-  auto layout = stats_layout(*info, kn, m);
-  auto u = at::empty({2, layout.tiles, layout.ld}, x.options().dtype(layout.bytes == 8 ? at::kDouble : at::kFloat));
-  poison(u);
-  GemmEvtArgs p = gemm_args(ops.w, ops.x, h, m);
+// The call's one workspace, held until its kernels are queued: the CUTLASS kernel's own bytes,
+// then the plan's (the statistics GEMM's sums, the BatchNorm kernels' scratch) at `scratch`.
+struct Workspace {
+  at::Tensor bytes;
+  char* scratch = nullptr;
+};
+
+// The one way a GEMM runs: the plan's kernel over x and W (laid out or split as it says) into
+// `out` (h, or y with the eval epilogue), in its tile order, then the sm80 3xTF32 infinity fix
+// where the plan asks for it. The caller holds a device guard and has checked the inputs.
+Workspace run_gemm(Plan const& plan, at::Tensor const& x, at::Tensor const& weight,
+                   c10::optional<at::Tensor> const& bias, Epilogue const& e, at::Tensor& out, bool cache) {
+  GemmPlan const& g = plan.gemm;
+  KernelInfo const& info = *g.kernel;
+  TORCH_CHECK(info.entry != nullptr, "cutlass_fused: this build has no ", to_string(info.family), " ",
+              to_string(info.dtype), " ", to_string(info.mode),
+              " kernel; rebuild with that architecture in CUTLASS_FUSED_CUDA_ARCHS");
+  auto ops = operands(x, weight, g.kn, g.split, cache);
+  auto b = bias_vector(bias, x.scalar_type(), g.kn);
+  GemmEvtArgs p;
+  // Swapped (stats kernels): the weight is the A operand (kn rows), x the B operand, h^T the
+  // column-major D.
+  at::Tensor const& a_op = g.swapped ? ops.w : ops.x;
+  at::Tensor const& b_op = g.swapped ? ops.x : ops.w;
+  p.m = static_cast<int>(a_op.size(0));
+  p.n = static_cast<int>(g.swapped ? x.size(0) : g.kn);
+  p.k = static_cast<int>(a_op.size(1));
+  p.x = a_op.data_ptr();
+  p.ldx = a_op.stride(0);
+  p.w = b_op.data_ptr();
+  p.ldw = b_op.stride(0);
+  p.out = out.data_ptr();
+  p.ldo = out.stride(0);
   p.b = ptr_or_null(b);
-  p.u_sum = u[0].data_ptr();
-  p.u_sumsq = u[1].data_ptr();
-  run(*info, p, x);
-  return StatsGemm{h, u, layout.tiles, layout.ld};
+  p.a = e.a;
+  p.c = e.c;
+  p.s = e.s;
+  p.swizzle = g.swizzle;
+  p.raster = g.raster;
+  p.device = x.get_device();
+  p.sm_count = at::cuda::getDeviceProperties(p.device)->multiProcessorCount;
+  auto const& entry = info.entry();
+  int64_t own = (static_cast<int64_t>(entry.workspace_size(p)) + 255) / 256 * 256;
+  Workspace ws;
+  int64_t total = own + static_cast<int64_t>(plan.workspace);
+  if (total > 0) {
+    ws.bytes = at::empty({total}, x.options().dtype(at::kByte));
+    if (own > 0) p.workspace = ws.bytes.data_ptr();
+    ws.scratch = static_cast<char*>(ws.bytes.data_ptr()) + own;
+    if (poison_outputs() && plan.workspace > 0) ws.bytes.narrow(0, own, plan.workspace).fill_(0xff);  // NaN sums
+  }
+  if (g.swapped) {
+    p.u_sum = ws.scratch;
+    p.u_sumsq = ws.scratch + int64_t{g.sums.tiles} * g.sums.ld * g.sums.bytes;
+  }
+  entry.run(p, at::cuda::getCurrentCUDAStream(p.device).stream());
+  if (g.inf_fix) fix_infinite_operands(ops, weight, weight.size(0), cache, p.b, e.a, e.c, out);
+  return ws;
 }
 
-// `deterministic` stays in the schemas: every mode is deterministic now.
+// h = x W^T + b, padded rows (ops.h), through the plan's GEMM with no epilogue vectors.
+std::pair<at::Tensor, Workspace> linear_h(Plan const& plan, at::Tensor const& x, at::Tensor const& weight,
+                                          c10::optional<at::Tensor> const& bias, bool cache) {
+  auto h = empty_padded(x.size(0), weight.size(0), x.options());
+  poison(h);
+  auto ws = run_gemm(plan, x, weight, bias, {}, h, cache);
+  return {h, ws};
+}
+
 std::tuple<at::Tensor, at::Tensor> linear_stats_cuda(at::Tensor const& x, at::Tensor const& weight,
                                                      c10::optional<at::Tensor> const& bias, c10::string_view family,
-                                                     bool /*deterministic*/, bool cache) {
+                                                     bool cache) {
   check_gemm_inputs(x, weight, bias, c10::nullopt);
   int64_t m = x.size(0), n = weight.size(0);
   if (m == 0) return {empty_padded(0, n, x.options()), at::zeros({2, n}, x.options().dtype(at::kDouble))};
   c10::cuda::CUDAGuard guard(x.device());
-  auto h = linear_h(x, weight, bias, family, cache);
-  auto stream = at::cuda::getCurrentCUDAStream().stream();
+  Plan plan = planned(problem(Op::linear, m, n, x.size(1), x.scalar_type(), false, family, x.device()));
+  auto [h, ws] = linear_h(plan, x, weight, bias, cache);
   auto stats = at::empty({2, n}, x.options().dtype(at::kDouble));
   poison(stats);
-  auto ws = at::empty({static_cast<int64_t>(column_stats_workspace(m, n))}, x.options().dtype(at::kByte));
   column_stats(dtype_of(x.scalar_type(), "input"), h.data_ptr(), m, n, h.stride(0), stats.data_ptr<double>(),
-               ws.data_ptr(), stream);
+               ws.scratch + plan.bn_offset, at::cuda::getCurrentCUDAStream().stream());
   return {h, stats};
 }
 
@@ -410,38 +362,8 @@ void update_running_stats_cuda(at::Tensor const& stats, at::Tensor const& scale,
   write_back(running_var, rv_d);
 }
 
-// A kernel choice forced by the environment variable `var`, read per call (tests compare the
-// choices' bits), or `automatic` where it is unset or empty; any other value is an error.
-template <class E, size_t N>
-E forced(char const* var, std::pair<char const*, E> const (&choices)[N], E automatic) {
-  char const* env = std::getenv(var);
-  if (env == nullptr || *env == '\0') return automatic;
-  std::string names;
-  for (size_t i = 0; i < N; ++i) {
-    if (std::string(env) == choices[i].first) return choices[i].second;
-    names += std::string(i == 0 ? "" : i + 1 == N ? " or " : ", ") + choices[i].first;
-  }
-  TORCH_CHECK(false, "cutlass_fused: expected ", var, " to be ", names, ", but got '", env, "'");
-  return automatic;
-}
-
-// Unset, batch_norm_train picks the tail by shape.
-Tail forced_tail() {
-  static constexpr std::pair<char const*, Tail> kTails[] = {
-      {"cooperative", Tail::cooperative}, {"slab", Tail::slab}, {"small", Tail::small}};
-  return forced("CUTLASS_FUSED_TAIL", kTails, Tail::automatic);
-}
-
-// Unset, batch_norm_backward picks its kernels by shape.
-BackwardKernels forced_backward() {
-  static constexpr std::pair<char const*, BackwardKernels> kKernels[] = {
-      {"passes", BackwardKernels::passes}, {"slab", BackwardKernels::slab},
-      {"cooperative", BackwardKernels::cooperative}};
-  return forced("CUTLASS_FUSED_BACKWARD", kKernels, BackwardKernels::automatic);
-}
-
-// The training forward: the GEMM, then one kernel for everything after it
-// (csrc/kernels/batch_norm.h, batch_norm_train).
+// The training forward: the plan's GEMM (the statistics GEMM where it fills the GPU), then one
+// kernel for everything after it (csrc/kernels/batch_norm.h, batch_norm_train).
 TrainOut linear_scale_batch_norm_train_cuda(at::Tensor const& x, at::Tensor const& weight,
                                             c10::optional<at::Tensor> const& bias, at::Tensor const& scale,
                                             c10::optional<at::Tensor> const& bn_weight,
@@ -450,7 +372,7 @@ TrainOut linear_scale_batch_norm_train_cuda(at::Tensor const& x, at::Tensor cons
                                             c10::optional<at::Tensor> const& running_var,
                                             c10::optional<at::Tensor> const& num_batches_tracked,
                                             c10::optional<double> momentum, double eps, c10::string_view family,
-                                            bool /*deterministic*/, bool cache) {
+                                            bool cache) {
   check_gemm_inputs(x, weight, bias, scale);
   int64_t m = x.size(0), n = weight.size(0);
   check_batch(m, n);
@@ -459,36 +381,42 @@ TrainOut linear_scale_batch_norm_train_cuda(at::Tensor const& x, at::Tensor cons
   // Every device checked before the guard, which refuses a CPU device in its own words.
   if (bn_weight.has_value()) check_device(*bn_weight, dev, "bn_weight");
   if (bn_bias.has_value()) check_device(*bn_bias, dev, "bn_bias");
+  auto out_dtype = output_dtype(x.scalar_type(), scale.scalar_type());
   auto rm_d = dense(running_mean), rv_d = dense(running_var);
   TrainArgs t{};
   if (running_mean.has_value()) {
-    check_running_stats(*running_mean, *running_var, n, output_dtype(x.scalar_type(), scale.scalar_type()));
+    check_running_stats(*running_mean, *running_var, n, out_dtype);
     t.running_mean = col_out(*rm_d, "running_mean", n, dev);
     t.running_var = col_out(*rv_d, "running_var", n, dev);
   }
   check_num_batches_tracked(num_batches_tracked, dev);
   c10::cuda::CUDAGuard guard(dev);
-  auto sg = stats_gemm(x, weight, bias, family, cache);
-  auto h = sg ? sg->h : linear_h(x, weight, bias, family, cache);
+  Problem pr = problem(Op::train, m, n, x.size(1), x.scalar_type(), out_dtype != x.scalar_type(), family, dev);
+  pr.cumulative = !momentum.has_value();
+  // h (padded rows) and y (contiguous) are fresh: 16-byte groups wherever n allows them.
+  pr.groups16 = n % (16 / static_cast<int64_t>(c10::elementSize(x.scalar_type()))) == 0;
+  Plan plan = planned(pr);
+  auto [h, ws] = linear_h(plan, x, weight, bias, cache);
   auto scale_d = dense(scale), bn_weight_d = dense(bn_weight), bn_bias_d = dense(bn_bias);  // alive until the launch
   auto out = normalized(h, *scale_d, m, bn_weight_d, bn_bias_d, eps);
   auto stats = at::empty({2, n}, x.options().dtype(at::kDouble));
   poison(stats);
-  auto ws = at::empty({static_cast<int64_t>(batch_norm_train_workspace(m, n))}, x.options().dtype(at::kByte));
   t.norm = out.a;
   t.stats = stats.data_ptr<double>();
   t.num_batches_tracked = num_batches_tracked ? num_batches_tracked->data_ptr<int64_t>() : nullptr;
-  t.cumulative = !momentum.has_value();
+  t.cumulative = pr.cumulative;
   t.momentum = momentum.value_or(0.0);
-  t.workspace = ws.data_ptr();
-  t.sm_count = sm_count(dev.index());
-  t.tail = forced_tail();
-  if (sg) {
-    t.u_sum = sg->u[0].data_ptr();
-    t.u_sumsq = sg->u[1].data_ptr();
-    t.u_fp64 = sg->u.scalar_type() == at::kDouble;
-    t.u_tiles = sg->tiles;
-    t.u_ld = sg->ld;
+  t.workspace = ws.scratch + plan.bn_offset;
+  t.sm_count = pr.sm_count;
+  t.tail = plan.tail;
+  t.pieces = plan.pieces;
+  if (plan.gemm.swapped) {
+    StatsLayout const& u = plan.gemm.sums;
+    t.u_sum = ws.scratch;
+    t.u_sumsq = ws.scratch + int64_t{u.tiles} * u.ld * u.bytes;
+    t.u_fp64 = u.bytes == 8;
+    t.u_tiles = u.tiles;
+    t.u_ld = u.ld;
   }
   batch_norm_train(t, at::cuda::getCurrentCUDAStream().stream());
   write_back(running_mean, rm_d);
@@ -517,8 +445,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_c
   auto dh = at::empty({m, n}, h.options());
   poison(dh);
   at::Tensor dscale = grad_vector(scale, h), dweight = grad_vector(weight, h), dbias = grad_vector(weight, h);
-  auto ws = at::empty({static_cast<int64_t>(batch_norm_backward_workspace(static_cast<int>(m), static_cast<int>(n)))},
-                      h.options().dtype(at::kByte));
+  Problem pr = problem(Op::backward, m, n, 0, h.scalar_type(), dy.scalar_type() != h.scalar_type(), "auto",
+                       h.device());
+  int64_t v = 16 / static_cast<int64_t>(c10::elementSize(h.scalar_type()));
+  auto aligned = [](at::Tensor const& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
+  pr.groups16 = n % v == 0 && h.stride(0) % v == 0 && aligned(dy) && aligned(h) && aligned(dh);
+  Plan plan = planned(pr);
+  auto ws = at::empty({static_cast<int64_t>(plan.workspace)}, h.options().dtype(at::kByte));
   g.dt = dtype_of(h.scalar_type(), "h");
   g.dt_dy = dtype_of(dy.scalar_type(), "grad");
   g.dy = dy.data_ptr();
@@ -534,9 +467,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_c
   g.dweight = col_out(dweight, "dweight", n, h.device());
   g.dbias = col_out(dbias, "dbias", n, h.device());
   g.workspace = ws.data_ptr();
-  g.sm_count = sm_count(h.get_device());
-  g.kernels = forced_backward();
-  batch_norm_backward(g, at::cuda::getCurrentCUDAStream().stream());
+  g.sm_count = pr.sm_count;
+  batch_norm_backward(g, plan.backward, plan.pieces, at::cuda::getCurrentCUDAStream().stream());
   return {dh, dscale, dweight, dbias};
 }
 
@@ -549,7 +481,8 @@ at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor con
   check_gemm_inputs(x, weight, bias, scale_in);
   int64_t m = x.size(0), n = weight.size(0), k = x.size(1);
   auto dev = x.device();
-  check_running_stats(running_mean_in, running_var_in, n, output_dtype(x.scalar_type(), scale_in.scalar_type()));
+  auto out = output_dtype(x.scalar_type(), scale_in.scalar_type());
+  check_running_stats(running_mean_in, running_var_in, n, out);
   auto scale = *dense(scale_in), running_mean = *dense(running_mean_in), running_var = *dense(running_var_in);
   auto bn_weight = dense(bn_weight_in), bn_bias = dense(bn_bias_in);
   col_vec(scale, "scale", n, dev);  // the checks eval_fold relies on
@@ -557,37 +490,23 @@ at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor con
   col_vec(bn_bias, "bn_bias", n, dev);
   col_vec(running_mean, "running_mean", n, dev);
   col_vec(running_var, "running_var", n, dev);
-  if (m == 0) return at::empty({0, n}, x.options().dtype(output_dtype(x.scalar_type(), scale.scalar_type())));
+  if (m == 0) return at::empty({0, n}, x.options().dtype(out));
   c10::cuda::CUDAGuard guard(dev);
-  int64_t kn = padded_ld(n, x.scalar_type());  // as in linear_h
+  Plan plan = planned(problem(Op::eval, m, n, k, x.scalar_type(), out != x.scalar_type(), family, dev));
   // One (2 or 3, kn) allocation: each row starts a multiple of kn floats in,
   // which keeps it 16-byte aligned for the EVT.
-  auto out = output_dtype(x.scalar_type(), scale.scalar_type());
-  // An all-fp16 layer's eval kernel rounds h and z = h * scale itself (gemm_evt.h).
-  bool scale_apart = out == at::kHalf && x.scalar_type() == at::kHalf;
-  auto ac = eval_fold(scale, bn_weight, bn_bias, running_mean, running_var, eps, kn, cache, scale_apart);
-  if (out != x.scalar_type()) {
-    // A 16-bit layer with a wider scale (as under autocast): the unfused model
-    // stores h in x's dtype (an fp16 h overflows there) and forms z and y in
-    // fp32. So does this path: h from the GEMM, then y = h * a + c in one fp32
-    // pass, which moves the bytes that widening a 16-bit y would.
-    auto y = at::addcmul(ac[1].narrow(0, 0, n), linear_h(x, weight, bias, family, cache), ac[0].narrow(0, 0, n));
+  auto ac = eval_fold(scale, bn_weight, bn_bias, running_mean, running_var, eps, plan.gemm.kn, cache,
+                      plan.fold_scale_apart);
+  if (plan.eval_in_fp32) {
+    // y = h * a + c in one fp32 pass, which moves the bytes that widening a 16-bit y would.
+    auto y = at::addcmul(ac[1].narrow(0, 0, n), linear_h(plan, x, weight, bias, cache).first, ac[0].narrow(0, 0, n));
     return y.scalar_type() == out ? y : y.to(out);
   }
-  KernelDtype dt = kernel_dtype(x.scalar_type());
-  Family fam = pick_family(family, dev);
-  auto const& info = lookup(fam, dt, Mode::eval, m, n, k, x.device());
-  auto ops = operands(x, weight, kn, split_tf32x3(fam, dt), cache);
-  auto b = bias_vector(bias, x.scalar_type(), kn);
   auto y = empty_padded(m, n, x.options());
   poison(y);
-  GemmEvtArgs p = gemm_args(ops.x, ops.w, y, kn);
-  p.b = ptr_or_null(b);
-  p.a = ac[0].data_ptr<float>();
-  p.c = ac[1].data_ptr<float>();
-  if (scale_apart) p.s = ac[2].data_ptr<float>();
-  run(info, p, x);
-  if (in_kernel_tf32x3(fam, dt)) fix_infinite_operands(ops, weight, n, cache, p.b, p.a, p.c, y);
+  Epilogue e{ac[0].data_ptr<float>(), ac[1].data_ptr<float>(),
+             plan.fold_scale_apart ? ac[2].data_ptr<float>() : nullptr};
+  run_gemm(plan, x, weight, bias, e, y, cache);
   return y.is_contiguous() ? y : y.contiguous();
 }
 
@@ -602,17 +521,13 @@ at::Tensor matmul_cuda(at::Tensor const& a, at::Tensor const& b, c10::string_vie
     return at::mm(a, b);
   check_device(b, a.device(), "mat2");
   c10::cuda::CUDAGuard guard(a.device());
-  KernelDtype dt = kernel_dtype(at::kFloat);
-  if (!split_tf32x3(pick_family(family, a.device()), dt)) return at::mm(a, b);
-  // out = A' B'^T through the eval kernel with no epilogue vectors: A' from a's
-  // rows, B' from b's columns (b^T's rows, read transposed), both split.
-  int64_t m = a.size(0), n = b.size(1), kn = padded_ld(n, at::kFloat);
-  auto const& info = lookup(Family::sm90, dt, Mode::eval, m, n, a.size(1), a.device());
-  auto as = split_tf32x3(a, m, SplitOrder::small_big_big), bs = split_tf32x3(b.t(), kn, SplitOrder::big_small_big);
+  int64_t m = a.size(0), n = b.size(1);
+  Plan plan = planned(problem(Op::matmul, m, n, a.size(1), at::kFloat, false, family, a.device()));
+  if (plan.gemm.kernel == nullptr) return at::mm(a, b);
+  // out = A' B'^T: A' from a's rows, B' from b's columns (b^T's rows, read transposed).
   auto out = empty_padded(m, n, a.options());
   poison(out);
-  GemmEvtArgs p = gemm_args(as, bs, out, kn);
-  run(info, p, a);
+  run_gemm(plan, a, b.t(), c10::nullopt, {}, out, /*cache=*/false);
   return out.is_contiguous() ? out : out.contiguous();
 }
 

@@ -7,6 +7,7 @@ from .functional import linear_scale_batch_norm
 from .fuse import fuse
 from .module import LinearScaleBatchNorm1d, convert_sync_batchnorm
 from .ops import ops
+from ._overrides import overrides, plan
 
 
 def built_kernels() -> list[str]:
@@ -15,4 +16,4 @@ def built_kernels() -> list[str]:
 
 
 __all__ = ["linear_scale_batch_norm", "LinearScaleBatchNorm1d", "convert_sync_batchnorm", "use_kernel_family",
-           "built_kernels", "fuse", "frozen_weights"]
+           "built_kernels", "fuse", "frozen_weights", "overrides", "plan"]

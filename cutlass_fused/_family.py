@@ -19,11 +19,15 @@ def _check(family: str) -> str:
     return family
 
 
+# Read once, at import (as the other overrides are: cutlass_fused/overrides.py).
+_from_environment = _check(os.environ.get("CUTLASS_FUSED_FAMILY", "") or "auto")
+
+
 def current() -> str:
-    """The family in force: the innermost use_kernel_family(), else $CUTLASS_FUSED_FAMILY, else "auto"."""
+    """The family in force: the innermost use_kernel_family(), else $CUTLASS_FUSED_FAMILY at import, else "auto"."""
     if _override:
         return _override[-1]
-    return _check(os.environ.get("CUTLASS_FUSED_FAMILY", "auto"))
+    return _from_environment
 
 
 @contextlib.contextmanager

@@ -51,20 +51,6 @@ def alternating(items, rounds):
         yield from (items if r % 2 == 0 else items[::-1])
 
 
-@contextlib.contextmanager
-def env_var(name, value):
-    """$name set to value inside the block, and as it was after it."""
-    old = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old
-
-
 def median_ms(fn, cuda):
     if not cuda:
         fn()

@@ -51,6 +51,6 @@ def linear_scale_batch_norm(x, weight, bias, scale, bn_weight, bn_bias, running_
     # in the same kernel that normalizes).
     y, _, _, _, _ = ops.linear_scale_batch_norm_train(
         x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked,
-        None if momentum is None else float(momentum), eps, family, torch.are_deterministic_algorithms_enabled(),
+        None if momentum is None else float(momentum), eps, family,
         may_cache(weight, bias, scale, bn_weight, bn_bias, running_mean, running_var))
     return y

@@ -20,7 +20,7 @@ def _stat_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 @torch.library.register_fake("cutlass_fused::linear_stats")
-def _linear_stats(x, weight, bias, family, deterministic, cache=False):
+def _linear_stats(x, weight, bias, family, cache=False):
     torch._check(x.dim() == 2 and weight.dim() == 2, lambda: "cutlass_fused: expected 2-D input and weight")
     torch._check(x.shape[1] == weight.shape[1], lambda: "cutlass_fused: mat1 and mat2 shapes cannot be multiplied")
     m, n = x.shape[0], weight.shape[0]
@@ -38,9 +38,9 @@ def _finalize(h, stats, scale, count, weight, bias, eps):
 
 @torch.library.register_fake("cutlass_fused::linear_scale_batch_norm_train")
 def _(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, momentum, eps,
-      family, deterministic, cache=False):
+      family, cache=False):
     # The split ops' outputs; the running stats are updated in place.
-    h, stats = _linear_stats(x, weight, bias, family, deterministic)
+    h, stats = _linear_stats(x, weight, bias, family)
     y, mean, invstd = _finalize(h, stats, scale, x.shape[0], bn_weight, bn_bias, eps)
     return y, h, stats, mean, invstd
 

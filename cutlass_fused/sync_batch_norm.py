@@ -81,8 +81,8 @@ class SyncFunction(torch.autograd.Function):
     """y = BN(h * scale) with the group's statistics; also returns the merged (count, mean_h, M2)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, scale, bn_weight, bn_bias, eps, group, family, deterministic):
-        h, stats = ops.linear_stats(x, weight, bias, family, deterministic, may_cache(weight, bias))
+    def forward(ctx, x, weight, bias, scale, bn_weight, bn_bias, eps, group, family):
+        h, stats = ops.linear_stats(x, weight, bias, family, may_cache(weight, bias))
         count, mean, m2 = merge_stats(_gather_rows(_local_row(stats, x.shape[0]), group))
         y, mean_h, invstd = ops.batch_norm_finalize(h, _sums_for(1, mean, m2 / count), scale, 1, bn_weight,
                                                     bn_bias, eps)
@@ -111,7 +111,7 @@ class SyncFunction(torch.autograd.Function):
         acc = torch.float64 if h.dtype == torch.float64 else torch.float32
         dh = (a.to(acc) * dy.to(acc) + b.to(acc) * (h.to(acc) - mean_h.to(acc)) + c.to(acc)).to(h.dtype)
         need = ctx.needs_input_grad
-        out = [None] * 10
+        out = [None] * 9
         # fp32 through our matmul op, which keeps the forward's precision (csrc/autograd.cpp).
         mm = (lambda p, r: ops.matmul(p, r, ctx.family)) if dh.dtype == torch.float32 else torch.mm
         if need[0]:
@@ -159,7 +159,7 @@ def sync_linear_scale_batch_norm(x, weight, bias, scale, bn_weight, bn_bias, run
     x, weight, bias = (_autocast(t, dev) for t in (x, weight, bias))
     with torch.autocast(dev, enabled=False):
         y, count, mean, m2 = SyncFunction.apply(x, weight, bias, scale, bn_weight, bn_bias, eps, process_group,
-                                                _family.current(), torch.are_deterministic_algorithms_enabled())
+                                                _family.current())
         if running_mean is not None:
             if num_batches_tracked is not None:
                 num_batches_tracked.add_(1)

@@ -5,14 +5,14 @@
                                  [--out DIR]
 
 Each candidate runs the layer's eval and training forward (no grad), selected through
-$CUTLASS_FUSED_KERNEL, and is reported as the median, over --rounds, of its ratio to torch.mm of
+cutlass_fused.overrides(kernel=...), and is reported as the median, over --rounds, of its ratio to torch.mm of
 the same shape timed right before it; the candidates' order is reversed every other round.
 Statistics kernels (mode "stats") run the training forward only; eval kernels run it with
-the GEMM statistics off ($CUTLASS_FUSED_STATS=0).
+the GEMM statistics off (overrides(stats_gemm=False)).
 The kernels are codegen/kernels.py's rows; the first row of a (family, dtype) is the default.
 --swizzle and --raster also time each kernel in each sm90 tile order (the persistent scheduler's
-swizzle and raster direction, through $CUTLASS_FUSED_SWIZZLE and $CUTLASS_FUSED_RASTER; "auto"
-is the dispatcher's swizzle and "-" CUTLASS's raster choice).
+swizzle and raster direction, through overrides(swizzle=..., raster=...); "auto" is the
+plan's swizzle and "-" CUTLASS's raster choice).
 f32 is fp32 with TF32 disallowed: the f32x3 (3xTF32) kernels.
 """
 import argparse
@@ -87,7 +87,7 @@ def run(args, argv):
 
 
 class Candidate:
-    """One kernel in one tile order on one shape, forced through the environment."""
+    """One kernel in one tile order on one shape, forced through cutlass_fused.overrides()."""
 
     def __init__(self, case, name, stem, family, swizzle, raster):
         self.case, self.name, self.family = case, name, family
@@ -96,26 +96,21 @@ class Candidate:
         # only with the GEMM statistics off (they take the stats kernel's default).
         stats = name.startswith(stem + "stats_")
         self.modes = ("train",) if stats else ("eval", "train")
-        self.env = {"CUTLASS_FUSED_KERNEL": name, "CUTLASS_FUSED_STATS": "1" if stats else "0",
-                    "CUTLASS_FUSED_SWIZZLE": "" if swizzle == "auto" else swizzle,
-                    "CUTLASS_FUSED_RASTER": "" if raster == "-" else raster}
+        self.choices = {"kernel": name, "stats_gemm": stats, "swizzle": 0 if swizzle == "auto" else int(swizzle),
+                        "raster": "auto" if raster == "-" else raster}
         self.ms, self.mm_ms, self.error = {m: [] for m in self.modes}, [], None
 
     def time(self, mm):
         if self.error:
             return
-        os.environ.update(self.env)
         try:
-            with cutlass_fused.use_kernel_family(self.family):
+            with cutlass_fused.use_kernel_family(self.family), cutlass_fused.overrides(**self.choices):
                 for mode in self.modes:
                     fn = self.case.fn("cutlass_fused", mode)
                     self.mm_ms.append(median_ms(mm, True))
                     self.ms[mode].append(median_ms(fn, True))
         except RuntimeError as e:  # a candidate that cannot run this shape (can_implement) is reported
             self.error = str(e)
-        finally:
-            for k in self.env:
-                del os.environ[k]
 
     def ratio(self, mode):
         mms = self.mm_ms[self.modes.index(mode)::len(self.modes)]

@@ -19,6 +19,17 @@ if TEST_GPU:
     torch.cuda.set_device(TEST_GPU)
 
 
+@pytest.fixture
+def override():
+    """override(**choices): cutlass_fused.overrides(**choices) for the rest of the test (nested
+    calls stack), restored at its end."""
+    import contextlib
+
+    import cutlass_fused
+    with contextlib.ExitStack() as stack:
+        yield lambda **choices: stack.enter_context(cutlass_fused.overrides(**choices))
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "uses_gpu0: allocates on cuda:0 on purpose (exempt from the cuda:1 check)")
 

@@ -288,7 +288,7 @@ def test_changed_h_output_refuses_backward(device, family):
     with precision(device, family, "f32"):
         y, h, *_ = ops.linear_scale_batch_norm_train(
             x, layer.gemm.weight, layer.gemm.bias, layer.scale, layer.bn.weight, layer.bn.bias,
-            None, None, None, 0.1, 1e-5, family, False)
+            None, None, None, 0.1, 1e-5, family)
         h.add_(1)
         with pytest.raises(RuntimeError, match="modified by an inplace operation"):
             y.backward(dy)
@@ -335,7 +335,7 @@ SLAB_ROWS_MAX = 1024  # two slabs of 32-byte rows in 64 KiB
 @pytest.mark.parametrize("m,n", SLAB_SHAPES, ids=lambda s: str(s))
 @pytest.mark.parametrize("mode", ["bf16", "f16", "f32"])
 @pytest.mark.parametrize("large_mean", [False, True], ids=["spread", "large_mean"])
-def test_backward_kernels_agree(m, n, mode, large_mean, monkeypatch):
+def test_backward_kernels_agree(m, n, mode, large_mean, override):
     dtype, _ = MODES[mode]
     g = torch.Generator().manual_seed(m + n)
     h = (torch.randn(m, n, generator=g) * 2 + (1000 if large_mean else 0.5)).to("cuda", dtype)
@@ -345,7 +345,7 @@ def test_backward_kernels_agree(m, n, mode, large_mean, monkeypatch):
     dy = torch.randn(m, n, generator=g).to("cuda", dtype)
     out = {}
     for kernels in ("passes", "slab", "cooperative") if m <= SLAB_ROWS_MAX else ("passes", "cooperative"):
-        monkeypatch.setenv("CUTLASS_FUSED_BACKWARD", kernels)
+        override(backward=kernels)
         out[kernels] = ops.batch_norm_backward(dy, h, mean, invstd, scale, gamma, 1e-5)
     assert all(torch.isfinite(t).all() for t in out["passes"])
     for kernels in out:
@@ -354,18 +354,16 @@ def test_backward_kernels_agree(m, n, mode, large_mean, monkeypatch):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_forced_backward_that_cannot_run(monkeypatch):
+def test_forced_backward_that_cannot_run(override):
     """dy in fp32 for a bf16 h (y's dtype under an fp32 scale) has no slab or cooperative kernel:
     an error."""
     h = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
     ones = torch.ones(512, device="cuda", dtype=torch.float64)
     args = (torch.randn(256, 512, device="cuda"), h, ones * 0, ones, torch.ones(512, device="cuda"), None, 1e-5)
-    monkeypatch.setenv("CUTLASS_FUSED_BACKWARD", "slab")
+    override(backward="slab")
     with pytest.raises(RuntimeError, match="slab backward needs dy in h's dtype"):
         ops.batch_norm_backward(*args)
-    monkeypatch.setenv("CUTLASS_FUSED_BACKWARD", "cooperative")
+    override(backward="cooperative")
     with pytest.raises(RuntimeError, match="cooperative backward needs dy in h's dtype"):
         ops.batch_norm_backward(*args)
-    monkeypatch.setenv("CUTLASS_FUSED_BACKWARD", "both")
-    with pytest.raises(RuntimeError, match="expected CUTLASS_FUSED_BACKWARD to be passes, slab or cooperative"):
-        ops.batch_norm_backward(*args)
+

@@ -75,7 +75,7 @@ def run(impl, path, t, training, momentum=0.1, eps=1e-5):
         return cutlass_fused.linear_scale_batch_norm(*args, training, momentum, eps)
     family = cutlass_fused._family.current()
     if training:
-        return ops.linear_scale_batch_norm_train(*args, None, momentum, eps, family, False)[0]
+        return ops.linear_scale_batch_norm_train(*args, None, momentum, eps, family)[0]
     return ops.linear_scale_batch_norm_eval(*args, eps, family)
 
 

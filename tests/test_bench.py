@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+import cutlass_fused
 from cutlass_fused import bench
 from common import CUDA, HOPPER
 
@@ -84,15 +85,19 @@ def test_alternating_reverses_every_other_round():
     assert list(bench.alternating(["a", "b", "c"], 3)) == ["a", "b", "c", "c", "b", "a", "a", "b", "c"]
 
 
-@pytest.mark.parametrize("before", [None, "slab"])
-def test_env_var_restores(monkeypatch, before):
-    if before is None:
-        monkeypatch.delenv("CUTLASS_FUSED_TAIL", raising=False)
-    else:
-        monkeypatch.setenv("CUTLASS_FUSED_TAIL", before)
-    with bench.env_var("CUTLASS_FUSED_TAIL", "small"):
-        assert bench.os.environ["CUTLASS_FUSED_TAIL"] == "small"
-    assert bench.os.environ.get("CUTLASS_FUSED_TAIL") == before
+def test_overrides_reach_the_plan_and_are_restored():
+    """tune and the benchmarks/*_time.py tools force choices through cutlass_fused.overrides(): the
+    plan (C++) sees them inside, nested blocks stack, and each exit restores what was in force."""
+    small = dict(m=128, n=8192, k=1024)  # bf16: the plan's own tail is the small one
+    own = cutlass_fused.plan(**small)
+    assert (own["tail"], own["swizzle"]) == ("small", 1)
+    with cutlass_fused.overrides(tail="cooperative"):
+        assert cutlass_fused.plan(**small)["tail"] == "cooperative"
+        with cutlass_fused.overrides(swizzle=2):
+            got = cutlass_fused.plan(**small)
+            assert (got["tail"], got["swizzle"]) == ("cooperative", 2)
+        assert cutlass_fused.plan(**small) == {**own, "tail": "cooperative"}
+    assert cutlass_fused.plan(**small) == own
 
 
 def test_run_shapes_puts_the_sweep_after_the_shapes():

@@ -29,7 +29,7 @@ def run_steps(device, family, mode, shape, training, momentum, steps, affine=Tru
             y = cutlass_fused.linear_scale_batch_norm(
                 x, ours["weight"], ours["bias"], ours["scale"], ours["bn_weight"], ours["bn_bias"],
                 ours["running_mean"], ours["running_var"], training, momentum, 1e-5, nbt)
-            h = ops.linear_stats(x, ours["weight"], ours["bias"], family, False)[0]
+            h = ops.linear_stats(x, ours["weight"], ours["bias"], family)[0]
         # y has h * scale's promoted dtype, as in the unfused model (fp32 for a 16-bit h and fp32 scale).
         assert y.shape == (m, n) and y.dtype == torch.promote_types(dtype, ours["scale"].dtype) and y.is_contiguous()
         mom = momentum if momentum is not None else 1.0 / (step + 1)
@@ -96,7 +96,7 @@ def test_robust_variance(device, family, mode):
     scale = torch.randn(n, device=device).float()
     rm, rv = torch.zeros(n, device=device), torch.ones(n, device=device)
     with precision(device, family, mode):
-        h, stats = ops.linear_stats(x, p["weight"], bias, family, False)
+        h, stats = ops.linear_stats(x, p["weight"], bias, family)
         ops.update_running_stats(stats, scale, m, rm, rv, None, 1.0)
     # In 16-bit, z's 8-11 bit mantissa can make a column constant: variance 0, matched exactly.
     rel = lambda got, want: ((got.double() - want).abs() / want.clamp_min(1e-300)).max().item()
@@ -123,7 +123,7 @@ def test_deterministic(device, family):
                 rm, rv = p["running_mean"].clone(), p["running_var"].clone()
                 y = cutlass_fused.linear_scale_batch_norm(x, p["weight"], p["bias"], p["scale"], p["bn_weight"],
                                                           p["bn_bias"], rm, rv, True)
-                h, stats = ops.linear_stats(x, p["weight"], p["bias"], family, False)
+                h, stats = ops.linear_stats(x, p["weight"], p["bias"], family)
                 outs.append((y, rm, rv, h, stats))
     finally:
         torch.use_deterministic_algorithms(False)
@@ -170,16 +170,16 @@ FUSED_SHAPES = [(1000, 96, 5125), (16384, 64, 256), (2, 40, 24), (333, 128, 130)
 @pytest.mark.parametrize("shape", FUSED_SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("momentum", [0.1, None])
-def test_fused_train_matches_split_ops(shape, dtype, momentum, monkeypatch):
-    monkeypatch.setenv("CUTLASS_FUSED_STATS", "0")
+def test_fused_train_matches_split_ops(shape, dtype, momentum, override):
+    override(stats_gemm=False)
     m, k, n = shape
     p = params(k, n, "cuda", dtype, seed=m)
     x = torch.randn(m, k, device="cuda").to(dtype)
     rm, rv = p["running_mean"].clone(), p["running_var"].clone()
     nbt = torch.tensor(4, device="cuda")
     y, h, stats, mean, invstd = ops.linear_scale_batch_norm_train(
-        x, p["weight"], p["bias"], p["scale"], p["bn_weight"], p["bn_bias"], rm, rv, nbt, momentum, 1e-5, "auto", False)
-    h2, stats2 = ops.linear_stats(x, p["weight"], p["bias"], "auto", False)
+        x, p["weight"], p["bias"], p["scale"], p["bn_weight"], p["bn_bias"], rm, rv, nbt, momentum, 1e-5, "auto")
+    h2, stats2 = ops.linear_stats(x, p["weight"], p["bias"], "auto")
     y2, mean2, invstd2 = ops.batch_norm_finalize(h2, stats2, p["scale"], m, p["bn_weight"], p["bn_bias"], 1e-5)
     rm2, rv2, nbt2 = p["running_mean"].clone(), p["running_var"].clone(), torch.tensor(5, device="cuda")
     ops.update_running_stats(stats2, p["scale"], m, rm2, rv2, nbt2 if momentum is None else None, momentum or 0.0)
@@ -207,13 +207,13 @@ def test_launches_per_forward(family, training, frozen, launches):
             layer(x)
             torch.cuda.synchronize()
     kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    if os.environ.get("CUTLASS_FUSED_POISON") == "1":  # the test-only NaN fills of each output
+    if cutlass_fused._overrides.current().poison:  # the test-only NaN fills of each output
         kernels = [k for k in kernels if "FillFunctor" not in k]
     assert len(kernels) == launches, kernels
 
 
-# The training tails (CUTLASS_FUSED_TAIL) must write the same bits, with the statistics GEMM's
-# sums (16-bit and fp32 at the three larger shapes take it) and without them (STATS=0), and
+# The training tails (overrides(tail=...)) must write the same bits, with the statistics GEMM's
+# sums (16-bit and fp32 at the three larger shapes take it) and without them (stats_gemm=False), and
 # for columns whose tile sums are not trusted (a bias 1000x their spread sends them to the exact
 # pass). Slab rows of 128, 64 and 32 bytes (at most 512, 1024 and 2048 rows); a last slab with
 # some columns (1032) or a slab wider than the layer (24); 200 and 3 rows take the small tail too.
@@ -225,8 +225,8 @@ TAIL_SHAPES = [(512, 64, 4096), (1000, 96, 8192), (2000, 64, 2048), (200, 32, 10
 @pytest.mark.parametrize("mode", ["bf16", "f16", "f32", "tf32"])
 @pytest.mark.parametrize("stats", ["1", "0"])
 @pytest.mark.parametrize("large_mean", [False, True], ids=["spread", "large_mean"])
-def test_training_tails_agree(shape, mode, stats, large_mean, monkeypatch):
-    monkeypatch.setenv("CUTLASS_FUSED_STATS", stats)
+def test_training_tails_agree(shape, mode, stats, large_mean, override):
+    override(stats_gemm=stats == "1")
     m, k, n = shape
     dtype = MODES[mode][0]
     # Parameters in the data's dtype give y that dtype (fp16: the tail emulates z's overflow).
@@ -238,10 +238,10 @@ def test_training_tails_agree(shape, mode, stats, large_mean, monkeypatch):
     out = {}
     with precision("cuda", "auto", mode):
         for tail in tails:
-            monkeypatch.setenv("CUTLASS_FUSED_TAIL", tail)
+            override(tail=tail)
             rm, rv, nbt = p["running_mean"].clone(), p["running_var"].clone(), torch.tensor(4, device="cuda")
             out[tail] = (*ops.linear_scale_batch_norm_train(x, p["weight"], p["bias"], p["scale"], p["bn_weight"],
-                                                            p["bn_bias"], rm, rv, nbt, 0.1, 1e-5, "auto", False),
+                                                            p["bn_bias"], rm, rv, nbt, 0.1, 1e-5, "auto"),
                          rm, rv, nbt)
     names = ("y", "h", "stats", "mean", "invstd", "running_mean", "running_var", "num_batches_tracked")
     assert torch.isfinite(out["cooperative"][0]).all()
@@ -251,15 +251,29 @@ def test_training_tails_agree(shape, mode, stats, large_mean, monkeypatch):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_forced_tail_that_cannot_run(monkeypatch):
+def test_forced_tail_that_cannot_run(override):
     """A forced tail that cannot take the problem is an error, never a silent fallback."""
     p = params(16, 777, "cuda", torch.bfloat16)
     x = torch.randn(8, 16, device="cuda", dtype=torch.bfloat16)
     args = (x, p["weight"], p["bias"], p["scale"], p["bn_weight"], p["bn_bias"], p["running_mean"].clone(),
-            p["running_var"].clone(), None, 0.1, 1e-5, "auto", False)
-    monkeypatch.setenv("CUTLASS_FUSED_TAIL", "slab")  # 777 columns: no 16-byte groups
+            p["running_var"].clone(), None, 0.1, 1e-5, "auto")
+    override(tail="slab")  # 777 columns: no 16-byte groups
     with pytest.raises(RuntimeError, match="slab training tail needs 16-byte aligned columns"):
         ops.linear_scale_batch_norm_train(*args)
-    monkeypatch.setenv("CUTLASS_FUSED_TAIL", "fast")
-    with pytest.raises(RuntimeError, match="expected CUTLASS_FUSED_TAIL to be cooperative, slab or small"):
-        ops.linear_scale_batch_norm_train(*args)
+
+
+def test_an_unknown_override_is_refused_by_name():
+    """Any device: the value is checked where it is set, and the error lists the valid ones."""
+    with pytest.raises(ValueError, match="expected tail to be 'auto', 'cooperative', 'slab' or 'small', but got 'fast'"):
+        with cutlass_fused.overrides(tail="fast"):
+            pass
+    with pytest.raises(ValueError, match="expected backward to be 'auto', 'passes', 'slab' or 'cooperative'"):
+        with cutlass_fused.overrides(backward="both"):
+            pass
+    with pytest.raises(ValueError, match="expected kernel to be 'auto' or a row of the kernel table"):
+        with cutlass_fused.overrides(kernel="sm90_bf16_eval_1x1x1"):
+            pass
+    with pytest.raises(ValueError, match="unknown override 'tails'"):
+        with cutlass_fused.overrides(tails="slab"):
+            pass
+    assert cutlass_fused._overrides.current().tail == "auto"  # a refused value leaves nothing behind

@@ -44,7 +44,7 @@ def test_h_error_within_twice_sgemm(device, family, k):
     x, w, b = torch.randn(m, k, device=device), torch.randn(n, k, device=device) / k ** 0.5, torch.randn(n, device=device)
     ref = torch.nn.functional.linear(x.double(), w.double(), b.double())
     with precision(device, family, "f32"):
-        h = ops.linear_stats(x, w, b, family, False)[0]
+        h = ops.linear_stats(x, w, b, family)[0]
         sgemm = torch.nn.functional.linear(x, w, b)
     scale = ref.abs().max().item()
     e_ours, e_sgemm = max_err(h, ref) / scale, max_err(sgemm, ref) / scale
@@ -60,7 +60,7 @@ def test_sm90_3xtf32_unaligned_and_non_finite(m, k, n):
     x, w, b = torch.randn(m, k, device="cuda"), torch.randn(n, k, device="cuda") / k ** 0.5, torch.randn(n, device="cuda")
     ref = torch.nn.functional.linear(x.double(), w.double(), b.double())
     with precision("cuda", "sm90", "f32"):
-        h = ops.linear_stats(x, w, b, "sm90", False)[0]
+        h = ops.linear_stats(x, w, b, "sm90")[0]
         sgemm = torch.nn.functional.linear(x, w, b)
         scale = ref.abs().max().item()
         assert max_err(h, ref) / scale <= 2 * max_err(sgemm, ref) / scale + 1e-7
@@ -72,7 +72,7 @@ def test_sm90_3xtf32_unaligned_and_non_finite(m, k, n):
         x[m - 1, k // 2] = torch.finfo(torch.float32).max
         w[n // 3, k - 1] = float("inf")
         w[n - 1, 5] = 0.0
-        h = ops.linear_stats(x, w, b, "sm90", False)[0]
+        h = ops.linear_stats(x, w, b, "sm90")[0]
         sgemm = torch.nn.functional.linear(x, w, b)
     assert torch.equal(torch.isnan(h), torch.isnan(sgemm)), "NaN where SGEMM has none, or none where it has"
     assert torch.equal(torch.isinf(h), torch.isinf(sgemm)) and torch.equal(h[torch.isinf(h)], sgemm[torch.isinf(sgemm)])

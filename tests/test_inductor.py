@@ -184,7 +184,7 @@ def test_compiled_matches_float64(device, family, mode, shape):
         with precision(device, family, mode), torch.no_grad():
             y = compiled(x)
             # The op the compiled graph calls, on the same operands: the h it normalized.
-            h = ops.linear_stats(x, layer.gemm.weight, layer.gemm.bias, family, False)[0]
+            h = ops.linear_stats(x, layer.gemm.weight, layer.gemm.bias, family)[0]
         assert y.dtype == torch.promote_types(dtype, torch.float32) and y.shape == (m, n)
         if m >= END_TO_END_BATCH:  # (a training y does not depend on the running stats passed)
             y64 = bn(reference_z(x.double().cpu(), p64), run64)[0]

@@ -23,7 +23,7 @@ def samples(device, dtype, m=7, k=13, n=10):
 @pytest.mark.parametrize("bias", [True, False])
 def test_linear_stats(device, dtype, bias):
     x, w, v = samples(device, dtype)
-    torch.library.opcheck(ops.linear_stats, (x, w, v() if bias else None, "auto", False))
+    torch.library.opcheck(ops.linear_stats, (x, w, v() if bias else None, "auto"))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -66,7 +66,7 @@ def running(device, v, tracked, momentum):
 @pytest.mark.parametrize("tracked,momentum", [(True, 0.1), (True, None), (False, 0.1)])
 def test_linear_scale_batch_norm_train(device, dtype, affine, tracked, momentum):
     x, w, b, s, bn, v = grad_inputs(device, dtype, affine)
-    args = (x, w, b, s, *bn, *running(device, v, tracked, momentum), 1e-5, "auto", False)
+    args = (x, w, b, s, *bn, *running(device, v, tracked, momentum), 1e-5, "auto")
     torch.library.opcheck(ops.linear_scale_batch_norm_train, args)
 
 
@@ -75,7 +75,7 @@ def test_linear_scale_batch_norm_train(device, dtype, affine, tracked, momentum)
 def test_batch_norm_backward(device, dtype):
     x, w, v = samples(device, dtype)
     _, h, _, mean, invstd = ops.linear_scale_batch_norm_train(x, w, v(), v(), v(), v(), None, None, None, 0.1, 1e-5,
-                                                              "auto", False)
+                                                              "auto")
     torch.library.opcheck(ops.batch_norm_backward, (torch.randn_like(h), h, mean, invstd, v(), v(), 1e-5))
 
 

@@ -1,4 +1,5 @@
-"""Kernel selection by problem size (csrc/kernels/registry.cpp), read off the profiler."""
+"""Kernel selection by problem size (csrc/kernels/plan.cpp), read off the profiler: the plan's choices
+as the GPU runs them (tests/test_plan.py checks the same rules on the CPU)."""
 import contextlib
 
 import pytest
@@ -48,21 +49,17 @@ def test_small_problems_take_smaller_tiles(shape, tile, dtype):
 @pytest.mark.parametrize("shape,kernel", [((1024, 1024, 8192), "stats_128x256x64_c2x1x1"),
                                           ((256, 1024, 8192), "stats_128x128x64_c1x1x1"),
                                           ((128, 1024, 8192), "eval_128x64x64_c1x2x1")])
-def test_training_gemm_by_batch(shape, kernel, dtype, monkeypatch):
-    monkeypatch.delenv("CUTLASS_FUSED_STATS", raising=False)
-    monkeypatch.delenv("CUTLASS_FUSED_KERNEL", raising=False)
+def test_training_gemm_by_batch(shape, kernel, dtype):
     names = gemm_kernels(*shape, training=True, dtype=dtype)
     assert len(names) == 1 and f"sm90_{dtype}_{kernel}" in next(iter(names)), names
 
 
-# A shape registry.cpp's kTunedKernels names takes its measured kernel, and a neighbour the rule's.
+# A shape plan.cpp's kTunedKernels names takes its measured kernel, and a neighbour the rule's.
 @pytest.mark.skipif(not HOPPER, reason="the sm90 family's tiles need a Hopper GPU")
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
 @pytest.mark.parametrize("shape,kernel", [((1024, 8192, 8192), "stats_128x256x64_c1x1x1"),
                                           ((1024, 8192 - 64, 8192), "stats_128x256x64_c2x1x1")])
-def test_tuned_kernel_by_shape(shape, kernel, dtype, monkeypatch):
-    monkeypatch.delenv("CUTLASS_FUSED_STATS", raising=False)
-    monkeypatch.delenv("CUTLASS_FUSED_KERNEL", raising=False)
+def test_tuned_kernel_by_shape(shape, kernel, dtype):
     names = gemm_kernels(*shape, training=True, dtype=dtype)
     assert len(names) == 1 and f"sm90_{dtype}_{kernel}" in next(iter(names)), names
 
@@ -73,13 +70,12 @@ def test_tuned_kernel_by_shape(shape, kernel, dtype, monkeypatch):
 @pytest.mark.parametrize("shape,dtype,kernel", [((256, 8192, 8192), "bf16", "eval_128x128x64_c2x1x1"),
                                                 ((256, 8192, 8192 - 128), "bf16", "eval_128x128x64_c1x2x1"),
                                                 ((256, 8192, 8192), "f16", "eval_128x128x64_c1x2x1")])
-def test_tuned_eval_kernel_by_shape(shape, dtype, kernel, monkeypatch):
-    monkeypatch.delenv("CUTLASS_FUSED_KERNEL", raising=False)
+def test_tuned_eval_kernel_by_shape(shape, dtype, kernel):
     names = gemm_kernels(*shape, dtype=dtype)
     assert len(names) == 1 and f"sm90_{dtype}_{kernel}" in next(iter(names)), names
 
 
-# The training tail by shape (csrc/kernels/batch_norm.cu, pick_tail): 16-bit h in registers at
+# The training tail by shape (csrc/kernels/plan.cpp, pick_tail): 16-bit h in registers at
 # <= 128 rows, in a shared-memory slab of every row at 129-512 rows where slabs of 64-byte rows
 # fill the GPU (8192 columns: 256 slabs of 32; 4096 columns would need 32-byte rows), the
 # cooperative kernel for the rest.
@@ -87,8 +83,7 @@ def test_tuned_eval_kernel_by_shape(shape, dtype, kernel, monkeypatch):
 @pytest.mark.parametrize("shape,tail", [((128, 256, 8192), "small"), ((256, 256, 8192), "slab"),
                                         ((512, 256, 8192), "slab"), ((1024, 256, 8192), "cooperative"),
                                         ((256, 256, 4096), "cooperative")])
-def test_training_tail_by_shape(shape, tail, monkeypatch):
-    monkeypatch.delenv("CUTLASS_FUSED_TAIL", raising=False)
+def test_training_tail_by_shape(shape, tail):
     names = {name for name in launched(*shape, training=True) if "batch_norm_train" in name}
     kernel = {"small": "batch_norm_train_small_kernel", "slab": "batch_norm_train_slab_kernel",
               "cooperative": "batch_norm_train_kernel"}[tail]

@@ -30,14 +30,14 @@ SHAPES = [(1000, 96, 5125), (16384, 64, 256), (4096, 512, 1024)]
 NO_PROFILER = bool(os.environ.get("CUTLASS_FUSED_NO_PROFILER"))
 
 
-def train(x, p, monkeypatch, stats, kernel="_stats_"):
+def train(x, p, override, stats, kernel="_stats_"):
     """The fused training forward, and whether a kernel whose name holds `kernel` ran
     (None where the profiler cannot tell)."""
-    monkeypatch.setenv("CUTLASS_FUSED_STATS", "1" if stats else "0")
+    override(stats_gemm=stats)
     rm, rv = p["running_mean"].clone(), p["running_var"].clone()
     def run():
         return ops.linear_scale_batch_norm_train(x, p["weight"], p["bias"], p["scale"], p["bn_weight"], p["bn_bias"],
-                                                 rm, rv, None, 0.1, 1e-5, "sm90", False)
+                                                 rm, rv, None, 0.1, 1e-5, "sm90")
 
     if NO_PROFILER:
         return run(), rm, rv, None
@@ -79,24 +79,24 @@ def kernel_dtype(kernel):
 @needs_hopper
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_stats_gemm_matches_exact_path(shape, dtype, monkeypatch):
-    check_against_exact_path(shape, dtype, monkeypatch, "_stats_")
+def test_stats_gemm_matches_exact_path(shape, dtype, monkeypatch, override):
+    check_against_exact_path(shape, dtype, monkeypatch, override, "_stats_")
 
 
 @needs_hopper
 @pytest.mark.parametrize("kernel", STATS_KERNELS)
-def test_each_stats_kernel(kernel, monkeypatch):
+def test_each_stats_kernel(kernel, monkeypatch, override):
     if kernel not in cutlass_fused.built_kernels():
         pytest.skip(f"{kernel} is not in this build")
-    monkeypatch.setenv("CUTLASS_FUSED_KERNEL", kernel)
-    check_against_exact_path(SHAPES[0], kernel_dtype(kernel), monkeypatch, kernel)
+    override(kernel=kernel)
+    check_against_exact_path(SHAPES[0], kernel_dtype(kernel), monkeypatch, override, kernel)
 
 
-def check_against_exact_path(shape, dtype, monkeypatch, kernel):
+def check_against_exact_path(shape, dtype, monkeypatch, override, kernel):
     m, k, n = shape
     p, x = inputs(dtype, m, k, n, m, monkeypatch)
-    (y, h, stats, mean, invstd), rm, rv, used = train(x, p, monkeypatch, True, kernel)
-    (y0, h0, stats0, mean0, invstd0), rm0, rv0, used0 = train(x, p, monkeypatch, False, "_stats_")
+    (y, h, stats, mean, invstd), rm, rv, used = train(x, p, override, True, kernel)
+    (y0, h0, stats0, mean0, invstd0), rm0, rv0, used0 = train(x, p, override, False, "_stats_")
     assert NO_PROFILER or (used and not used0), f"{kernel} ran where it should not, or not where it should"
     # h: the same products, summed over K in another tile order: at most a rounding step apart.
     assert (h.float() - h0.float()).abs().max() <= 2 ** -7 * h0.float().abs().max()
@@ -116,7 +116,7 @@ def check_against_exact_path(shape, dtype, monkeypatch, kernel):
 
 @needs_hopper
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_stats_gemm_falls_back_where_fp32_loses_the_variance(dtype, monkeypatch):
+def test_stats_gemm_falls_back_where_fp32_loses_the_variance(dtype, monkeypatch, override):
     """Columns whose mean is ~100x their spread: fp32 sums of h^2 would keep ~7 bits of the
     variance, so those columns must take the exact pass (the others may keep the GEMM's sums).
     (Not 1000x for bf16: it would round h ~ 1000 to a constant, 8 apart, leaving no variance to
@@ -125,7 +125,7 @@ def test_stats_gemm_falls_back_where_fp32_loses_the_variance(dtype, monkeypatch)
     p, x = inputs(dtype, m, k, n, 7, monkeypatch)
     robust = torch.arange(0, n, 3, device="cuda")
     p["bias"][robust] = (1000 if dtype == "f32" else 100) * p["weight"].float().norm(dim=1)[robust]
-    (y, h, stats, mean, invstd), _, _, used = train(x, p, monkeypatch, True)
+    (y, h, stats, mean, invstd), _, _, used = train(x, p, override, True)
     assert NO_PROFILER or used
     ref_mean, ref_var = column_moments(h)
     var = stats[1] / m - (stats[0] / m) ** 2
@@ -138,7 +138,7 @@ def test_stats_gemm_falls_back_where_fp32_loses_the_variance(dtype, monkeypatch)
 
 
 @needs_hopper
-def test_stats_gemm_counts_the_batch_for_cumulative_momentum(monkeypatch):
+def test_stats_gemm_counts_the_batch_for_cumulative_momentum(monkeypatch, override):
     """momentum=None: the tail adds one to num_batches_tracked and every block reads it as
     1 / count. With the GEMM's sums it is counted before the first grid barrier (the second one
     is skipped when no column takes the exact pass), so check it against the exact path."""
@@ -146,11 +146,11 @@ def test_stats_gemm_counts_the_batch_for_cumulative_momentum(monkeypatch):
     p, x = inputs("bf16", m, k, n, 11, monkeypatch)
     got = []
     for stats in (True, False):
-        monkeypatch.setenv("CUTLASS_FUSED_STATS", "1" if stats else "0")
+        override(stats_gemm=stats)
         rm, rv = p["running_mean"].clone(), p["running_var"].clone()
         nbt = torch.tensor(3, device="cuda")
         ops.linear_scale_batch_norm_train(x, p["weight"], p["bias"], p["scale"], p["bn_weight"], p["bn_bias"],
-                                          rm, rv, nbt, None, 1e-5, "sm90", False)
+                                          rm, rv, nbt, None, 1e-5, "sm90")
         got.append((nbt.item(), rm, rv))
     (c1, rm1, rv1), (c0, rm0, rv0) = got
     assert c1 == c0 == 4
@@ -163,7 +163,7 @@ def test_stats_gemm_counts_the_batch_for_cumulative_momentum(monkeypatch):
 
 @needs_hopper
 @pytest.mark.parametrize("scale_dtype", [torch.float16, torch.float32], ids=["f16-scale", "f32-scale"])
-def test_stats_gemm_sees_fp16_overflow(scale_dtype, monkeypatch):
+def test_stats_gemm_sees_fp16_overflow(scale_dtype, monkeypatch, override):
     """fp16 h with an fp16 scale: the unfused model rounds z = h * scale to fp16, so an element past
     65504 is inf and its column's mean and y are not finite (README's error table). The tile sums
     of h cannot show that: column 0 (h ~ N(0, 9), scale 1e4) overflows in ~3% of its rows and
@@ -178,7 +178,7 @@ def test_stats_gemm_sees_fp16_overflow(scale_dtype, monkeypatch):
     p["bias"][0], p["scale"][0], p["scale"][1] = 0, 1e4, 100
     p["weight"][2] = 0
     p["weight"][2, 0] = 3e4
-    (y, h, stats, mean, invstd), _, _, used = train(x, p, monkeypatch, True)
+    (y, h, stats, mean, invstd), _, _, used = train(x, p, override, True)
     assert NO_PROFILER or used
     h64 = h.double()
     if scale_dtype == torch.float16:  # as SumSquares: an overflowing z counts as an infinite h

@@ -1,9 +1,9 @@
-"""The sm90 tile order (the persistent scheduler's swizzle and raster direction, csrc/kernels/registry.cpp).
+"""The sm90 tile order (the persistent scheduler's swizzle and raster direction, csrc/kernels/plan.cpp).
 
 The order only decides which CTA computes which tile when: every tile's arithmetic, and the
 statistics kernels' per-tile partial sums, are the same in any order, so each order must give
-bitwise the outputs of CUTLASS's own order. The orders are forced through the environment, as
-python -m cutlass_fused.tune forces them.
+bitwise the outputs of CUTLASS's own order. The orders are forced through cutlass_fused.overrides(),
+as python -m cutlass_fused.tune forces them.
 """
 import pytest
 import torch
@@ -15,7 +15,7 @@ needs_hopper = pytest.mark.skipif(not HOPPER, reason="needs an sm90 GPU (the til
 
 # An unaligned feature count and a partial batch tile; batch 3 fills a single row of tiles;
 # 16384 x 8192 and 16384 x 4096 outputs, where the dispatcher itself takes swizzle 8 (bf16 by its
-# rule, fp32 statistics by its table; registry.cpp).
+# rule, fp32 statistics by its table; plan.cpp).
 SHAPES = [(1000, 96, 5125), (3, 64, 769), (4096, 256, 1024), (16384, 64, 8192), (16384, 32, 4096)]
 ORDERS = [("1", ""), ("2", "m"), ("8", "n"), ("4", ""), ("1", "m")]
 
@@ -47,32 +47,29 @@ def forward(mod, x):
 @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
 @pytest.mark.parametrize("mode", ["bf16", "f32", "tf32"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_every_tile_order_gives_the_same_bits(shape, mode, training, monkeypatch):
+def test_every_tile_order_gives_the_same_bits(shape, mode, training, override):
     mod, x = layer(shape, mode, training)
     with precision("cuda", "sm90", mode):
         want = forward(mod, x)
         for swizzle, raster in ORDERS:
-            monkeypatch.setenv("CUTLASS_FUSED_SWIZZLE", swizzle)
-            monkeypatch.setenv("CUTLASS_FUSED_RASTER", raster)
+            override(swizzle=int(swizzle), raster=raster or "auto")
             got = forward(mod, x)
             for a, b in zip(got, want):
                 assert torch.equal(a, b), f"swizzle {swizzle}, raster {raster or 'CUTLASS'} changed the output"
 
 
-@needs_cuda
-@pytest.mark.parametrize("var,value", [("CUTLASS_FUSED_SWIZZLE", "3"), ("CUTLASS_FUSED_RASTER", "k")])
-def test_a_bad_tile_order_is_refused_by_name(var, value, monkeypatch):
-    mod, x = layer((8, 32, 64), "bf16", False)
-    monkeypatch.setenv(var, value)
-    with pytest.raises(ValueError, match=f"expected \\${var} to be"):
-        with torch.no_grad():
-            mod(x)
+@pytest.mark.parametrize("key,value,words", [("swizzle", 3, "expected swizzle to be 0 \\(auto\\), 1, 2, 4 or 8"),
+                                             ("raster", "k", "expected raster to be 'auto', 'm' or 'n'")])
+def test_a_bad_tile_order_is_refused_by_name(key, value, words):
+    with pytest.raises(ValueError, match=words):
+        with cutlass_fused.overrides(**{key: value}):
+            pass
 
 
 @pytest.mark.skipif(CUDA, reason="the CPU path has no tile order")
-def test_the_cpu_path_ignores_the_tile_order(monkeypatch):
+def test_the_cpu_path_ignores_the_tile_order(override):
     m, x = cutlass_fused.LinearScaleBatchNorm1d(32, 64), torch.randn(8, 32)
     want = forward(m, x)
-    monkeypatch.setenv("CUTLASS_FUSED_SWIZZLE", "3")
+    override(swizzle=2, raster="m")
     for a, b in zip(forward(m, x), want):
         assert torch.equal(a, b)

@@ -13,9 +13,9 @@
 
 #include <cuda_runtime.h>
 
-namespace cutlass_fused {
+#include "kernels/types.h"
 
-enum class DType { bf16, f16, f32 };
+namespace cutlass_fused {
 
 // A per-column vector (scale, BN weight and bias, running stats, gradients) in
 // its own dtype. Kernels read and write these in place, so that no step casts
@@ -37,8 +37,7 @@ void reduce_partials(double const* partial_sum, double const* partial_sumsq, int
                      double* stats, cudaStream_t stream);
 
 // Deterministic column sums of h (m x n, row stride ldz) into stats, through
-// `workspace` (column_stats_workspace(m, n) bytes).
-size_t column_stats_workspace(int m, int n);
+// `workspace` (limits::column_stats_workspace(m, n) bytes, kernels/limits.h).
 void column_stats(DType dt, void const* z, int m, int n, int64_t ldz, double* stats, void* workspace,
                   cudaStream_t stream);
 
@@ -65,22 +64,18 @@ void finalize_normalize(FinalizeArgs const& a, cudaStream_t stream);
 
 // The training forward after the GEMM, in one kernel (one launch instead of five: at
 // 1024 x 8192 the four small kernels and the nbt add cost more than their work). Three
-// kernels, each writing every output with the same bits:
+// kernels, each writing every output with the same bits (kernels/types.h, Tail; the plan picks
+// one, kernels/plan.h):
 // - cooperative: the column sums of h (per row chunk, in column_stats's order), one grid-wide
 //   barrier, then each block takes its columns' statistics from the partials (in
 //   reduce_partials's order), normalizes its rows, and, for the first row chunk, writes stats,
 //   the saved mean/invstd and the running stats. Any shape.
 // - slab: a block holds all m rows of its columns in shared memory; no barrier, one read of h.
-//   16-byte aligned columns, momentum given, m x 32 bytes of a slab in 64 KiB; picked for
-//   16-bit h of 129-512 rows whose slabs of 64-byte rows or wider fill the GPU.
-// - small: a block holds its columns' rows in registers. 16-bit h, at most 128 rows, momentum
+//   16-byte aligned columns, momentum given, m x 32 bytes of a slab in 64 KiB.
+// - small: a block holds its columns' rows in registers. 16-bit h, at most 256 rows, momentum
 //   given.
 // With the statistics GEMM's tile sums, the cooperative and slab kernels take trusted columns'
 // statistics from them; the small kernel does not need them.
-// Tail: the kernel batch_norm_train runs; automatic picks by shape, the others force one
-// (tests compare their bits) and throw where it cannot run.
-enum class Tail { automatic, cooperative, slab, small };
-
 struct TrainArgs {
   FinalizeArgs norm;              // norm.stats is unused: the sums go to `stats`
   double* stats;                  // 2 x n, out
@@ -88,7 +83,7 @@ struct TrainArgs {
   int64_t* num_batches_tracked;   // or nullptr; incremented by one
   double momentum;                // of the running stats, unless cumulative
   bool cumulative;                // momentum = 1 / num_batches_tracked (after its increment)
-  void* workspace;                // batch_norm_train_workspace(m, n) bytes
+  void* workspace;                // limits::train_workspace(m, n) bytes
   int sm_count;                   // of the device: the grid must be co-resident
   // Optional: the statistics GEMM's per-CTA sums of h and h^2 (u_sum[t * u_ld + c],
   // t < u_tiles), fp32 or (u_fp64) fp64. Columns whose sums are trustworthy take them;
@@ -99,9 +94,9 @@ struct TrainArgs {
   bool u_fp64 = false;
   int u_tiles = 0;
   int64_t u_ld = 0;
-  Tail tail = Tail::automatic;
+  Tail tail = Tail::automatic;    // the plan's (never automatic here)
+  int pieces = 0;                 // the slab tail's, from the plan
 };
-size_t batch_norm_train_workspace(int m, int n);
 void batch_norm_train(TrainArgs const& a, cudaStream_t stream);
 
 // running = (1 - m) running + m batch, for z's mean and unbiased variance;
@@ -109,10 +104,6 @@ void batch_norm_train(TrainArgs const& a, cudaStream_t stream);
 void update_running_stats(int n, double const* stats, ColVec scale, double count, ColOut running_mean,
                           ColOut running_var, int64_t const* num_batches_tracked, double momentum,
                           cudaStream_t stream);
-
-// The backward's kernels: automatic picks by shape; the others force the two passes, the slab
-// kernel or the cooperative kernel (tests compare their bits), which throw where they cannot run.
-enum class BackwardKernels { automatic, passes, slab, cooperative };
 
 struct BackwardArgs {
   DType dt;                       // of h and dh
@@ -127,10 +118,9 @@ struct BackwardArgs {
   ColVec weight;                  // or none (1)
   double eps;
   ColOut dscale, dweight, dbias;  // n each
-  void* workspace;                // batch_norm_backward_workspace(m, n) bytes
+  void* workspace;                // limits::backward_workspace(m, n) bytes
   int sm_count = 0;               // of the device (the slab kernel's grid should fill it, the
                                   // cooperative kernel's must be co-resident)
-  BackwardKernels kernels = BackwardKernels::automatic;
 };
 
 // The training-mode backward of y = BN(h * scale) over the batch: one pass
@@ -142,8 +132,9 @@ struct BackwardArgs {
 // every row of their columns (the slab kernel, see Tail), somewhat larger ones (one block an
 // item) one cooperative kernel (both passes with a grid barrier between them): the same sums,
 // the same bits.
-size_t batch_norm_backward_workspace(int m, int n);
-void batch_norm_backward(BackwardArgs const& a, cudaStream_t stream);
+// `kernels` and the slab kernel's `pieces` are the plan's (kernels/plan.h). (They are not fields of
+// BackwardArgs, which the kernels take by value: a larger struct moves their other parameters.)
+void batch_norm_backward(BackwardArgs const& a, BackwardKernels kernels, int pieces, cudaStream_t stream);
 
 // Eval-mode folding: out_a = scale * w * invstd, out_c = b - running_mean * w * invstd,
 // with invstd = 1 / sqrt(running_var + eps), into fp32 vectors for the EVT;

@@ -27,13 +27,7 @@ struct Launch {
 
   static size_t workspace_size(GemmEvtArgs const& p) { return Gemm::get_workspace_size(arguments(p)); }
 
-  // VisitorRowReduction only atomically adds into col_sum/col_sumsq: unlike
-  // the sm90 node it does not zero them, so we do, on the same stream.
   static void run(GemmEvtArgs const& p, cudaStream_t stream) {
-    if (p.col_sum != nullptr) {
-      check_cuda(cudaMemsetAsync(p.col_sum, 0, sizeof(double) * p.n, stream), "zero col_sum");
-      check_cuda(cudaMemsetAsync(p.col_sumsq, 0, sizeof(double) * p.n, stream), "zero col_sumsq");
-    }
     auto args = arguments(p);
     Gemm gemm;
     check(Gemm::can_implement(args), name(), "can_implement");

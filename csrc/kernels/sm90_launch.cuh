@@ -50,8 +50,6 @@ struct Launch {
 
   static size_t workspace_size(GemmEvtArgs const& p) { return Gemm::get_workspace_size(arguments(p)); }
 
-  // Train kernels' row reductions are non-final: each CTA writes its fp64
-  // partials to col_sum/col_sumsq (no atomics, nothing to zero first).
   static void run(GemmEvtArgs const& p, cudaStream_t stream) {
     auto args = arguments(p);
     Gemm gemm;

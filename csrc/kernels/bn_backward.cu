@@ -1,0 +1,252 @@
+// The training-mode BatchNorm backward: two passes, the slab kernel or one cooperative kernel
+// (batch_norm.h, BackwardArgs; the plan picks one).
+#include "kernels/bn_common.cuh"
+
+namespace cutlass_fused {
+namespace {
+
+// (dy, h) -> (dy, dy (h - mean_h)): the backward's sums.
+template <class T, class TY>
+struct GradSums {
+  TY const* dy; T const* h; int64_t ldh; int n; double const* mean_h;
+  __device__ double center(int c) const { return mean_h[c]; }
+  static constexpr bool kPipelined = sizeof(TY) == sizeof(T);  // dy's groups are 16 bytes too
+  static constexpr int kInputs = 2;
+  __device__ void const* input(int k, int64_t r, int c0) const {
+    return k == 0 ? static_cast<void const*>(dy + r * n + c0) : static_cast<void const*>(h + r * ldh + c0);
+  }
+  template <int V, class Load>
+  __device__ void add(int64_t r, int c0, double const (&mu)[V], double (&a)[V], double (&b)[V], Load const& load) const {
+    auto g = load(0, dy + r * n + c0);
+    auto x = load(1, h + r * ldh + c0);
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      double d = to_float(g.v[v]);
+      a[v] += d;
+      b[v] += d * (static_cast<double>(to_float(x.v[v])) - mu[v]);
+    }
+  }
+};
+
+// Per-column constants of dh = a dy + b (h - mean_h) + c.
+template <class A>
+struct GradColumn {
+  A mean_h, a, b, c;
+};
+
+// From column c's sums of dy and dy (h - mean_h); with `outputs` (one thread a column), also
+// its dscale, dweight and dbias.
+template <class A>
+__device__ GradColumn<A> grad_column(BackwardArgs const& g, double sdy, double q, int c, bool outputs) {
+  double count = g.m;
+  double s = load(g.scale, c, 1.0), istd = g.invstd[c];
+  double w = load(g.weight, c, 1.0);
+  double a = s * w * istd;
+  if (outputs) {
+    store(g.dbias, c, sdy);
+    store(g.dweight, c, istd * s * q);
+    // sum_i dz_i h_i = w istd q (1 - istd^2 var(z)) = w istd q eps istd^2: BN is
+    // invariant to scale but for eps, and this form has no cancellation.
+    store(g.dscale, c, w * istd * q * g.eps * istd * istd);
+  }
+  return {static_cast<A>(g.mean_h[c]), static_cast<A>(a), static_cast<A>(-a * s * s * istd * istd * q / count),
+          static_cast<A>(-a * sdy / count)};
+}
+
+template <class T, class TY, int V, class A>
+__device__ __forceinline__ Group<T, V> grad_input(GradColumn<A> const (&col)[V], Group<TY, V> const& dy,
+                                                  Group<T, V> const& h) {
+  Group<T, V> out;
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    GradColumn<A> const& k = col[v];
+    out.v[v] = from_float<T>(k.a * A(to_float(dy.v[v])) + k.b * (A(to_float(h.v[v])) - k.mean_h) + k.c);
+  }
+  return out;
+}
+
+// The unpipelined rows: R at a time in registers (single columns, or a wider dy).
+template <class T, class TY, int V, int R, class A>
+__device__ void grad_input_rows(BackwardArgs const& g, GradColumn<A> const (&col)[V], int c0, TY const* dy, T const* h,
+                                T* dh) {
+  for (int64_t r0 = blockIdx.y * 8 * R + threadIdx.y; r0 < g.m; r0 += int64_t{gridDim.y} * 8 * R) {
+    Group<TY, V> in_dy[R];
+    Group<T, V> in_h[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      int64_t r = r0 + 8 * i;
+      if (r < g.m) {
+        in_dy[i] = load_group<TY, V>(dy + r * g.n + c0);
+        in_h[i] = load_group<T, V>(h + r * g.ldh + c0);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      if (r0 + 8 * i >= g.m) break;
+      store_group<T, V>(dh + (r0 + 8 * i) * g.n + c0, grad_input<T, TY, V>(col, in_dy[i], in_h[i]));
+    }
+  }
+}
+
+template <class T, class TY, int V, int R>
+__global__ void grad_input_kernel(BackwardArgs g, double const* __restrict__ sums) {
+  using A = Acc<T>;
+  // dy and h of kSumStages rows a thread in flight (pipelined_rows), read as the column sums
+  // read them (GradSums), where both come in 16-byte groups.
+  using Terms = GradSums<T, TY>;
+  constexpr bool kPipelined = pipelined_sums<Terms, V>();
+  __shared__ uint4 stage[kPipelined ? kSumStages * Terms::kInputs * 256 : 1];
+  GradColumn<A> col[V];
+  block_columns<V>(g.n, blockIdx.x, col, [&](int c) { return grad_column<A>(g, sums[c], sums[g.n + c], c, blockIdx.y == 0); });
+  int c0 = (blockIdx.x * 32 + threadIdx.x) * V;
+  if (c0 >= g.n) return;
+  auto const* dy = static_cast<TY const*>(g.dy);
+  auto const* h = static_cast<T const*>(g.h);
+  auto* dh = static_cast<T*>(g.dh);
+  if constexpr (kPipelined) {
+    Terms terms{dy, h, g.ldh, g.n, g.mean_h};
+    int64_t first = blockIdx.y * 8 + threadIdx.y, step = int64_t{gridDim.y} * 8;
+    int count = first < g.m ? static_cast<int>((g.m - first + step - 1) / step) : 0;
+    pipelined_rows<kSumStages, Terms::kInputs>(
+        count, stage, [&](int j, int k) { return terms.input(k, first + j * step, c0); },
+        [&](int j, auto piece) {
+          auto const& d = *reinterpret_cast<Group<TY, V> const*>(piece(0));
+          auto const& x = *reinterpret_cast<Group<T, V> const*>(piece(1));
+          store_group<T, V>(dh + (first + j * step) * g.n + c0, grad_input<T, TY, V>(col, d, x));
+        });
+  } else {
+    grad_input_rows<T, TY, V, R>(g, col, c0, dy, h, dh);
+  }
+}
+
+// The backward's BN part in one cooperative launch, for batches past the slab kernel's: the
+// column sums' chunk partials (column_partials' items and order), one grid barrier, then each
+// item's column totals in reduce_partials' order and dh over its chunk's rows, which the same
+// block read before the barrier (from L2 where dy and h fit there). The two passes' bits, in one
+// launch instead of three. dy in h's dtype, 16-byte groups (the pipelined rows). 80 registers
+// (limits::kBackwardBlocksPerSm blocks an SM; ptxas: 72-92 bytes of spill stores for 16-bit h on sm_90).
+using limits::kBackwardBlocksPerSm;
+
+template <class T, int V>
+__global__ void __launch_bounds__(256, kBackwardBlocksPerSm) batch_norm_backward_kernel(BackwardArgs g, int rows,
+                                                                                        int chunks, int groups) {
+  using A = Acc<T>;
+  using Terms = GradSums<T, T>;
+  static_assert(pipelined_sums<Terms, V>(), "the cooperative backward streams 16-byte groups of dy and h");
+  auto* pa = static_cast<double*>(g.workspace) + 2 * static_cast<int64_t>(g.n);  // batch_norm_backward's layout
+  auto* pb = pa + static_cast<int64_t>(chunks) * g.n;
+  __shared__ uint4 stage[partials_scratch<Terms, V>() / sizeof(uint4)];
+  Terms terms{static_cast<T const*>(g.dy), static_cast<T const*>(g.h), g.ldh, g.n, g.mean_h};
+  int items = groups * chunks;
+  for (int item = blockIdx.x; item < items; item += gridDim.x)
+    chunk_partials<Terms, V>(terms, g.m, g.n, rows, item % groups, item / groups, pa, pb, stage);
+  cooperative_groups::this_grid().sync();
+  auto* dh = static_cast<T*>(g.dh);
+  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+    int group = item % groups, chunk = item / groups;
+    GradColumn<A> col[V];
+    block_columns<V>(g.n, group, col, [&](int c) {
+      double sdy = 0, q = 0;
+#pragma unroll 8
+      for (int r = 0; r < chunks; ++r) {
+        sdy += pa[r * static_cast<int64_t>(g.n) + c];
+        q += pb[r * static_cast<int64_t>(g.n) + c];
+      }
+      return grad_column<A>(g, sdy, q, c, chunk == 0);
+    });
+    int c0 = (group * 32 + threadIdx.x) * V;
+    int64_t first = static_cast<int64_t>(chunk) * rows + threadIdx.y;
+    int64_t end = std::min<int64_t>(g.m, static_cast<int64_t>(chunk + 1) * rows);
+    int count = c0 < g.n && first < end ? static_cast<int>((end - first + 7) / 8) : 0;
+    pipelined_rows<kSumStages, Terms::kInputs>(
+        count, stage, [&](int j, int k) { return terms.input(k, first + 8 * j, c0); },
+        [&](int j, auto piece) {
+          auto const& d = *reinterpret_cast<Group<T, V> const*>(piece(0));
+          auto const& x = *reinterpret_cast<Group<T, V> const*>(piece(1));
+          store_group<T, V>(dh + (first + 8 * j) * g.n + c0, grad_input<T, T, V>(col, d, x));
+        });
+  }
+}
+
+// The backward for a block that holds every row of its columns, dy's and h's, in shared memory
+// (two slabs, as batch_norm_train_slab_kernel holds h): the sums in chunk_partials' and
+// reduce_partials' orders, so the two passes' bits, then dh, dscale, dweight and dbias, in one
+// launch instead of three. dy in h's dtype. Shared memory: slab_smem.
+template <class T, int V>
+__global__ void __launch_bounds__(256, 3) batch_norm_backward_slab_kernel(BackwardArgs g, int rows, int chunks,
+                                                                          int pieces) {
+  using A = Acc<T>;
+  int tid = threadIdx.x, width = pieces * V, base = blockIdx.x * width;
+  extern __shared__ uint4 smem[];
+  uint4* slab_dy = smem;
+  uint4* slab_h = slab_dy + g.m * pieces;
+  auto* sums = reinterpret_cast<double*>(slab_h + g.m * pieces);  // [2][chunks][width]
+  auto* cols = reinterpret_cast<GradColumn<A>*>(sums + 2 * chunks * width);
+  int piece = tid % pieces, c0 = base + piece * V;
+  bool live = c0 < g.n;
+  auto const* dy = static_cast<T const*>(g.dy);
+  auto const* h = static_cast<T const*>(g.h);
+  if (live) {
+    for (int r = tid / pieces; r < g.m; r += 256 / pieces) {
+      copy_async(slab_dy + r * pieces + piece, dy + static_cast<int64_t>(r) * g.n + c0);
+      copy_async(slab_h + r * pieces + piece, h + r * g.ldh + c0);
+    }
+  }
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+  __syncthreads();
+  slab_chunk_sums<GradSums<T, T>, V>(GradSums<T, T>{dy, h, g.ldh, g.n, g.mean_h}, {slab_dy, slab_h}, g.m, g.n, rows,
+                                     chunks, pieces, base, sums);
+  __syncthreads();
+  if (int c = base + tid; tid < width && c < g.n) {
+    double sdy, q;
+    slab_totals(sums, chunks, width, tid, sdy, q);
+    cols[tid] = grad_column<A>(g, sdy, q, c, true);
+  }
+  __syncthreads();
+  if (!live) return;
+  GradColumn<A> col[V];
+  piece_columns(cols, piece, col);
+  auto* dh = static_cast<T*>(g.dh);
+  for (int r = tid / pieces; r < g.m; r += 256 / pieces) {
+    auto const& d = *reinterpret_cast<Group<T, V> const*>(slab_dy + r * pieces + piece);
+    auto const& x = *reinterpret_cast<Group<T, V> const*>(slab_h + r * pieces + piece);
+    store_group<T, V>(dh + static_cast<int64_t>(r) * g.n + c0, grad_input<T, T, V>(col, d, x));
+  }
+}
+
+}  // namespace
+
+void batch_norm_backward(BackwardArgs const& g, BackwardKernels kernels, int pieces, cudaStream_t stream) {
+  auto* sums = static_cast<double*>(g.workspace);
+  auto* partials = sums + 2 * static_cast<int64_t>(g.n);
+  dispatch_pair(g.dt, g.dt_dy, [&](auto t, auto ty) {
+    using T = decltype(t);
+    using TY = decltype(ty);
+    constexpr int V = 16 / sizeof(T);
+    if (kernels == BackwardKernels::automatic)
+      throw std::runtime_error("cutlass_fused: batch_norm_backward runs the plan's kernels (csrc/kernels/plan.h)");
+    if constexpr (std::is_same_v<T, TY>) {
+      if (kernels == BackwardKernels::slab) {
+        constexpr auto kernel = batch_norm_backward_slab_kernel<T, V>;
+        allow_slab<kernel>();
+        int chunks = stat_chunks(g.m);
+        size_t smem = slab_smem<GradColumn<Acc<T>>>(g.m, 2, chunks, pieces, V);
+        kernel<<<blocks(g.n, pieces * V), 256, smem, stream>>>(g, stat_rows(g.m), chunks, pieces);
+        return;
+      }
+      if (kernels == BackwardKernels::cooperative) {
+        launch_cooperative<batch_norm_backward_kernel<T, V>>(g, g.n, g.sm_count, stat_rows(g.m), stat_chunks(g.m), V,
+                                                             stream, "batch_norm_backward");
+        return;
+      }
+    }
+    GradSums<T, TY> terms{static_cast<TY const*>(g.dy), static_cast<T const*>(g.h), g.ldh, g.n, g.mean_h};
+    column_sums<T>(terms, g.m, g.n, g.ldh, {g.dy, g.h}, sums, partials, stream);
+    launch_rows<T, 1>(g.m, g.n, g.ldh, {g.h, g.dy, g.dh}, 1024, [&](auto v, dim3 grid) {
+      grad_input_kernel<T, TY, decltype(v)::value, 1><<<grid, dim3(32, 8), 0, stream>>>(g, sums);
+    });
+  });
+  check_cuda(cudaGetLastError(), "batch_norm_backward");
+}
+
+}  // namespace cutlass_fused

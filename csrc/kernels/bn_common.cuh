@@ -1,0 +1,665 @@
+// What the BatchNorm kernels share (bn_finalize.cu, bn_train.cu, bn_backward.cu): element
+// access, the ordered column sums, the per-column statistics and constants that every kernel
+// derives the same way (so all write the same bits), the slab machinery and the launch helpers.
+// Everything is in an anonymous namespace: each of those files compiles its own copy, and a
+// kernel template is instantiated only where it is launched.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <initializer_list>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "kernels/batch_norm.h"
+#include "kernels/check.h"
+#include "kernels/limits.h"
+
+namespace cutlass_fused {
+namespace {
+
+template <class T> __device__ __forceinline__ float to_float(T v) { return static_cast<float>(v); }
+template <> __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <> __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+template <class T> __device__ __forceinline__ T from_float(float v) { return static_cast<T>(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float(float v) { return __float2bfloat16(v); }
+template <> __device__ __forceinline__ __half from_float(float v) { return __float2half(v); }
+
+// Arithmetic type of the elementwise passes: fp32 data gets fp64, so that the
+// one rounding is the store's; bf16/f16 get fp32, whose error is far below theirs.
+template <class T> using Acc = std::conditional_t<std::is_same_v<T, float>, double, float>;
+
+template <class F>
+void dispatch(DType dt, F&& f) {
+  switch (dt) {
+    case DType::bf16: f(__nv_bfloat16{}); break;
+    case DType::f16: f(__half{}); break;
+    case DType::f32: f(float{}); break;
+  }
+}
+
+// T and a second dtype that is either T or fp32: the (h, y) and (h, dy) pairs.
+template <class F>
+void dispatch_pair(DType dt, DType dt2, F&& f) {
+  if (dt2 != dt && dt2 != DType::f32) throw std::runtime_error("cutlass_fused: unsupported dtype pair");
+  dispatch(dt, [&](auto t) {
+    if (dt2 == dt)
+      f(t, t);
+    else
+      f(t, float{});
+  });
+}
+
+// Element c of a per-column vector as fp64; `none` where the vector is absent.
+__device__ __forceinline__ double load(ColVec v, int c, double none) {
+  if (v.p == nullptr) return none;
+  switch (v.dt) {
+    case DType::bf16: return __bfloat162float(static_cast<__nv_bfloat16 const*>(v.p)[c]);
+    case DType::f16: return __half2float(static_cast<__half const*>(v.p)[c]);
+    default: return static_cast<float const*>(v.p)[c];
+  }
+}
+
+// Stores through fp32, as PyTorch computes these vectors in fp32 and rounds once more.
+__device__ __forceinline__ void store(ColOut v, int c, double x) {
+  float f = static_cast<float>(x);
+  switch (v.dt) {
+    case DType::bf16: static_cast<__nv_bfloat16*>(v.p)[c] = __float2bfloat16(f); break;
+    case DType::f16: static_cast<__half*>(v.p)[c] = __float2half(f); break;
+    default: static_cast<float*>(v.p)[c] = f;
+  }
+}
+
+struct NoSums {};  // a tag for P = void (batch_norm_train_kernel)
+
+using limits::blocks;
+using limits::stat_chunks;
+using limits::stat_rows;
+
+// A group of V consecutive elements, moved as one 16-byte access when that is
+// its size (the launchers pick V so that every such access is aligned).
+template <class T, int V>
+struct alignas(sizeof(T) * V) Group {
+  T v[V];
+};
+
+template <class T, int V>
+__device__ __forceinline__ Group<T, V> load_group(T const* p) {
+  Group<T, V> g;
+  if constexpr (sizeof(g) == 16) {
+    *reinterpret_cast<uint4*>(&g) = *reinterpret_cast<uint4 const*>(p);
+  } else {
+#pragma unroll
+    for (int v = 0; v < V; ++v) g.v[v] = p[v];
+  }
+  return g;
+}
+
+template <class T, int V>
+__device__ __forceinline__ void store_group(T* p, Group<T, V> const& g) {
+  if constexpr (sizeof(g) == 16) {
+    *reinterpret_cast<uint4*>(p) = *reinterpret_cast<uint4 const*>(&g);
+  } else {
+#pragma unroll
+    for (int v = 0; v < V; ++v) p[v] = g.v[v];
+  }
+}
+
+// y is written once, evict-first (st.global.cs), to leave L2 to the lines of h the GEMM wrote
+// last: 0.2-1.1 us less in the pipelined tail at 1024 x 8192^2, level at larger h (NOTES.md v0.14).
+template <class T, int V>
+__device__ __forceinline__ void store_group_once(T* p, Group<T, V> const& g) {
+  if constexpr (sizeof(g) == 16) {
+    __stcs(reinterpret_cast<uint4*>(p), *reinterpret_cast<uint4 const*>(&g));
+  } else {
+    store_group<T, V>(p, g);
+  }
+}
+
+// 16 bytes from global to shared memory, bypassing L1 (cp.async.cg).
+__device__ __forceinline__ void copy_async(uint4* dst, void const* src) {
+  unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+}
+
+// A thread's rows through a cp.async pipeline: row j (0 <= j < count) is K 16-byte pieces
+// (one a tensor it reads), fetched S - 1 rows ahead into this thread's own slots of `stage`
+// (S * K * 256 slots: blocks of 32 x 8 threads), then handed to use(j, piece) in order. Loads in
+// flight live in shared memory, not registers: the row passes run under 64-96 registers a thread,
+// where two rows in registers reached ~2.3-2.6 TB/s at 16384 x 4096 and a copy ~2.9 (H100,
+// NOTES.md v0.14). Only the issuing thread reads a slot, so wait_group alone orders it.
+template <int S, int K, class Addr, class Use>
+__device__ __forceinline__ void pipelined_rows(int count, uint4* stage, Addr&& addr, Use&& use) {
+  int tid = threadIdx.y * 32 + threadIdx.x;
+  auto slot = [&](int j, int k) { return stage + ((j % S) * K + k) * 256 + tid; };
+  auto issue = [&](int j) {
+    if (j < count) {
+#pragma unroll
+      for (int k = 0; k < K; ++k) copy_async(slot(j, k), addr(j, k));
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+  };
+#pragma unroll
+  for (int j = 0; j < S - 1; ++j) issue(j);
+  for (int j = 0; j < count; ++j) {
+    issue(j + S - 1);
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(S - 1) : "memory");
+    use(j, [&](int k) { return slot(j, k); });
+  }
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
+// Loaders for the Terms below: straight from memory, or a pipelined row's pieces.
+template <int V>
+struct LoadGlobal {
+  template <class U>
+  __device__ Group<U, V> operator()(int, U const* p) const { return load_group<U, V>(p); }
+};
+
+template <int V, class Piece>
+struct LoadStaged {
+  Piece piece;
+  template <class U>
+  __device__ Group<U, V> operator()(int k, U const*) const { return *reinterpret_cast<Group<U, V> const*>(piece(k)); }
+};
+
+// A row a thread already holds.
+template <class T, int V>
+struct LoadHeld {
+  Group<T, V> const& g;
+  __device__ Group<T, V> operator()(int, T const*) const { return g; }
+};
+
+// V for 16-byte groups of `bytes`-byte elements when n, the row strides and every pointer
+// allow it; 1 otherwise (unaligned sizes such as 769 columns).
+bool can_vectorize_bytes(int bytes, int n, int64_t ld, std::initializer_list<void const*> ptrs) {
+  int v = 16 / bytes;
+  bool ok = n % v == 0 && ld % v == 0;
+  for (void const* p : ptrs) ok = ok && reinterpret_cast<uintptr_t>(p) % 16 == 0;
+  return ok;
+}
+
+template <class T>
+bool can_vectorize(int n, int64_t ld, std::initializer_list<void const*> ptrs) {
+  return can_vectorize_bytes(sizeof(T), n, ld, ptrs);
+}
+
+// h -> (h, h^2): the forward statistics. With `scale` (an fp16 y, so the unfused model rounds
+// z = h * scale to fp16), an element whose z overflows counts as +-inf, as the unfused model's
+// infinite z makes its column's mean infinite and its variance NaN. Only fp16: bf16 shares
+// fp32's range (z overflows bf16 only past 3.39e38), and the check's registers made the bf16
+// kernel spill (benchmarks/NOTES.md v0.8).
+template <class T>
+struct SumSquares {
+  T const* h; int64_t ldh;
+  ColVec scale{};
+  static constexpr bool kOverflow = std::is_same_v<T, __half>;
+  __device__ double center(int c) const { return kOverflow ? load(scale, c, 1.0) : 0.0; }  // the column's scale
+  static constexpr bool kPipelined = true;  // one 16-byte piece a row when V > 1
+  static constexpr int kInputs = 1;
+  __device__ void const* input(int, int64_t r, int c0) const { return h + r * ldh + c0; }
+  template <int V, class Load>
+  __device__ void add(int64_t r, int c0, double const (&s)[V], double (&a)[V], double (&b)[V], Load const& load) const {
+    auto x = load(0, h + r * ldh + c0);
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      float f = to_float(x.v[v]);
+      if constexpr (kOverflow) {
+        bool z_inf = scale.p != nullptr && isinf(to_float(from_float<T>(f * static_cast<float>(s[v]))));
+        if (z_inf) f = copysignf(INFINITY, f);
+      }
+      double e = f;
+      a[v] += e;
+      b[v] += e * e;
+    }
+  }
+};
+
+// The partial sums of column group `group` (32 V columns) over row chunk
+// `chunk`, into row `chunk` of pa and pb. Every thread of the block calls it.
+template <int V>
+using PartialsShared = double[2][8][32 * V];
+
+// Stages of the pipelined two-tensor passes (column sums, grad_input): 32 KiB of slots a block
+// for dy and h. H100, bf16 16384 x 4096: column sums 118.1 -> 105.8 us, grad_input 153.6
+// -> 142.0 (two runs, NOTES.md v0.14).
+constexpr int kSumStages = 4;
+
+template <class Terms, int V>
+constexpr bool pipelined_sums() { return V > 1 && Terms::kPipelined; }
+
+// Shared memory chunk_partials needs: its pipeline's slots, then the lanes' sums (one buffer).
+template <class Terms, int V>
+constexpr int partials_scratch() {
+  return std::max<int>(sizeof(PartialsShared<V>), pipelined_sums<Terms, V>() ? kSumStages * Terms::kInputs * 4096 : 0);
+}
+
+template <class Terms, int V>
+__device__ void chunk_partials(Terms const& terms, int m, int n, int rows, int group, int chunk,
+                               double* __restrict__ pa, double* __restrict__ pb, uint4* scratch) {
+  int c0 = (group * 32 + threadIdx.x) * V;  // n % V == 0 when V > 1: groups are whole
+  int r0 = chunk * rows;
+  int r1 = min(m, r0 + rows);
+  double a[V] = {}, b[V] = {}, mu[V];
+  bool live = c0 < n;
+  if (live) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) mu[v] = terms.center(c0 + v);
+  }
+  // Each lane adds its rows in order either way: the same bits.
+  if constexpr (pipelined_sums<Terms, V>()) {
+    int first = r0 + threadIdx.y;
+    int count = live && first < r1 ? (r1 - first + 7) / 8 : 0;
+    pipelined_rows<kSumStages, Terms::kInputs>(
+        count, scratch, [&](int j, int k) { return terms.input(k, first + 8 * j, c0); },
+        [&](int j, auto piece) {
+          terms.template add<V>(first + 8 * j, c0, mu, a, b, LoadStaged<V, decltype(piece)>{piece});
+        });
+    __syncthreads();  // the slots are `sh` below
+  } else if (live) {
+#pragma unroll 4
+    for (int r = r0 + threadIdx.y; r < r1; r += 8) terms.template add<V>(r, c0, mu, a, b, LoadGlobal<V>{});
+  }
+  auto& sh = *reinterpret_cast<PartialsShared<V>*>(scratch);
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    sh[0][threadIdx.y][threadIdx.x * V + v] = a[v];
+    sh[1][threadIdx.y][threadIdx.x * V + v] = b[v];
+  }
+  __syncthreads();
+  if (threadIdx.y == 0 && live) {
+    for (int i = 1; i < 8; ++i) {
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        a[v] += sh[0][i][threadIdx.x * V + v];
+        b[v] += sh[1][i][threadIdx.x * V + v];
+      }
+    }
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      pa[chunk * static_cast<int64_t>(n) + c0 + v] = a[v];
+      pb[chunk * static_cast<int64_t>(n) + c0 + v] = b[v];
+    }
+  }
+  __syncthreads();  // before a caller's next item may overwrite `sh`
+}
+
+template <class Terms, int V>
+__global__ void column_partials_kernel(Terms terms, int m, int n, int rows, double* __restrict__ pa,
+                                       double* __restrict__ pb) {
+  __shared__ uint4 scratch[partials_scratch<Terms, V>() / sizeof(uint4)];
+  chunk_partials<Terms, V>(terms, m, n, rows, blockIdx.x, blockIdx.y, pa, pb, scratch);
+}
+
+// Both sums of `terms` over all m rows into out[0:n], out[n:2n], through
+// 2 x stat_chunks(m) x n doubles of workspace. ld and ptrs: the strides and
+// pointers `terms` reads, which decide whether it may read 16-byte groups.
+template <class T, class Terms>
+void column_sums(Terms const& terms, int m, int n, int64_t ld, std::initializer_list<void const*> ptrs, double* out,
+                 double* workspace, cudaStream_t stream) {
+  int rows = stat_rows(m), chunks = stat_chunks(m);
+  double* pb = workspace + static_cast<int64_t>(chunks) * n;
+  constexpr int V = 16 / sizeof(T);
+  if (can_vectorize<T>(n, ld, ptrs)) {
+    column_partials_kernel<Terms, V><<<dim3(blocks(n, 32 * V), chunks), dim3(32, 8), 0, stream>>>(
+        terms, m, n, rows, workspace, pb);
+  } else {
+    column_partials_kernel<Terms, 1><<<dim3(blocks(n, 32), chunks), dim3(32, 8), 0, stream>>>(terms, m, n, rows,
+                                                                                            workspace, pb);
+  }
+  check_cuda(cudaGetLastError(), "column_partials");
+  reduce_partials(workspace, pb, chunks, n, n, out, stream);
+}
+
+// Column c's statistics of z = h * scale, in fp64 (var is biased, as BN normalizes).
+struct Moments {
+  double mean_h, mean_z, var_z;
+};
+
+// A column's vectors besides its sums, loaded together before any of the column's stores. Loaded
+// where each was used, after stores that may alias them for all the compiler knows, each took its
+// own memory round trip while the rest of the block waited (ncu). With the small tail's per-chunk
+// sums: that tail 9.5 -> 8.9 us at bf16 128 x 8192; the cooperative tail level (H100,
+// benchmarks/NOTES.md v0.17). Held in fp32, exact for every vector dtype (fp32, bf16, fp16),
+// to spare registers.
+struct ColumnInputs {
+  float scale = 1, weight = 1, bias = 0, running_mean = 0, running_var = 0;
+};
+
+__device__ ColumnInputs column_inputs(FinalizeArgs const& a, ColOut rm, ColOut rv, int c) {
+  auto f = [](double x) { return static_cast<float>(x); };
+  return {f(load(a.scale, c, 1.0)), f(load(a.weight, c, 1.0)), f(load(a.bias, c, 0.0)), f(load({rm.p, rm.dt}, c, 0.0)),
+          f(load({rv.p, rv.dt}, c, 0.0))};
+}
+
+// From column c's sum and sum of squares of h, and its scale s. Explicitly rounded operations:
+// the fused training kernel and the split ops must get the same bits, and
+// whether nvcc contracts a * b - c into an fma depends on the inlining context.
+__device__ Moments moments(double sum, double sumsq, double s, double count) {
+  double mean_h = __ddiv_rn(sum, count);
+  // Clamped at 0 against cancellation, but NaN kept (fmax(NaN, 0) is 0): a column with a NaN or
+  // an Inf has a NaN variance, as in PyTorch, and so do y and running_var.
+  double var_h = __dsub_rn(__ddiv_rn(sumsq, count), __dmul_rn(mean_h, mean_h));
+  var_h = var_h < 0.0 ? 0.0 : var_h;
+  return {mean_h, __dmul_rn(s, mean_h), __dmul_rn(__dmul_rn(s, s), var_h)};
+}
+
+// 1 / sqrt(var_z + eps), the same bits in every kernel (see moments).
+__device__ double inverse_std(double var_z, double eps) { return __ddiv_rn(1.0, __dsqrt_rn(__dadd_rn(var_z, eps))); }
+
+// Per-column constants of y = (h - mean_h) * mul + b, rounded once to A.
+template <class A>
+struct Column {
+  A mean_h, mul, b;
+};
+
+// One element of y: every training tail and finalize writes y through this, so all get the same bits.
+template <class TO, class T, class A>
+__device__ __forceinline__ TO normalized(Column<A> const& col, T h) {
+  return from_float<TO>((A(to_float(h)) - col.mean_h) * col.mul + col.b);
+}
+
+// Column c's constants from its moments and 1 / std: finalize and both training tails build
+// them here, so all normalize with the same bits.
+template <class A>
+__device__ Column<A> column_of(Moments const& mo, double invstd, ColumnInputs const& in) {
+  return {static_cast<A>(mo.mean_h), static_cast<A>(double{in.scale} * invstd * double{in.weight}),
+          static_cast<A>(double{in.bias})};
+}
+
+template <class A>
+__device__ Column<A> column(FinalizeArgs const& a, int c) {
+  ColumnInputs in = column_inputs(a, {}, {}, c);
+  Moments mo = moments(a.stats[c], a.stats[a.n + c], in.scale, a.count);
+  double invstd = inverse_std(mo.var_z, a.eps);
+  Column<A> col = column_of<A>(mo, invstd, in);
+  if (blockIdx.y == 0) {  // one thread a column (block_columns)
+    a.save_mean[c] = mo.mean_h;
+    a.save_invstd[c] = invstd;
+  }
+  return col;
+}
+
+// running = (1 - m) running + m batch; the variance unbiased, as nn.BatchNorm1d keeps it.
+// old_mean, old_var: the running stats' values before this batch (column_inputs).
+__device__ void update_running(Moments mo, double count, double m, double old_mean, double old_var, ColOut rm,
+                               ColOut rv, int c) {
+  double unbiased = __ddiv_rn(__dmul_rn(mo.var_z, count), count - 1);  // explicit: see moments
+  store(rm, c, __dadd_rn(__dmul_rn(1 - m, old_mean), __dmul_rn(m, mo.mean_z)));
+  store(rv, c, __dadd_rn(__dmul_rn(1 - m, old_var), __dmul_rn(m, unbiased)));
+}
+
+// Column c's constants from its sums s and q of h. With `outputs` (one thread a column), also
+// its saved mean and 1 / std, its running stats, and, with `sums`, s and q themselves: every
+// training tail finishes a column here, so all write the same bits.
+template <class A>
+__device__ Column<A> finish_column(TrainArgs const& a, int c, double s, double q, ColumnInputs const& in, bool outputs,
+                                   bool sums = true) {
+  FinalizeArgs const& f = a.norm;
+  Moments mo = moments(s, q, in.scale, f.count);
+  double invstd = inverse_std(mo.var_z, f.eps);
+  if (outputs) {
+    if (sums) {
+      a.stats[c] = s;
+      a.stats[f.n + c] = q;
+    }
+    f.save_mean[c] = mo.mean_h;
+    f.save_invstd[c] = invstd;
+    if (a.running_mean.p != nullptr) {
+      double m = a.cumulative ? 1.0 / static_cast<double>(*a.num_batches_tracked) : a.momentum;
+      update_running(mo, f.count, m, in.running_mean, in.running_var, a.running_mean, a.running_var, c);
+    }
+  }
+  return column_of<A>(mo, invstd, in);
+}
+
+// The per-column constants of a block's 32 V columns: each computed once, by
+// one of the block's 256 threads (fp64 division and square root are slow
+// enough that all 8 row lanes computing them cost more than the data pass),
+// then shared. Every thread of the block must call it.
+template <int V, class Col, class Make>
+__device__ void block_columns(int n, int group, Col (&col)[V], Make&& make) {
+  __shared__ Col shared[32 * V];
+  int base = group * 32 * V;
+  for (int i = threadIdx.y * 32 + threadIdx.x; i < 32 * V; i += 256) {
+    if (base + i < n) shared[i] = make(base + i);
+  }
+  __syncthreads();
+#pragma unroll
+  for (int v = 0; v < V; ++v) col[v] = shared[threadIdx.x * V + v];
+  __syncthreads();  // before a caller's next group may overwrite `shared`
+}
+
+// Block: 32 column groups of V columns x 8 row lanes; each lane takes R rows
+// at a time, 8 apart, issuing their loads before any of their math.
+// y = (h - mean_h) * mul + b for rows [begin, end) of columns c0 .. c0 + V,
+// this thread's row lane taking R rows at a time, 8 apart, `step` rows per round.
+template <class T, class TO, int V, int R, class A>
+__device__ void normalize_round(FinalizeArgs const& a, int c0, Column<A> const (&col)[V], int64_t r0, int64_t end) {
+  auto const* h = static_cast<T const*>(a.h);
+  auto* y = static_cast<TO*>(a.y);
+  {
+    Group<T, V> in[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      if (r0 + 8 * i < end) in[i] = load_group<T, V>(h + (r0 + 8 * i) * a.ldh + c0);
+    }
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      if (r0 + 8 * i >= end) break;
+      Group<TO, V> out;
+#pragma unroll
+      for (int v = 0; v < V; ++v)
+        out.v[v] = normalized<TO>(col[v], in[i].v[v]);
+      store_group<TO, V>(y + (r0 + 8 * i) * a.n + c0, out);
+    }
+  }
+}
+
+// Rows [begin, end) of columns c0 .. c0 + V, last rows first, through pipelined_rows.
+template <class T, class TO, int V, int S, class A>
+__device__ void normalize_rows_pipelined(FinalizeArgs const& a, int c0, Column<A> const (&col)[V], int64_t begin,
+                                         int64_t end, uint4* stage) {
+  static_assert(sizeof(Group<T, V>) == 16, "16-byte groups only");
+  auto const* h = static_cast<T const*>(a.h);
+  auto* y = static_cast<TO*>(a.y);
+  int64_t first = begin + threadIdx.y;
+  int count = first < end ? static_cast<int>((end - first + 7) / 8) : 0;
+  auto row = [&](int j) { return first + 8 * static_cast<int64_t>(count - 1 - j); };
+  pipelined_rows<S, 1>(
+      count, stage, [&](int j, int) { return h + row(j) * a.ldh + c0; },
+      [&](int j, auto piece) {
+        auto in = *reinterpret_cast<Group<T, V> const*>(piece(0));
+        Group<TO, V> out;
+#pragma unroll
+        for (int v = 0; v < V; ++v)
+          out.v[v] = normalized<TO>(col[v], in.v[v]);
+        store_group_once<TO, V>(y + row(j) * a.n + c0, out);
+      });
+}
+
+template <class T, class TO, int V, int R, class A>
+__device__ void normalize_rows(FinalizeArgs const& a, int c0, Column<A> const (&col)[V], int64_t begin, int64_t end,
+                               int64_t step) {
+  for (int64_t r0 = begin + threadIdx.y; r0 < end; r0 += step) normalize_round<T, TO, V, R>(a, c0, col, r0, end);
+}
+
+// Commit groups of the slab's loads: the normalization starts on the first rows while the
+// rest are in flight.
+constexpr int kSlabGroups = 4;
+
+// Waits until at most n (< kSlabGroups) of this thread's cp.async groups are in flight; n is
+// an immediate of the instruction, so callers pass a constant after unrolling.
+__device__ __forceinline__ void wait_async_groups(int n) {
+  switch (n) {
+    case 0: asm volatile("cp.async.wait_group 0;\n" ::: "memory"); break;
+    case 1: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
+    case 2: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
+    default: asm volatile("cp.async.wait_group 3;\n" ::: "memory");
+  }
+}
+
+// This thread's rows of a slab of `pieces` 16-byte pieces a row (see batch_norm_train_slab_kernel)
+// in commit group g: rows tid / pieces + i * 256 / pieces, the i of group g.
+template <class Use>
+__device__ __forceinline__ void slab_rows(int g, int m, int pieces, Use&& use) {
+  int step = 256 / pieces, per_group = (m + step * kSlabGroups - 1) / (step * kSlabGroups);
+  for (int i = g * per_group, r = threadIdx.x / pieces + i * step; i < (g + 1) * per_group && r < m; ++i, r += step)
+    use(r);
+}
+
+// The exact sums of a slab's columns (W = pieces x V from column base; one slab an input of
+// Terms, all landed) into sums[0 or 1][chunk][W], in chunk_partials' order: a warp takes one
+// piece of 4 chunks at a time, 8 row lanes a chunk, each lane adding its rows in order; the lanes
+// are added in lane order through shuffles. Half a piece at a time (the columns' sums are
+// independent): a whole piece's fp64 sums spilled under the 80 registers of three blocks an SM.
+// Every thread of the block calls it.
+template <class Terms, int V>
+__device__ void slab_chunk_sums(Terms const& terms, uint4 const* const (&slabs)[Terms::kInputs], int m, int n,
+                                int rows, int chunks, int pieces, int base, double* __restrict__ sums) {
+  constexpr int H = V / 2;
+  int width = pieces * V, warp = threadIdx.x / 32, lane = threadIdx.x % 32, row_lane = lane % 8;
+  int p = warp % pieces;
+  for (int half = 0; half < 2; ++half) {
+    int h0 = base + p * V + half * H;
+    if (h0 >= n) break;  // uniform over the warp (n % V == 0: pieces are whole)
+    double mu[H];
+#pragma unroll
+    for (int v = 0; v < H; ++v) mu[v] = terms.center(h0 + v);
+    for (int first = warp / pieces * 4; first < chunks; first += 32 / pieces) {
+      int chunk = first + lane / 8;
+      double sa[H] = {}, sb[H] = {};
+      if (chunk < chunks) {
+        int end = min(m, (chunk + 1) * rows);
+        for (int r = chunk * rows + row_lane; r < end; r += 8) {
+          auto piece = [&](int k) { return reinterpret_cast<char const*>(slabs[k] + r * pieces + p) + half * 8; };
+          terms.template add<H>(r, h0, mu, sa, sb, LoadStaged<H, decltype(piece)>{piece});
+        }
+      }
+      for (int i = 1; i < 8; ++i) {
+#pragma unroll
+        for (int v = 0; v < H; ++v) {
+          double oa = __shfl_sync(0xffffffffu, sa[v], lane - row_lane + i);
+          double ob = __shfl_sync(0xffffffffu, sb[v], lane - row_lane + i);
+          if (row_lane == 0) {
+            sa[v] += oa;
+            sb[v] += ob;
+          }
+        }
+      }
+      if (row_lane == 0 && chunk < chunks) {
+#pragma unroll
+        for (int v = 0; v < H; ++v) {
+          sums[chunk * width + p * V + half * H + v] = sa[v];
+          sums[(chunks + chunk) * width + p * V + half * H + v] = sb[v];
+        }
+      }
+    }
+  }
+}
+
+// Column j's totals of slab_chunk_sums' output, its chunks added in order (reduce_partials').
+__device__ __forceinline__ void slab_totals(double const* sums, int chunks, int width, int j, double& a, double& b) {
+  a = 0;
+  b = 0;
+  for (int k = 0; k < chunks; ++k) {
+    a += sums[k * width + j];
+    b += sums[(chunks + k) * width + j];
+  }
+}
+
+// The V columns of this thread's piece, from the block's `cols` (one a slab column).
+template <int V, class C>
+__device__ __forceinline__ void piece_columns(C const* cols, int piece, C (&col)[V]) {
+#pragma unroll
+  for (int v = 0; v < V; ++v) col[v] = cols[piece * V + v];
+}
+
+// Launches an elementwise row pass over m x n (see finalize_normalize_kernel)
+// with 16-byte groups where can_vectorize allows, else single columns. R rows
+// in flight and at most max_blocks blocks: the launchers' choices, measured
+// on an H200 (bf16, 1024 x 8192, cold L2): finalize 27 -> 15 us with R = 4 and
+// up to 4096 blocks; grad_input was fastest with R = 1 and ~1024 blocks.
+template <class T, int R, class Launch>
+void launch_rows(int m, int n, int64_t ld, std::initializer_list<void const*> ptrs, unsigned max_blocks,
+                 Launch&& launch) {
+  constexpr int V = 16 / sizeof(T);
+  bool vec = can_vectorize<T>(n, ld, ptrs);
+  unsigned gx = blocks(n, 32 * (vec ? V : 1));
+  dim3 grid(gx, std::max(1u, std::min(blocks(m, 8 * R), max_blocks / gx + 1)));
+  if (vec)
+    launch(std::integral_constant<int, V>{}, grid);
+  else
+    launch(std::integral_constant<int, 1>{}, grid);
+}
+
+// Dynamic shared memory of a slab kernel: its slabs, `sum_rows` rows of sums, its columns.
+template <class Column>
+size_t slab_smem(int m, int inputs, int sum_rows, int pieces, int v) {
+  size_t width = static_cast<size_t>(pieces) * v;
+  return static_cast<size_t>(m) * pieces * 16 * inputs + 2 * sizeof(double) * sum_rows * width +
+         sizeof(Column) * width;
+}
+
+// A bound on every slab kernel's shared memory: at most 32 chunks of sums and 64 columns of at
+// most 32 bytes each.
+constexpr size_t kSlabSharedMax = limits::kSlabBytes + (2 * sizeof(double) * 32 + 32) * 64;
+
+// cache[device]: ask() (a positive int) on the device's first call, as the CUDA runtime's answers
+// about a kernel cost host time on every call and devices of different archs may differ.
+using DeviceCache = std::array<std::atomic<int>, 64>;
+template <class Ask>
+int once_per_device(DeviceCache& cache, int device, Ask&& ask) {
+  if (int known = device < 64 ? cache[device].load() : 0; known != 0) return known;
+  int v = ask();
+  if (device < 64) cache[device] = v;
+  return v;
+}
+
+// The current device: the launchers' caches are per device.
+int current_device() {
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  return device;
+}
+
+// Lets Kernel take kSlabSharedMax bytes of dynamic shared memory on the current device.
+template <auto Kernel>
+void allow_slab() {
+  static DeviceCache done{};
+  once_per_device(done, current_device(), [] {
+    check_cuda(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSlabSharedMax),
+               "slab kernel shared memory");
+    return 1;
+  });
+}
+
+// Launches a cooperative Kernel(args, rows, chunks, groups) over the (column group of v columns,
+// row chunk) items of n columns, 32 x 8 threads a block, all blocks resident at once as its grid
+// barrier needs: its grid is at most what the occupancy calculator fits on sm_count SMs.
+template <auto Kernel, class Args>
+void launch_cooperative(Args const& args, int n, int sm_count, int rows, int chunks, int v, cudaStream_t stream,
+                        char const* what) {
+  static DeviceCache per_sm{};
+  int fit = once_per_device(per_sm, current_device(), [what] {
+    int blocks_per_sm = 0;
+    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, Kernel, 256, 0), what);
+    return blocks_per_sm;
+  });
+  int groups = static_cast<int>(blocks(n, 32 * v));
+  int grid = std::max(1, std::min(groups * chunks, fit * sm_count));
+  Args copy = args;
+  void* params[] = {&copy, &rows, &chunks, &groups};
+  check_cuda(cudaLaunchCooperativeKernel(reinterpret_cast<void const*>(Kernel), dim3(grid), dim3(32, 8), params, 0,
+                                         stream),
+             what);
+}
+
+}  // namespace
+}  // namespace cutlass_fused

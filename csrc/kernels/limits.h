@@ -1,0 +1,68 @@
+// The BatchNorm kernels' shape limits and row chunking: shared by the kernels' launchers
+// (bn_*.cu), which rely on them, and the plan (plan.cpp), which picks kernels by them.
+// Free of CUDA headers.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+namespace cutlass_fused::limits {
+
+constexpr unsigned blocks(int64_t work, int per_block) {
+  return static_cast<unsigned>((work + per_block - 1) / per_block);
+}
+
+// Column reductions: chunks of rows, 32 column groups x 8 row lanes a block; each lane walks
+// its rows of a chunk in order and the lanes are combined in order, then the chunks are added
+// in order, so results are bitwise stable. The chunk size depends on m only: at most 32
+// chunks, which bounds the fp64 partials at 64 n doubles, of at least 64 rows, or 16 for
+// m <= 256, where there are few blocks and each lane's rows are latency.
+constexpr int stat_rows(int m) { return std::max(m <= 256 ? 16 : 64, (m + 32 * 8 - 1) / (32 * 8) * 8); }
+constexpr int stat_chunks(int m) { return (m + stat_rows(m) - 1) / stat_rows(m); }
+
+// The small tail where it measured faster: 16-bit h, at most 128 rows (8 chunks of 16: 4
+// column groups a block, 64 bytes of a row; 2 rows a thread). Tail us, cooperative -> small,
+// H100: bf16 128 x 8192 11.7 -> 9.5 (train in graphs 0.0761 -> 0.0739 ms); 256 x 8192 (2
+// groups a block) 11.4 -> 16.0; TF32 128 x 8192 10.4 -> 11.1, 256 x 8192 17.4 -> 21.0; sm80
+// bf16 1024 x 8192 (8 rows a thread) ~24.6 -> 34.2. Its row pieces are 32-64 bytes where the
+// cooperative kernel's are 512. With 2 rows a thread it holds at most 256 rows (16 a chunk).
+constexpr int kSmallRows = 128, kSmallRowsPerThread = 2, kSmallRowsMax = 256;
+
+// Slabs of at most 64 KiB, so that three blocks fit an SM (227 KiB on Hopper, 163 on A100).
+constexpr int kSlabBytes = 64 * 1024;
+
+// The slab kernels where they measured faster: 16-bit h, more rows than the small kernel takes
+// and at most 512, rows of at least 64 bytes (4 pieces) in a grid that fills the GPU. Tail us,
+// cooperative -> slab (H100, 3 rounds): bf16 with the GEMM's sums, 8192 columns (256 slabs of
+// 32 columns): 256 rows 11.5 -> 8.2, 512 rows 11.1 -> 9.8; fp16 (exact sums) 256 x 8192 20.8 ->
+// 17.9, 512 x 8192 18.0 -> 18.2. Not taken: 32-byte rows (4096 columns: bf16 256 rows 12.2 ->
+// 16.6, fp16 13.4 -> 16.3), 1024 rows (bf16 16.3 -> 16.8, both at the speed of a copy of h),
+// 2048 rows (30.0 -> 40.5), 128 rows (the small kernel: 8.8 -> 11.7) and fp32 h (TF32
+// 512 x 4096^2 11.1 -> 15.2, 1024 x 8192^2 29.1 -> 32.5).
+constexpr int kSlabRows = 512;
+
+// Pieces of a slab row: the widest of 8, 4 and 2 (128 to 32 bytes, whole sectors) whose slabs
+// (one an input) fit and whose grid of n / (pieces * v) blocks fills every SM (any grid where a
+// slab kernel is asked for); 0: none.
+constexpr int slab_pieces(int m, int n, int v, int inputs, int sm_count, bool any_grid) {
+  for (int p : {8, 4, 2}) {
+    bool fits = int64_t{m} * p * 16 * inputs <= kSlabBytes;
+    if (fits && (any_grid || static_cast<int64_t>(blocks(n, p * v)) >= sm_count)) return p;
+  }
+  return 0;
+}
+
+// Blocks an SM of the cooperative backward kernel (its __launch_bounds__).
+constexpr int kBackwardBlocksPerSm = 3;
+
+// Workspace bytes: column_stats' fp64 partials; the training tail's partials and one flag byte
+// a column (the GEMM-statistics path); the backward's partials and its two fp64 sums a column.
+constexpr size_t column_stats_workspace(int m, int n) {
+  return 2 * sizeof(double) * static_cast<size_t>(stat_chunks(m)) * n;
+}
+constexpr size_t train_workspace(int m, int n) { return column_stats_workspace(m, n) + n; }
+constexpr size_t backward_workspace(int m, int n) {
+  return column_stats_workspace(m, n) + 2 * sizeof(double) * static_cast<size_t>(n);
+}
+
+}  // namespace cutlass_fused::limits

@@ -1,0 +1,369 @@
+// The plan (plan.h): every kernel choice, in one function, make_plan.
+#include "kernels/plan.h"
+
+#include <algorithm>
+#include <sstream>
+#include <stdexcept>
+
+#include "kernels/limits.h"
+
+namespace cutlass_fused {
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+
+int bytes_of(DType d) { return d == DType::f32 ? 4 : 2; }
+
+// --- options -----------------------------------------------------------------------------
+
+template <class E, size_t N>
+E parse_choice(char const* option, std::string const& value, std::pair<char const*, E> const (&choices)[N]) {
+  std::string names;
+  for (size_t i = 0; i < N; ++i) {
+    if (value == choices[i].first) return choices[i].second;
+    names += std::string(i == 0 ? "'" : i + 1 == N ? " or '" : ", '") + choices[i].first + "'";
+  }
+  throw std::invalid_argument(std::string("cutlass_fused: expected ") + option + " to be " + names + ", but got '" +
+                              value + "'");
+}
+
+// --- the GEMM ----------------------------------------------------------------------------
+
+int64_t cta_count(KernelInfo const& info, int64_t m, int64_t n) {
+  return ceil_div(m, info.tile_m) * ceil_div(n, info.tile_n);
+}
+
+// Kernels measured faster than find_kernel's rule on one GEMM problem (stats kernels: m
+// features, n batch rows; eval kernels the reverse), with python -m cutlass_fused.tune
+// --rounds 3 on an H100 (docs/decisions.md, "Kernel table").
+struct TunedKernel {
+  KernelId kernel;
+  int64_t m, n, k;
+};
+constexpr TunedKernel kTunedKernels[] = {
+    // The 1024 x 8192^2 training forward without the cluster, train x torch.mm, c2x1 -> c1x1:
+    // bf16 1.099 -> 1.079; fp16 1.113 -> 1.067 (and 1.113 -> 1.088 in an earlier run). It lost
+    // at 16384 x 4096^2 and 4096^3 in both dtypes (1-3%) and was mixed at 2048 x 8192^2.
+    {KernelId::sm90_bf16_stats_128x256x64_c1x1x1, 8192, 1024, 8192},
+    {KernelId::sm90_f16_stats_128x256x64_c1x1x1, 8192, 1024, 8192},
+    // bf16 eval at 256 x 8192^2 with the CTA pair along the batch, eval x torch.mm c1x2 -> c2x1:
+    // 1.080 -> 1.043.
+    {KernelId::sm90_bf16_eval_128x128x64_c2x1x1, 256, 8192, 8192},
+};
+
+// The kernel for (family, math, mode) and an m x n x k problem: the override where it serves
+// the problem, else a row kTunedKernels names for it, else the first such row of the table, the
+// default; when its tiles would give fewer CTAs than half the SMs (a small batch), the row with
+// the largest tile that reaches that many is taken instead, or, if none does, the one with the
+// most CTAs. nullptr: the table has no such row.
+KernelInfo const* find_kernel(Family family, KernelDtype math, Mode mode, int64_t m, int64_t n, int64_t k,
+                              int sm_count, KernelInfo const* forced) {
+  auto serves = [&](KernelInfo const* row) {
+    return row->family == family && row->dtype == math && row->mode == mode;
+  };
+  if (forced != nullptr && serves(forced)) return forced;
+  for (auto const& t : kTunedKernels) {
+    if (t.m != m || t.n != n || t.k != k) continue;
+    for (auto const* row = kernels_begin(); row != kernels_end(); ++row) {
+      if (row->id == t.kernel && serves(row)) return row;
+    }
+  }
+  auto ctas = [&](KernelInfo const* row) { return cta_count(*row, m, n); };
+  int64_t enough = std::max(1, sm_count / 2);
+  KernelInfo const* first = nullptr;
+  KernelInfo const* best = nullptr;
+  for (auto const* row = kernels_begin(); row != kernels_end(); ++row) {
+    if (!serves(row)) continue;
+    if (first == nullptr) first = best = row;
+    bool fills = ctas(row) >= enough, best_fills = ctas(best) >= enough;
+    int64_t area = int64_t{row->tile_m} * row->tile_n, best_area = int64_t{best->tile_m} * best->tile_n;
+    if (fills ? (!best_fills || area > best_area) : (!best_fills && ctas(row) > ctas(best))) best = row;
+  }
+  if (first != nullptr && ctas(first) >= enough) return first;
+  return best;
+}
+
+// Operand rows (of A and B together) that one wave of `ctas` CTAs reads, when tiles are visited
+// as CUTLASS's persistent scheduler visits them: along the raster direction (CUTLASS's
+// heuristic: along M when there are more N tiles, else along N), `swizzle` tiles wide across
+// it. No reuse between waves is assumed: it is what a wave costs once neither operand stays in
+// L2.
+double wave_rows(int64_t tiles_m, int64_t tiles_n, int tile_m, int tile_n, int swizzle, int ctas) {
+  bool along_m = tiles_n > tiles_m;
+  double along = along_m ? tiles_m : tiles_n, across_tiles = along_m ? tiles_n : tiles_m;
+  double along_rows = along_m ? tile_m : tile_n, across_rows = along_m ? tile_n : tile_m;
+  double a, b;
+  if (double(ctas) / swizzle >= along) {
+    a = along;
+    b = std::min(across_tiles, ctas / along);
+  } else {
+    a = double(ctas) / swizzle;
+    b = swizzle;
+  }
+  return a * along_rows + b * across_rows;
+}
+
+// Swizzles measured better than the rule in tile_order, by kernel and GEMM problem (stats
+// kernels: m features, n batch rows), with python -m cutlass_fused.tune --rounds 3 on an H100
+// (docs/decisions.md, "Tile order").
+struct TunedOrder {
+  KernelId kernel;
+  int64_t m, n;
+  int swizzle;
+};
+constexpr TunedOrder kTunedOrders[] = {
+    // KernelBench level 2 problem 39 (16384 x 4096^2, fp32): training forward 0.535 -> 0.494 x
+    // torch.mm (tune), GEMM 5070 -> 4755 us (benchmarks/stats_ab.py).
+    {KernelId::sm90_f32x3_stats_128x128x32_c1x2x1_p8, 4096, 16384, 8},
+    // The same shape with TF32 allowed: 1.105 -> 1.081 x torch.mm (tune, 3 rounds).
+    {KernelId::sm90_tf32_stats_128x256x32_c2x1x1, 4096, 16384, 8},
+};
+
+// The sm90 persistent scheduler's tile order for `info` on its m x n problem. CUTLASS's own (no
+// swizzle) sweeps the whole of one operand in every wave; where a wave 8 (or 4, 2) tiles wide
+// across the raster reads at most 0.65 of those operand rows, the swizzle is taken (bf16, x
+// torch.mm, s1 -> s8: 16384 x 8192^2 statistics GEMM 1.148 -> 1.030, eval 1.044 -> 1.002;
+// 8192 x 8192^2 1.099 -> 1.048 and 1.021 -> 0.984; at 16384 x 4096^2, where the rows fall to
+// 0.81, level; H100, docs/decisions.md, "Tile order"). kTunedOrders names measured exceptions.
+// The swizzle must divide both tile counts twice over (clusters are at most 2 wide), or CUTLASS
+// pads the grid with empty tiles that still run (1024 x 8192^2 f32 stats, swizzle 8: 2.6x
+// slower). sm80 kernels ignore it.
+void tile_order(KernelInfo const& info, int64_t m, int64_t n, int sm_count, Overrides const& o, GemmPlan& g) {
+  g.swizzle = 1;
+  g.raster = 0;
+  if (info.family == Family::sm90) {
+    int64_t tiles_m = ceil_div(m, info.tile_m), tiles_n = ceil_div(n, info.tile_n);
+    // The rule is measured on the bf16 kernels, and fp16's move the same bytes through the same
+    // mainloop; the f32x3 ones broke it both ways (H100, swizzle 8 against none: the statistics
+    // GEMM 16% slower at 8192 x 8192^2 and 8% faster at 16384 x 4096^2; eval 7% faster and 6%
+    // slower), so they take the table's entries alone.
+    bool sixteen_bit = info.dtype == KernelDtype::bf16 || info.dtype == KernelDtype::f16;
+    if (sixteen_bit && sm_count > 0) {
+      double base = wave_rows(tiles_m, tiles_n, info.tile_m, info.tile_n, 1, sm_count), best = base;
+      for (int s : {2, 4, 8}) {
+        if (tiles_m % (2 * s) != 0 || tiles_n % (2 * s) != 0) continue;
+        double rows = wave_rows(tiles_m, tiles_n, info.tile_m, info.tile_n, s, sm_count);
+        if (rows <= 0.65 * base && rows < best) {
+          best = rows;
+          g.swizzle = s;
+        }
+      }
+    }
+    for (auto const& t : kTunedOrders) {
+      if (m == t.m && n == t.n && info.id == t.kernel) g.swizzle = t.swizzle;
+    }
+  }
+  if (o.swizzle != 0) g.swizzle = o.swizzle;
+  if (o.raster != 0) g.raster = o.raster;
+}
+
+KernelInfo const& require(KernelInfo const* info, Family family, KernelDtype math, Mode mode) {
+  if (info == nullptr)
+    throw std::runtime_error(std::string("cutlass_fused: the kernel table has no ") + to_string(family) + " " +
+                             to_string(math) + " " + to_string(mode) + " kernel");
+  return *info;
+}
+
+// The GEMM h = x W^T + b (eval kernel; the epilogue's vectors are the caller's) for m x n x k.
+GemmPlan eval_gemm(Problem const& p, Family family, KernelDtype math, int64_t kn) {
+  GemmPlan g;
+  g.kernel = &require(find_kernel(family, math, Mode::eval, p.m, p.n, p.k, p.sm_count, p.overrides.kernel), family,
+                      math, Mode::eval);
+  g.kn = kn;
+  g.split = family == Family::sm90 && math == KernelDtype::f32x3;
+  g.inf_fix = family == Family::sm80 && math == KernelDtype::f32x3;
+  tile_order(*g.kernel, p.m, kn, p.sm_count, p.overrides, g);
+  return g;
+}
+
+// The statistics GEMM (sm90 "stats" kernels): h and each batch tile's sums of h and h^2, so
+// that the training tail reads h once. Taken where one is in the table and its tiles fill half
+// the GPU (smaller problems keep the eval kernel's smaller tiles and the tail's exact sums).
+bool stats_gemm(Problem const& p, Family family, KernelDtype math, int64_t kn, GemmPlan& g) {
+  if (!p.overrides.stats_gemm) return false;
+  // Features are the kernel's M, the batch its N.
+  auto const* info = find_kernel(family, math, Mode::stats, kn, p.m, p.k, p.sm_count, p.overrides.kernel);
+  if (info == nullptr || cta_count(*info, kn, p.m) < std::max(1, p.sm_count / 2)) return false;
+  g.kernel = info;
+  g.kn = kn;
+  g.swapped = true;
+  g.split = family == Family::sm90 && math == KernelDtype::f32x3;
+  g.sums = {static_cast<int>(ceil_div(p.m, info->tile_n)), ceil_div(kn, info->tile_m) * info->tile_m,
+            info->stats == Stats::partial64 ? 8 : 4};
+  tile_order(*info, kn, p.m, p.sm_count, p.overrides, g);
+  return true;
+}
+
+// --- the BatchNorm kernels ---------------------------------------------------------------
+
+// The training tail and its slab pieces; throws where an override cannot run.
+Tail pick_tail(Problem const& p, int* pieces) {
+  Tail forced = p.overrides.tail;
+  int bytes = bytes_of(p.x), m = static_cast<int>(p.m), n = static_cast<int>(p.n);
+  bool small = bytes == 2 && !p.cumulative && m <= (forced == Tail::small ? limits::kSmallRowsMax : limits::kSmallRows);
+  *pieces = p.groups16 && !p.cumulative
+                ? limits::slab_pieces(m, n, 16 / bytes, 1, p.sm_count, forced == Tail::slab)
+                : 0;
+  switch (forced) {
+    case Tail::automatic:
+      if (small) return Tail::small;
+      return bytes == 2 && m <= limits::kSlabRows && *pieces >= 4 ? Tail::slab : Tail::cooperative;
+    case Tail::small:
+      if (!small)
+        throw std::runtime_error("cutlass_fused: the small training tail needs 16-bit h, at most " +
+                                 std::to_string(limits::kSmallRowsMax) + " rows and a momentum");
+      return Tail::small;
+    case Tail::slab:
+      if (*pieces == 0)
+        throw std::runtime_error("cutlass_fused: the slab training tail needs 16-byte aligned columns, a "
+                                 "momentum, and at most " + std::to_string(limits::kSlabBytes / 32) +
+                                 " rows of 32 bytes");
+      return Tail::slab;
+    default: return Tail::cooperative;
+  }
+}
+
+// The backward's kernels and the slab kernel's pieces; throws where an override cannot run. The
+// slab kernel where it measured faster: as the training tail's (kSlabRows), with dy in h's
+// dtype. The cooperative kernel (dy in h's dtype, 16-byte groups) for 16-bit batches past that
+// where every block takes one item a phase. GPU us, passes -> cooperative (H100): bf16 768 x
+// 8192 34.8 -> 27.3, fp16 32.5 -> 23.8; with two items a block or more it lost: bf16 1024 x 8192
+// 43.7 -> 54.2, 2048 x 8192 80.3 -> 92.5, 4096 x 4096 76.3 -> 92.3, 16384 x 4096 246.3 -> 306.1
+// (docs/decisions.md, "Backward").
+BackwardKernels pick_backward(Problem const& p, int* pieces) {
+  BackwardKernels forced = p.overrides.backward;
+  int bytes = bytes_of(p.x), m = static_cast<int>(p.m), n = static_cast<int>(p.n);
+  bool streams = !p.y_wider && p.groups16;
+  *pieces = streams ? limits::slab_pieces(m, n, 16 / bytes, 2, p.sm_count, forced == BackwardKernels::slab) : 0;
+  int64_t items = int64_t{limits::blocks(n, 32 * (16 / bytes))} * limits::stat_chunks(m);
+  switch (forced) {
+    case BackwardKernels::automatic:
+      if (bytes != 2) return BackwardKernels::passes;
+      if (m <= limits::kSlabRows && *pieces >= 4) return BackwardKernels::slab;
+      return streams && m > limits::kSlabRows && items <= int64_t{limits::kBackwardBlocksPerSm} * p.sm_count
+                 ? BackwardKernels::cooperative
+                 : BackwardKernels::passes;
+    case BackwardKernels::slab:
+      if (*pieces == 0)
+        throw std::runtime_error("cutlass_fused: the slab backward needs dy in h's dtype, 16-byte aligned columns "
+                                 "and at most " + std::to_string(limits::kSlabBytes / 64) + " rows of 32 bytes");
+      return BackwardKernels::slab;
+    case BackwardKernels::cooperative:
+      if (!streams)
+        throw std::runtime_error("cutlass_fused: the cooperative backward needs dy in h's dtype and 16-byte "
+                                 "aligned columns");
+      return BackwardKernels::cooperative;
+    default: return BackwardKernels::passes;
+  }
+}
+
+}  // namespace
+
+Overrides parse_overrides(std::string const& kernel, std::string const& tail, std::string const& backward,
+                          int64_t swizzle, std::string const& raster, bool stats_gemm) {
+  static constexpr std::pair<char const*, Tail> kTails[] = {
+      {"auto", Tail::automatic}, {"cooperative", Tail::cooperative}, {"slab", Tail::slab}, {"small", Tail::small}};
+  static constexpr std::pair<char const*, BackwardKernels> kBackward[] = {
+      {"auto", BackwardKernels::automatic}, {"passes", BackwardKernels::passes},
+      {"slab", BackwardKernels::slab}, {"cooperative", BackwardKernels::cooperative}};
+  static constexpr std::pair<char const*, int> kRasters[] = {{"auto", 0}, {"m", 1}, {"n", 2}};
+  Overrides o;
+  if (!kernel.empty() && kernel != "auto") {
+    o.kernel = find_row(kernel.c_str());
+    if (o.kernel == nullptr) {
+      std::string names;
+      for (auto const* row = kernels_begin(); row != kernels_end(); ++row) names += std::string(" ") + row->name;
+      throw std::invalid_argument("cutlass_fused: expected kernel to be 'auto' or a row of the kernel table, but got '" +
+                                  kernel + "'; the rows:" + names);
+    }
+  }
+  o.tail = parse_choice("tail", tail.empty() ? "auto" : tail, kTails);
+  o.backward = parse_choice("backward", backward.empty() ? "auto" : backward, kBackward);
+  if (swizzle != 0 && swizzle != 1 && swizzle != 2 && swizzle != 4 && swizzle != 8)
+    throw std::invalid_argument("cutlass_fused: expected swizzle to be 0 (auto), 1, 2, 4 or 8, but got " +
+                                std::to_string(swizzle));
+  o.swizzle = static_cast<int>(swizzle);
+  o.raster = parse_choice("raster", raster.empty() ? "auto" : raster, kRasters);
+  o.stats_gemm = stats_gemm;
+  return o;
+}
+
+void check_family_name(std::string const& family) {
+  if (family != "auto" && family != "sm90" && family != "sm80")
+    throw std::runtime_error("cutlass_fused: expected family to be 'auto', 'sm90' or 'sm80', but got '" + family +
+                             "'");
+}
+
+// sm90a code runs on compute capability 9.0 only; "auto" takes it there and the sm80 family
+// (sm80-sm89, and newer GPUs through its compute_80 PTX) elsewhere.
+Family resolve_family(std::string const& requested, int capability, std::string const& device) {
+  check_family_name(requested);
+  std::string cc = std::to_string(capability / 10) + "." + std::to_string(capability % 10);
+  if (capability < 80)
+    throw std::runtime_error("cutlass_fused: needs an Ampere (compute capability 8.0) or newer GPU, but " + device +
+                             " has compute capability " + cc);
+  if (requested == "sm90" && capability != 90)
+    throw std::runtime_error("cutlass_fused: family 'sm90' needs compute capability 9.0, but " + device + " has " +
+                             cc);
+  if (requested == "sm80") return Family::sm80;
+  return requested == "sm90" || capability == 90 ? Family::sm90 : Family::sm80;
+}
+
+Plan make_plan(Problem const& p) {
+  Plan plan;
+  if (p.op != Op::backward) plan.family = resolve_family(p.family, p.capability, p.device);
+  // fp32 uses TF32 tensor cores exactly when torch.mm would; without them it is 3xTF32 in both
+  // families: in-kernel on sm80 (mma.sync), over split operands through the TF32 kernel on sm90.
+  plan.math = p.x == DType::bf16 ? KernelDtype::bf16
+              : p.x == DType::f16 ? KernelDtype::f16
+              : p.allow_tf32      ? KernelDtype::tf32
+                                  : KernelDtype::f32x3;
+  // Both families need N to be a multiple of 16 bytes (sm80 stores whole vectors, sm90's
+  // can_implement rejects D otherwise): the kernel computes kn columns, from zero weight rows,
+  // into the padded rows of h.
+  int64_t kn = round_up(p.n, 16 / bytes_of(p.x));
+  switch (p.op) {
+    case Op::train:
+      if (!stats_gemm(p, plan.family, plan.math, kn, plan.gemm)) plan.gemm = eval_gemm(p, plan.family, plan.math, kn);
+      plan.tail = pick_tail(p, &plan.pieces);
+      break;
+    case Op::linear: plan.gemm = eval_gemm(p, plan.family, plan.math, kn); break;
+    case Op::eval:
+      plan.gemm = eval_gemm(p, plan.family, plan.math, kn);
+      plan.eval_in_fp32 = p.y_wider;
+      plan.fold_scale_apart = p.x == DType::f16 && !p.y_wider;
+      break;
+    case Op::matmul:
+      // Only the sm90 family's 3xTF32 has its own GEMM here; the rest is torch.mm, whose
+      // precision the forward's kernels share.
+      if (plan.family == Family::sm90 && plan.math == KernelDtype::f32x3)
+        plan.gemm = eval_gemm(p, plan.family, plan.math, kn);
+      break;
+    case Op::backward: plan.backward = pick_backward(p, &plan.pieces); break;
+  }
+  int m = static_cast<int>(p.m), n = static_cast<int>(p.n);
+  size_t sums = size_t{2} * plan.gemm.sums.tiles * plan.gemm.sums.ld * plan.gemm.sums.bytes;
+  size_t bn = p.op == Op::train ? limits::train_workspace(m, n)
+              : p.op == Op::linear ? limits::column_stats_workspace(m, n)
+              : p.op == Op::backward ? limits::backward_workspace(m, n)
+                                     : 0;
+  plan.bn_offset = sums == 0 ? 0 : static_cast<size_t>(round_up(static_cast<int64_t>(sums), 256));
+  plan.workspace = bn == 0 ? sums : plan.bn_offset + bn;
+  return plan;
+}
+
+std::string describe(Plan const& plan) {
+  std::ostringstream s;
+  GemmPlan const& g = plan.gemm;
+  s << "family=" << to_string(plan.family) << "\nmath=" << to_string(plan.math)
+    << "\nkernel=" << (g.kernel ? g.kernel->name : "") << "\nswizzle=" << g.swizzle
+    << "\nraster=" << (g.raster == 1 ? "m" : g.raster == 2 ? "n" : "auto") << "\nstats_gemm=" << int(g.swapped)
+    << "\nsplit=" << int(g.split) << "\ninf_fix=" << int(g.inf_fix) << "\nsum_tiles=" << g.sums.tiles
+    << "\nsum_ld=" << g.sums.ld << "\nsum_bytes=" << g.sums.bytes << "\neval_in_fp32=" << int(plan.eval_in_fp32)
+    << "\nfold_scale_apart=" << int(plan.fold_scale_apart) << "\ntail=" << to_string(plan.tail)
+    << "\nbackward=" << to_string(plan.backward) << "\npieces=" << plan.pieces << "\nworkspace=" << plan.workspace;
+  return s.str();
+}
+
+}  // namespace cutlass_fused

@@ -1,0 +1,110 @@
+// The plan: the one place that decides, for a problem, which kernels run and how. Torch-free
+// and CUDA-free, so that a CPU unit test can ask it about any problem on any GPU
+// (torch.ops.cutlass_fused.plan; tests/test_plan.py). The binding (csrc/ops_cuda.cpp) only
+// checks arguments, makes pointers, allocates one workspace and runs what the plan says.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "kernels/table.h"
+#include "kernels/types.h"
+
+namespace cutlass_fused {
+
+// What one call computes:
+//   train    y = BN((x W^T + b) * scale), its statistics and the running stats (the training op);
+//   linear   h = x W^T + b and its exact column sums (linear_stats, the split ops for SyncBN);
+//   eval     y = the eval fold applied in the GEMM's epilogue;
+//   matmul   a @ b for the backward's dX and dW (m x k by k x n);
+//   backward dh, dscale, dweight, dbias from dy and h (m x n).
+enum class Op { train, linear, eval, matmul, backward };
+
+// Overrides of the plan's choices, for tests and python -m cutlass_fused.tune. Parsed once
+// (parse_overrides), from the environment at import or from cutlass_fused.overrides().
+struct Overrides {
+  KernelInfo const* kernel = nullptr;  // taken wherever it serves the GEMM (family, math, mode)
+  Tail tail = Tail::automatic;
+  BackwardKernels backward = BackwardKernels::automatic;
+  int swizzle = 0;                     // 1, 2, 4 or 8; 0: the plan's
+  int raster = 0;                      // 1 along M, 2 along N; 0: CUTLASS's heuristic
+  bool stats_gemm = true;              // false: training takes the eval GEMM and the tail's exact sums
+};
+
+// Throws std::invalid_argument naming the option and listing its valid values. Empty strings
+// and "auto" mean the plan's own choice.
+Overrides parse_overrides(std::string const& kernel, std::string const& tail, std::string const& backward,
+                          int64_t swizzle, std::string const& raster, bool stats_gemm);
+
+struct Problem {
+  Op op = Op::train;
+  int64_t m = 0, n = 0, k = 0;     // batch rows, features (out_features), in_features
+  DType x = DType::bf16;           // of x and W (backward: of h)
+  // y (train, eval) or dy (backward) has a wider dtype than x (or h): a 16-bit layer with an fp32
+  // scale, as under autocast, where PyTorch promotes h * scale.
+  bool y_wider = false;
+  bool allow_tf32 = false;         // fp32 may use TF32 tensor cores (as torch.mm would)
+  std::string family = "auto";     // "auto", "sm90" or "sm80"
+  int capability = 90;             // the GPU's compute capability, major * 10 + minor
+  int sm_count = 132;
+  bool cumulative = false;         // momentum=None
+  // The call's data (train: h and y; backward: dy, h and dh) can be read in 16-byte groups:
+  // n, the row strides and the base pointers allow it. The binding says so from its tensors;
+  // fresh allocations allow it wherever n does.
+  bool groups16 = true;
+  std::string device = "the GPU";  // for messages, e.g. "cuda:0 (NVIDIA H100 80GB HBM3)"
+  Overrides overrides;
+};
+
+// Where a statistics GEMM leaves its per-CTA sums for a problem of `features` x `batch` (its
+// m x n): `tiles` rows, one a batch tile, of `ld` values (features rounded up to whole
+// tiles), `bytes` each (4, or 8 for partial64).
+struct StatsLayout {
+  int tiles = 0;
+  int64_t ld = 0;
+  int bytes = 0;
+};
+
+struct GemmPlan {
+  KernelInfo const* kernel = nullptr;  // nullptr: torch's own mm (matmul) or none (backward)
+  int64_t kn = 0;                      // the kernel's columns: features padded to 16 bytes
+  bool swapped = false;                // a stats kernel: W is its A operand, h^T its column-major D
+  bool split = false;                  // operands split for 3xTF32 through the TF32 kernel (sm90)
+  bool inf_fix = false;                // sm80 3xTF32: rewrite the outputs infinite rows reach
+  int swizzle = 1, raster = 0;         // the sm90 persistent scheduler's tile order
+  StatsLayout sums;                    // stats kernels
+};
+
+struct Plan {
+  Family family = Family::sm90;
+  KernelDtype math = KernelDtype::bf16;
+  GemmPlan gemm;
+  // eval of a 16-bit x with a wider y (autocast): h from the GEMM, then y = h * a + c in fp32,
+  // as the unfused model stores h in x's dtype and forms z and y in fp32.
+  bool eval_in_fp32 = false;
+  Tail tail = Tail::automatic;         // train
+  BackwardKernels backward = BackwardKernels::automatic;
+  int pieces = 0;                      // of a slab kernel's rows (tail or backward)
+  // The eval fold's rows for the fp16 eval kernels, which round z = h * scale themselves:
+  // (w * invstd, c, scale) instead of (scale * w * invstd, c).
+  bool fold_scale_apart = false;
+  // Bytes of the one workspace: the GEMM's per-CTA sums (at 0), then the BatchNorm kernels'
+  // scratch (at bn_offset). The CUTLASS kernel's own workspace is added by the caller.
+  size_t bn_offset = 0;
+  size_t workspace = 0;
+};
+
+// Throws std::runtime_error where the problem cannot run (an unknown family or one the GPU
+// lacks, an override that cannot take the problem).
+Plan make_plan(Problem const& p);
+
+// "key=value" lines: what make_plan chose, for tests and users.
+std::string describe(Plan const& plan);
+
+// The family for `requested` on a GPU of compute capability `capability`; throws as make_plan.
+Family resolve_family(std::string const& requested, int capability, std::string const& device);
+// Throws std::runtime_error unless `family` is "auto", "sm90" or "sm80".
+void check_family_name(std::string const& family);
+
+}  // namespace cutlass_fused

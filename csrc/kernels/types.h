@@ -1,0 +1,39 @@
+// The vocabulary of the kernel layer, free of CUDA and torch headers so that the
+// plan (plan.h) and its CPU unit tests compile on any machine.
+#pragma once
+
+namespace cutlass_fused {
+
+// Element types of the BatchNorm kernels' data (h, y, dy) and per-column vectors.
+enum class DType { bf16, f16, f32 };
+
+// What a row of codegen/kernels.py is, as the X-macro of generated/kernels.inc spells it
+// (so the enumerators are the generator's words).
+enum class Family { sm90, sm80 };
+// The GEMM's math: tf32 is fp32 data with TF32 math; f32x3 is fp32 without TF32 (3xTF32).
+enum class KernelDtype { bf16, f16, tf32, f32x3 };
+// eval: out = ((x W^T) + b) * a + c. stats: the operands swapped (W x^T, i.e. h row-major),
+// plus per-CTA sums of h and h^2 for the training tail.
+enum class Mode { eval, stats };
+// Where a kernel leaves its column statistics: stats kernels fp32 ("partial") or fp64
+// ("partial64") per-CTA sums; eval kernels none.
+enum class Stats { none, partial, partial64 };
+
+// The training forward's kernel after the GEMM (batch_norm.h, batch_norm_train):
+// - cooperative: column sums, one grid-wide barrier, then normalization. Any shape.
+// - slab: a block holds all rows of its columns in shared memory; one read of h.
+// - small: a block holds its columns' rows in registers (16-bit h, few rows).
+// automatic: the plan picks by shape; the others are overrides (tests compare their bits).
+enum class Tail { automatic, cooperative, slab, small };
+
+// The BatchNorm backward's kernels: two passes (sums, then dh), the slab kernel, or one
+// cooperative kernel; automatic as for Tail.
+enum class BackwardKernels { automatic, passes, slab, cooperative };
+
+char const* to_string(Family f);
+char const* to_string(KernelDtype d);
+char const* to_string(Mode m);
+char const* to_string(Tail t);
+char const* to_string(BackwardKernels b);
+
+}  // namespace cutlass_fused
