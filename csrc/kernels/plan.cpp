@@ -327,6 +327,7 @@ Plan make_plan(Problem const& p) {
     case Op::train:
       if (!stats_gemm(p, plan.family, plan.math, kn, plan.gemm)) plan.gemm = eval_gemm(p, plan.family, plan.math, kn);
       plan.tail = pick_tail(p, &plan.pieces);
+      if (plan.tail != Tail::slab) plan.pieces = 0;
       break;
     case Op::linear: plan.gemm = eval_gemm(p, plan.family, plan.math, kn); break;
     case Op::eval:
@@ -340,7 +341,10 @@ Plan make_plan(Problem const& p) {
       if (plan.family == Family::sm90 && plan.math == KernelDtype::f32x3)
         plan.gemm = eval_gemm(p, plan.family, plan.math, kn);
       break;
-    case Op::backward: plan.backward = pick_backward(p, &plan.pieces); break;
+    case Op::backward:
+      plan.backward = pick_backward(p, &plan.pieces);
+      if (plan.backward != BackwardKernels::slab) plan.pieces = 0;
+      break;
   }
   int m = static_cast<int>(p.m), n = static_cast<int>(p.n);
   size_t sums = size_t{2} * plan.gemm.sums.tiles * plan.gemm.sums.ld * plan.gemm.sums.bytes;

@@ -1,0 +1,208 @@
+"""The plan (csrc/kernels/plan.cpp), asked on the CPU about any problem on any GPU: one test a rule.
+
+Every choice a CUDA call makes comes from this one function; tests/test_selection.py checks on a
+GPU that the kernels it names are the ones that run. The expected rows and numbers here are the
+measured decisions of docs/decisions.md.
+"""
+import pytest
+import torch
+
+import cutlass_fused
+from cutlass_fused import plan
+
+H100 = dict(capability=(9, 0), sm_count=132)
+A100 = dict(capability=(8, 0), sm_count=108)
+
+
+def test_family_by_capability_and_request():
+    assert plan(1024, 1024, 1024, **H100)["family"] == "sm90"
+    for cc in [(8, 0), (8, 6), (8, 9), (10, 0), (12, 0)]:  # sm90a code runs on 9.0 only
+        assert plan(1024, 1024, 1024, capability=cc)["family"] == "sm80"
+    assert plan(1024, 1024, 1024, family="sm80", **H100)["family"] == "sm80"
+    with pytest.raises(RuntimeError, match=r"family 'sm90' needs compute capability 9\.0, but .* has 8\.6"):
+        plan(1024, 1024, 1024, family="sm90", capability=(8, 6))
+    with pytest.raises(RuntimeError, match=r"needs an Ampere \(compute capability 8\.0\) or newer GPU"):
+        plan(1024, 1024, 1024, capability=(7, 5))
+    with pytest.raises(RuntimeError, match="expected family to be 'auto', 'sm90' or 'sm80', but got 'sm70'"):
+        plan(1024, 1024, 1024, family="sm70")
+
+
+@pytest.mark.parametrize("family", ["sm90", "sm80"])
+def test_math_follows_torch_mm(family):
+    """fp32 takes TF32 exactly when torch.mm would; without it, 3xTF32: split operands through the
+    TF32 kernel on sm90, in-kernel on sm80 with the infinity fix."""
+    f32 = dict(dtype=torch.float32, family=family, **H100)
+    assert plan(64, 64, 64, dtype=torch.bfloat16, family=family, **H100)["math"] == "bf16"
+    assert plan(64, 64, 64, dtype=torch.float16, family=family, **H100)["math"] == "f16"
+    assert plan(64, 64, 64, allow_tf32=True, **f32)["math"] == "tf32"
+    got = plan(64, 64, 64, allow_tf32=False, mode="eval", **f32)
+    assert got["math"] == "f32x3"
+    assert (got["split"], got["inf_fix"]) == ((True, False) if family == "sm90" else (False, True))
+
+
+# (batch, features, in_features) -> the eval GEMM: the default row where its tiles fill half the
+# SMs, else the largest tile that does, else the one with the most CTAs (test_selection's shapes).
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape,tile", [((4096, 8192, 1024), "256x128x64_c1x2x1"),
+                                        ((256, 8192, 1024), "128x128x64_c1x2x1"),
+                                        ((128, 512, 1024), "128x64x64_c1x2x1")])
+def test_eval_kernel_by_batch(shape, tile, dtype):
+    name = {torch.bfloat16: "bf16", torch.float16: "f16"}[dtype]
+    assert plan(*shape, dtype=dtype, mode="eval", **H100)["kernel"] == f"sm90_{name}_eval_{tile}"
+
+
+def test_half_the_sms_is_counted_on_the_gpu_at_hand():
+    # 256 x 8192 in 256x128 tiles is 64 CTAs: half of 132 SMs wants 66, half of 108 only 54.
+    assert plan(256, 8192, 1024, mode="eval", capability=(9, 0), sm_count=108)["kernel"] == \
+        "sm90_bf16_eval_256x128x64_c1x2x1"
+    assert plan(256, 8192, 1024, mode="eval", **H100)["kernel"] == "sm90_bf16_eval_128x128x64_c1x2x1"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape,kernel,stats", [((1024, 8192, 1024), "stats_128x256x64_c2x1x1", True),
+                                                ((256, 8192, 1024), "stats_128x128x64_c1x1x1", True),
+                                                ((128, 8192, 1024), "eval_128x64x64_c1x2x1", False)])
+def test_training_takes_the_statistics_gemm_where_it_fills_half_the_gpu(shape, kernel, stats, dtype):
+    name = {torch.bfloat16: "bf16", torch.float16: "f16"}[dtype]
+    got = plan(*shape, dtype=dtype, **H100)
+    assert (got["kernel"], got["stats_gemm"]) == (f"sm90_{name}_{kernel}", stats)
+    if stats:  # one fp32 row of sums a batch tile, the features rounded to whole tiles
+        tile_m, tile_n = map(int, kernel.split("_")[1].split("x")[:2])
+        assert (got["sum_tiles"], got["sum_ld"], got["sum_bytes"]) == (-(-shape[0] // tile_n), shape[1], 4)
+
+
+def test_statistics_gemm_is_sm90_and_can_be_turned_off():
+    assert not plan(1024, 8192, 1024, family="sm80", **H100)["stats_gemm"]
+    with cutlass_fused.overrides(stats_gemm=False):
+        got = plan(1024, 8192, 1024, **H100)
+    assert not got["stats_gemm"] and got["kernel"] == "sm90_bf16_eval_256x128x64_c1x2x1"
+    # fp32 without TF32: fp64 sums (the f32x3 rows are "partial64").
+    assert plan(1024, 8192, 8192, dtype=torch.float32, allow_tf32=False, **H100)["sum_bytes"] == 8
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_tuned_kernels_by_shape(dtype):
+    name = {torch.bfloat16: "bf16", torch.float16: "f16"}[dtype]
+    assert plan(1024, 8192, 8192, dtype=dtype, **H100)["kernel"] == f"sm90_{name}_stats_128x256x64_c1x1x1"
+    assert plan(1024, 8192 - 64, 8192, dtype=dtype, **H100)["kernel"] == f"sm90_{name}_stats_128x256x64_c2x1x1"
+    want = "eval_128x128x64_c2x1x1" if dtype == torch.bfloat16 else "eval_128x128x64_c1x2x1"
+    assert plan(256, 8192, 8192, dtype=dtype, mode="eval", **H100)["kernel"] == f"sm90_{name}_{want}"
+
+
+def test_tile_order():
+    # 16-bit: swizzle 8 where a wave then reads at most 0.65 of the operand rows it reads without.
+    assert plan(16384, 8192, 8192, mode="eval", **H100)["swizzle"] == 8
+    assert plan(16384, 4096, 4096, mode="eval", **H100)["swizzle"] == 1  # 0.81 there: level, not taken
+    # fp32 takes kTunedOrders alone: KernelBench's 16384 x 4096^2, with and without TF32 ...
+    for tf32 in (False, True):
+        assert plan(16384, 4096, 4096, dtype=torch.float32, allow_tf32=tf32, **H100)["swizzle"] == 8
+    # ... and nothing elsewhere (swizzle 8 would pad 1024 x 8192^2's grid with empty tiles).
+    assert plan(1024, 8192, 8192, dtype=torch.float32, allow_tf32=False, **H100)["swizzle"] == 1
+    assert plan(16384, 8192, 8192, mode="eval", family="sm80", **H100)["swizzle"] == 1  # sm80: no scheduler
+    with cutlass_fused.overrides(swizzle=4, raster="n"):
+        got = plan(16384, 8192, 8192, mode="eval", **H100)
+    assert (got["swizzle"], got["raster"]) == (4, "n")
+
+
+@pytest.mark.parametrize("shape,tail", [((128, 8192), "small"), ((256, 8192), "slab"), ((512, 8192), "slab"),
+                                        ((1024, 8192), "cooperative"), ((256, 4096), "cooperative"),
+                                        ((256, 777), "cooperative")])
+def test_training_tail_by_shape(shape, tail):
+    """16-bit h in registers at <= 128 rows; a shared-memory slab of every row at 129-512 rows where
+    slabs of 64-byte rows fill the GPU (4096 columns would need 32-byte rows; 777 has no 16-byte
+    groups); the cooperative kernel for the rest."""
+    got = plan(shape[0], shape[1], 1024, **H100)
+    assert got["tail"] == tail
+    assert (got["pieces"] >= 4) == (tail == "slab")
+
+
+def test_training_tail_without_a_momentum_or_in_fp32():
+    # momentum=None: every block reads num_batches_tracked after the increment -> cooperative only.
+    assert plan(128, 8192, 1024, cumulative=True, **H100)["tail"] == "cooperative"
+    assert plan(256, 8192, 1024, cumulative=True, **H100)["tail"] == "cooperative"
+    for tf32 in (False, True):
+        assert plan(256, 8192, 1024, dtype=torch.float32, allow_tf32=tf32, **H100)["tail"] == "cooperative"
+
+
+def test_forced_tails():
+    with cutlass_fused.overrides(tail="small"):
+        assert plan(200, 8192, 1024, **H100)["tail"] == "small"  # up to 256 rows when asked for
+        with pytest.raises(RuntimeError, match="small training tail needs 16-bit h, at most 256 rows"):
+            plan(300, 8192, 1024, **H100)
+    with cutlass_fused.overrides(tail="slab"):
+        assert plan(256, 4096, 1024, **H100)["tail"] == "slab"  # any grid when asked for
+        with pytest.raises(RuntimeError, match="slab training tail needs 16-byte aligned columns"):
+            plan(256, 777, 1024, **H100)
+    with cutlass_fused.overrides(tail="cooperative"):
+        assert plan(128, 8192, 1024, **H100)["tail"] == "cooperative"
+
+
+@pytest.mark.parametrize("shape,dtype,kernels", [
+    ((256, 8192), torch.bfloat16, "slab"),
+    ((768, 8192), torch.bfloat16, "cooperative"),   # one item a block: 32 column groups x 12 chunks <= 3 x 132
+    ((1024, 8192), torch.bfloat16, "passes"),       # two items a block lost (43.7 -> 54.2 us)
+    ((768, 8192), torch.float32, "passes"),
+    ((256, 777), torch.bfloat16, "passes")])
+def test_backward_kernels_by_shape(shape, dtype, kernels):
+    assert plan(*shape, 0, dtype=dtype, mode="backward", **H100)["backward"] == kernels
+
+
+def test_backward_with_an_fp32_dy_or_unaligned_data():
+    """dy in fp32 (y's dtype under autocast) or an unaligned dy: the two passes, and neither one-pass
+    kernel can be forced."""
+    for kw in (dict(y_dtype=torch.float32), dict(aligned=False)):
+        assert plan(256, 8192, 0, mode="backward", **kw, **H100)["backward"] == "passes"
+        with cutlass_fused.overrides(backward="slab"), pytest.raises(RuntimeError, match="slab backward needs"):
+            plan(256, 8192, 0, mode="backward", **kw, **H100)
+        with cutlass_fused.overrides(backward="cooperative"), \
+                pytest.raises(RuntimeError, match="cooperative backward needs"):
+            plan(256, 8192, 0, mode="backward", **kw, **H100)
+
+
+def test_eval_routes():
+    # A 16-bit layer with an fp32 scale (autocast): h from the GEMM, y in one fp32 pass.
+    assert plan(64, 64, 64, mode="eval", y_dtype=torch.float32, **H100)["eval_in_fp32"]
+    assert not plan(64, 64, 64, mode="eval", **H100)["eval_in_fp32"]
+    # The all-fp16 eval kernels round z = h * scale themselves: the fold keeps scale apart.
+    assert plan(64, 64, 64, dtype=torch.float16, mode="eval", **H100)["fold_scale_apart"]
+    assert not plan(64, 64, 64, dtype=torch.bfloat16, mode="eval", **H100)["fold_scale_apart"]
+
+
+def test_matmul_has_its_own_gemm_only_for_sm90_3xtf32():
+    f32 = dict(dtype=torch.float32, mode="matmul", **H100)
+    assert plan(512, 512, 512, allow_tf32=False, **f32)["kernel"].startswith("sm90_f32x3_eval_")
+    assert plan(512, 512, 512, allow_tf32=True, **f32)["kernel"] == ""
+    assert plan(512, 512, 512, allow_tf32=False, family="sm80", **f32)["kernel"] == ""
+
+
+def test_workspace_is_the_sums_then_the_batch_norm_scratch():
+    # Training with the statistics GEMM: 2 x tiles x ld fp32 sums, rounded to 256 bytes, then the
+    # tail's fp64 partials (2 x chunks x n) and one flag byte a column.
+    m, n = 1024, 8192
+    got = plan(m, n, 1024, **H100)
+    sums = 2 * got["sum_tiles"] * got["sum_ld"] * got["sum_bytes"]
+    chunks = -(-m // max(64, -(-m // 256) * 8))
+    assert got["workspace"] == -(-sums // 256) * 256 + 2 * 8 * chunks * n + n
+    assert plan(128, n, 1024, **H100)["workspace"] == 2 * 8 * 8 * n + n  # no sums; 8 chunks of 16 rows
+    assert plan(m, n, 1024, mode="linear", **H100)["workspace"] == 2 * 8 * chunks * n
+    assert plan(m, n, 1024, mode="eval", **H100)["workspace"] == 0
+    assert plan(m, n, 0, mode="backward", **H100)["workspace"] == 2 * 8 * chunks * n + 2 * 8 * n
+
+
+def test_a_forced_kernel_serves_only_its_own_problems():
+    stats = "sm90_bf16_stats_128x128x64_c1x1x1"
+    with cutlass_fused.overrides(kernel=stats):
+        assert plan(4096, 8192, 1024, **H100)["kernel"] == stats
+        assert plan(4096, 8192, 1024, mode="eval", **H100)["kernel"] == "sm90_bf16_eval_256x128x64_c1x2x1"
+        assert plan(4096, 8192, 1024, dtype=torch.float16, **H100)["kernel"] != stats
+
+
+def test_the_plan_names_rows_on_any_build():
+    """The table's rows exist in a CPU build too (only their kernels are missing), so the plan can
+    be asked about any GPU; built_kernels() lists the compiled ones."""
+    name = plan(4096, 8192, 1024, mode="eval", **H100)["kernel"]
+    assert name == "sm90_bf16_eval_256x128x64_c1x2x1"
+    if torch.version.cuda is None:
+        assert cutlass_fused.built_kernels() == []
+    elif torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0):
+        assert name in cutlass_fused.built_kernels()
