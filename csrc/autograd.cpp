@@ -258,7 +258,7 @@ TrainOut train_in_place(at::Tensor const& x, at::Tensor const& weight, OptTensor
 
 void update_running_in_place(at::Tensor const& stats, at::Tensor const& scale, c10::SymInt count,
                              at::Tensor& running_mean, at::Tensor& running_var,
-                             OptTensor const& num_batches_tracked, double momentum) {
+                             OptTensor const& num_batches_tracked, c10::optional<double> momentum) {
   static auto op = op_handle<UpdateRunningSig>("cutlass_fused::update_running_stats");
   {
     at::AutoDispatchBelowADInplaceOrView below;

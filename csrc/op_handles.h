@@ -24,7 +24,7 @@ using EvalSig = at::Tensor(at::Tensor const&, at::Tensor const&, OptTensor const
                            OptTensor const&, OptTensor const&, at::Tensor const&, at::Tensor const&, double,
                            c10::string_view, bool);
 using UpdateRunningSig = void(at::Tensor const&, at::Tensor const&, c10::SymInt, at::Tensor&, at::Tensor&,
-                              OptTensor const&, double);
+                              OptTensor const&, c10::optional<double>);
 using MatmulSig = at::Tensor(at::Tensor const&, at::Tensor const&, c10::string_view);
 
 // Looked up on first use; callers keep the handle in a function-local static.

@@ -162,10 +162,11 @@ void check_batch(int64_t count, int64_t n) {
 
 void check_running_args(c10::optional<at::Tensor> const& running_mean, c10::optional<at::Tensor> const& running_var,
                         c10::optional<at::Tensor> const& num_batches_tracked, c10::optional<double> momentum) {
-  TORCH_CHECK(running_mean.has_value() == running_var.has_value(),
-              "cutlass_fused: running_mean and running_var must both be given or both be None");
-  TORCH_CHECK(momentum.has_value() || !running_mean.has_value() || num_batches_tracked.has_value(),
-              "cutlass_fused: momentum=None (a cumulative average) needs num_batches_tracked");
+  // ValueError, as the Python API raised these before it relied on this one check.
+  TORCH_CHECK_VALUE(running_mean.has_value() == running_var.has_value(),
+                    "cutlass_fused: running_mean and running_var must both be given or both be None");
+  TORCH_CHECK_VALUE(momentum.has_value() || !running_mean.has_value() || num_batches_tracked.has_value(),
+                    "cutlass_fused: momentum=None (a cumulative average) needs num_batches_tracked");
 }
 
 namespace {
@@ -210,7 +211,7 @@ TORCH_LIBRARY(cutlass_fused, m) {
       " -> (Tensor y, Tensor h, Tensor stats, Tensor mean, Tensor invstd)");
   m.def(
       "update_running_stats(Tensor stats, Tensor scale, SymInt count, Tensor(a!) running_mean, Tensor(b!) running_var,"
-      " Tensor? num_batches_tracked, float momentum) -> ()");
+      " Tensor? num_batches_tracked, float? momentum) -> ()");
   m.def(
       "batch_norm_backward(Tensor dy, Tensor h, Tensor mean, Tensor invstd, Tensor scale, Tensor? weight, float eps)"
       " -> (Tensor dh, Tensor dscale, Tensor dweight, Tensor dbias)");

@@ -76,13 +76,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_finalize_cpu(
 
 void update_running_stats_cpu(at::Tensor const& stats, at::Tensor const& scale, int64_t count,
                               at::Tensor& running_mean, at::Tensor& running_var,
-                              c10::optional<at::Tensor> const& num_batches_tracked, double momentum) {
+                              c10::optional<at::Tensor> const& num_batches_tracked, c10::optional<double> momentum) {
   int64_t n = stats.size(1);
   check_running_stats(running_mean, running_var, n, c10::nullopt);
   check_batch(count, n);
+  check_running_args(running_mean, running_var, num_batches_tracked, momentum);
   auto mo = moments(stats, scale, count);
-  double m = momentum;
-  if (num_batches_tracked.has_value()) m = 1.0 / num_batches_tracked->item<double>();  // a CPU tensor: no sync
+  // momentum=None: the cumulative average over the batches counted so far (a CPU tensor: no sync).
+  double m = momentum.has_value() ? *momentum : 1.0 / num_batches_tracked->item<double>();
   auto unbiased = mo.var_z * (static_cast<double>(count) / static_cast<double>(count - 1));
   running_mean.copy_(running_mean.to(at::kDouble) * (1 - m) + mo.mean_z * m);
   running_var.copy_(running_var.to(at::kDouble) * (1 - m) + unbiased * m);
@@ -111,8 +112,7 @@ TrainOut linear_scale_batch_norm_train_cpu(at::Tensor const& x, at::Tensor const
   if (num_batches_tracked.has_value()) num_batches_tracked->add_(1);
   if (running_mean.has_value()) {
     at::Tensor rm = *running_mean, rv = *running_var;
-    update_running_stats_cpu(stats, scale, x.size(0), rm, rv, momentum ? c10::nullopt : num_batches_tracked,
-                             momentum.value_or(0.0));
+    update_running_stats_cpu(stats, scale, x.size(0), rm, rv, num_batches_tracked, momentum);
   }
   return {y, h, stats, mean, invstd};
 }

@@ -344,11 +344,12 @@ void check_num_batches_tracked(c10::optional<at::Tensor> const& t, at::Device de
 
 void update_running_stats_cuda(at::Tensor const& stats, at::Tensor const& scale, int64_t count,
                                at::Tensor& running_mean, at::Tensor& running_var,
-                               c10::optional<at::Tensor> const& num_batches_tracked, double momentum) {
+                               c10::optional<at::Tensor> const& num_batches_tracked, c10::optional<double> momentum) {
   int64_t n = stats.size(1);
   check_stats(stats, n);
   check_batch(count, n);
   check_running_stats(running_mean, running_var, n, c10::nullopt);
+  check_running_args(running_mean, running_var, num_batches_tracked, momentum);
   auto dev = stats.device();
   auto scale_d = dense(scale), rm_d = dense(running_mean), rv_d = dense(running_var);
   ColVec s = col_vec(scale_d, "scale", n, dev);
@@ -356,7 +357,7 @@ void update_running_stats_cuda(at::Tensor const& stats, at::Tensor const& scale,
   check_num_batches_tracked(num_batches_tracked, dev);
   c10::cuda::CUDAGuard guard(dev);
   update_running_stats(static_cast<int>(n), stats.data_ptr<double>(), s, static_cast<double>(count), rm, rv,
-                       num_batches_tracked ? num_batches_tracked->data_ptr<int64_t>() : nullptr, momentum,
+                       momentum ? nullptr : num_batches_tracked->data_ptr<int64_t>(), momentum.value_or(0.0),
                        at::cuda::getCurrentCUDAStream().stream());
   write_back(running_mean, rm_d);
   write_back(running_var, rv_d);

@@ -41,12 +41,8 @@ def linear_scale_batch_norm(x, weight, bias, scale, bn_weight, bn_bias, running_
                                                 running_var, eps, family,
                                                 may_cache(weight, bias, scale, bn_weight, bn_bias, running_mean,
                                                           running_var))
-    if (running_mean is None) != (running_var is None):
-        raise ValueError("cutlass_fused: running_mean and running_var must both be given or both be None")
-    if running_mean is None:
+    if running_mean is None and running_var is None:
         num_batches_tracked = None  # as nn.BatchNorm1d: counted only where running stats are kept
-    elif momentum is None and num_batches_tracked is None:
-        raise ValueError("cutlass_fused: momentum=None (a cumulative average) needs num_batches_tracked")
     # One op updates the running stats and num_batches_tracked in place (on CUDA
     # in the same kernel that normalizes).
     y, _, _, _, _ = ops.linear_scale_batch_norm_train(

@@ -153,8 +153,6 @@ def sync_linear_scale_batch_norm(x, weight, bias, scale, bn_weight, bn_bias, run
     """
     if x.dim() != 2:
         raise ValueError(f"cutlass_fused: expected 2-D input (batch, in_features), but got {x.dim()}-D")
-    if momentum is None and running_mean is not None and num_batches_tracked is None:
-        raise ValueError("cutlass_fused: momentum=None (a cumulative average) needs num_batches_tracked")
     dev = x.device.type
     x, weight, bias = (_autocast(t, dev) for t in (x, weight, bias))
     with torch.autocast(dev, enabled=False):
@@ -165,6 +163,5 @@ def sync_linear_scale_batch_norm(x, weight, bias, scale, bn_weight, bn_bias, run
                 num_batches_tracked.add_(1)
             # The unbiased var is M2 / (count - 1); see _sums_for for the count 2.
             ops.update_running_stats(_sums_for(2, mean, m2 / (count - 1) / 2), scale, 2, running_mean, running_var,
-                                     num_batches_tracked if momentum is None else None,
-                                     0.0 if momentum is None else float(momentum))
+                                     num_batches_tracked, None if momentum is None else float(momentum))
     return y

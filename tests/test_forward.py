@@ -182,7 +182,7 @@ def test_fused_train_matches_split_ops(shape, dtype, momentum, override):
     h2, stats2 = ops.linear_stats(x, p["weight"], p["bias"], "auto")
     y2, mean2, invstd2 = ops.batch_norm_finalize(h2, stats2, p["scale"], m, p["bn_weight"], p["bn_bias"], 1e-5)
     rm2, rv2, nbt2 = p["running_mean"].clone(), p["running_var"].clone(), torch.tensor(5, device="cuda")
-    ops.update_running_stats(stats2, p["scale"], m, rm2, rv2, nbt2 if momentum is None else None, momentum or 0.0)
+    ops.update_running_stats(stats2, p["scale"], m, rm2, rv2, nbt2, momentum)
     for name, a, b in [("h", h, h2), ("stats", stats, stats2), ("y", y, y2), ("mean", mean, mean2),
                        ("invstd", invstd, invstd2), ("running_mean", rm, rm2), ("running_var", rv, rv2),
                        ("num_batches_tracked", nbt, nbt2)]:

@@ -31,7 +31,7 @@ def test_linear_stats(device, dtype, bias):
 @pytest.mark.parametrize("affine", [True, False])
 def test_batch_norm_finalize(device, dtype, affine):
     x, w, v = samples(device, dtype)
-    h, stats = ops.linear_stats(x, w, v(), "auto", False)
+    h, stats = ops.linear_stats(x, w, v(), "auto")
     bn = (v(), v()) if affine else (None, None)
     torch.library.opcheck(ops.batch_norm_finalize, (h, stats, v(), x.shape[0], *bn, 1e-5))
 
@@ -40,9 +40,9 @@ def test_batch_norm_finalize(device, dtype, affine):
 @pytest.mark.parametrize("cumulative", [False, True])
 def test_update_running_stats(device, cumulative):
     x, w, v = samples(device, torch.float32)
-    h, stats = ops.linear_stats(x, w, v(), "auto", False)
+    h, stats = ops.linear_stats(x, w, v(), "auto")
     nbt = torch.tensor(3, device=device) if cumulative else None
-    torch.library.opcheck(ops.update_running_stats, (stats, v(), x.shape[0], v(), v().abs() + 1, nbt, 0.1))
+    torch.library.opcheck(ops.update_running_stats, (stats, v(), x.shape[0], v(), v().abs() + 1, nbt, None if cumulative else 0.1))
 
 
 def grad_inputs(device, dtype, affine=True):
