@@ -230,49 +230,33 @@ at::Tensor eval_autograd(at::Tensor const& x, at::Tensor const& weight, OptTenso
                              cache)[0];
 }
 
-void bump_versions(std::initializer_list<OptTensor const*> ts) {
-  for (OptTensor const* t : ts) {
-    if (t->has_value() && !(*t)->is_inference()) torch::autograd::impl::bump_version(**t);
+// The ops that update running stats bump the versions of what they write (the schema's
+// Tensor(a!) arguments), as nn.BatchNorm1d's in-place update does (also under inference_mode,
+// which skips Autograd but not this key): a graph that saved them (an eval forward's) then
+// refuses to backward through stale values, and a fold kept inside frozen_weights()
+// (derived_cache.h) is made anew. Boxed, so that it reads the schema and no signature.
+void bump_written_versions(c10::OperatorHandle const& op, torch::jit::Stack* stack) {
+  auto const& args = op.schema().arguments();
+  std::vector<at::Tensor> written;
+  for (size_t i = 0; i < args.size(); ++i) {
+    c10::IValue const& v = (*stack)[stack->size() - args.size() + i];
+    if (args[i].alias_info() != nullptr && args[i].alias_info()->isWrite() && v.isTensor())
+      written.push_back(v.toTensor());
   }
-}
-
-// The ops that update running stats bump their versions, as nn.BatchNorm1d's
-// in-place update does (also under inference_mode, which skips Autograd but
-// not this key): a graph that saved them (an eval forward's) then refuses to
-// backward through stale values, and a fold kept inside frozen_weights()
-// (derived_cache.h) is made anew.
-TrainOut train_in_place(at::Tensor const& x, at::Tensor const& weight, OptTensor const& bias, at::Tensor const& scale,
-                        OptTensor const& bn_weight, OptTensor const& bn_bias, OptTensor const& running_mean,
-                        OptTensor const& running_var, OptTensor const& num_batches_tracked,
-                        c10::optional<double> momentum, double eps, c10::string_view family, bool cache) {
-  static auto op = op_handle<TrainSig>("cutlass_fused::linear_scale_batch_norm_train");
-  TrainOut out;
   {
     at::AutoDispatchBelowADInplaceOrView below;
-    out = op.call(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, momentum,
-                  eps, family, cache);
+    op.callBoxed(stack);
   }
-  bump_versions({&running_mean, &running_var, &num_batches_tracked});
-  return out;
-}
-
-void update_running_in_place(at::Tensor const& stats, at::Tensor const& scale, c10::SymInt count,
-                             at::Tensor& running_mean, at::Tensor& running_var,
-                             OptTensor const& num_batches_tracked, c10::optional<double> momentum) {
-  static auto op = op_handle<UpdateRunningSig>("cutlass_fused::update_running_stats");
-  {
-    at::AutoDispatchBelowADInplaceOrView below;
-    op.call(stats, scale, count, running_mean, running_var, num_batches_tracked, momentum);
+  for (auto const& t : written) {
+    if (!t.is_inference()) torch::autograd::impl::bump_version(t);
   }
-  OptTensor rm = running_mean, rv = running_var;
-  bump_versions({&rm, &rv});
 }
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(cutlass_fused, ADInplaceOrView, m) {
-  m.impl("linear_scale_batch_norm_train", &train_in_place);
-  m.impl("update_running_stats", &update_running_in_place);
+  m.impl("linear_scale_batch_norm_train", torch::CppFunction::makeFromBoxedFunction<&bump_written_versions>());
+  m.impl("update_running_stats", torch::CppFunction::makeFromBoxedFunction<&bump_written_versions>());
 }
 
 TORCH_LIBRARY_IMPL(cutlass_fused, Autograd, m) {

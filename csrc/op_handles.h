@@ -23,8 +23,6 @@ using BackwardSig = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
 using EvalSig = at::Tensor(at::Tensor const&, at::Tensor const&, OptTensor const&, at::Tensor const&,
                            OptTensor const&, OptTensor const&, at::Tensor const&, at::Tensor const&, double,
                            c10::string_view, bool);
-using UpdateRunningSig = void(at::Tensor const&, at::Tensor const&, c10::SymInt, at::Tensor&, at::Tensor&,
-                              OptTensor const&, c10::optional<double>);
 using MatmulSig = at::Tensor(at::Tensor const&, at::Tensor const&, c10::string_view);
 
 // Looked up on first use; callers keep the handle in a function-local static.
