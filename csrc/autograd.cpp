@@ -119,7 +119,7 @@ struct TrainFunction : torch::autograd::Function<TrainFunction> {
   // backward (retain_graph=True), the context lets go of it here, so that it is
   // freed as soon as dh is made and the dX and dW GEMMs run without it: the peak
   // memory of a training step is then one batch-by-features tensor less, as in
-  // torch.compile's backward (issue 7, benchmarks/NOTES.md v0.12), and without
+  // torch.compile's backward (issue 7; docs/decisions.md, "Backward"), and without
   // the fp64 mean and invstd (2n doubles, which left the peak 0.125 MiB over
   // compile's at 8192 features; v0.14).
   static at::Tensor take(AutogradContext* ctx, at::Tensor const& saved, std::string const& key) {

@@ -118,7 +118,7 @@ TrainOut linear_scale_batch_norm_train_cpu(at::Tensor const& x, at::Tensor const
 }
 
 // dh = a dy + b (h - mean_h) + c per column, from sum dy and sum dy (h - mean_h);
-// see csrc/kernels/batch_norm.cu (grad_column) for the derivation's results.
+// see csrc/kernels/bn_backward.cu (grad_column) for the derivation's results.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_cpu(
     at::Tensor const& dy, at::Tensor const& h, at::Tensor const& mean, at::Tensor const& invstd,
     at::Tensor const& scale, c10::optional<at::Tensor> const& weight, double eps) {

@@ -46,7 +46,7 @@ FLOOR = {"bf16": 2e-2, "f16": 3e-3, "tf32": 2e-3, "f32": 1e-5}
 def alternating(items, rounds):
     """items in turn, `rounds` times over, the order reversed every other round, so that no item
     always runs first or last: the GPU's clocks drift as it heats, and 2-4% leads of one run did not
-    repeat in the next (benchmarks/NOTES.md v0.17)."""
+    repeat in the next (docs/decisions.md, "Measuring")."""
     for r in range(rounds):
         yield from (items if r % 2 == 0 else items[::-1])
 

@@ -5,7 +5,7 @@ of a packed fp64 row [count, mean(N), M2(N)] per rank; every rank merges the row
 by Chan's formula in rank order (so all ranks hold the same bits, and uneven or
 single-sample batches merge exactly); then batch_norm_finalize and
 update_running_stats. Backward: one all_reduce of (sum dy, sum dy (h - mean_h))
-in fp64, then dh by grad_column's formulas (csrc/kernels/batch_norm.cu) and the
+in fp64, then dh by grad_column's formulas (csrc/kernels/bn_backward.cu) and the
 linear GEMMs. The backward's elementwise pass is torch ops here, not yet a fused
 kernel. The parameters' gradients are this rank's sums, as the unfused model
 under nn.SyncBatchNorm gives them (DDP averages them); the linear bias's is not

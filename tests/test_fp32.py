@@ -154,6 +154,6 @@ def test_matmul_matches_float64(device, trans):
             sgemm = a @ b
         ref = a.double() @ b.double()
         assert out.shape == (70, 90) and out.dtype == torch.float32
-        # sm90's 3xTF32 erred 2.15x SGEMM here on an H100 (K = 300; benchmarks/NOTES.md): held to 3x.
+        # sm90's 3xTF32 erred 2.15x SGEMM here on an H100 (K = 300; docs/decisions.md, "fp32 on sm90"): held to 3x.
         factor = 3 if device == "cuda" and family == "auto" and torch.cuda.get_device_capability() == (9, 0) else 2
         assert max_err(out, ref) <= factor * max_err(sgemm, ref) + 1e-6

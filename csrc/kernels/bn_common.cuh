@@ -112,7 +112,7 @@ __device__ __forceinline__ void store_group(T* p, Group<T, V> const& g) {
 }
 
 // y is written once, evict-first (st.global.cs), to leave L2 to the lines of h the GEMM wrote
-// last: 0.2-1.1 us less in the pipelined tail at 1024 x 8192^2, level at larger h (NOTES.md v0.14).
+// last: 0.2-1.1 us less in the pipelined tail at 1024 x 8192^2, level at larger h (docs/decisions.md, "Row passes").
 template <class T, int V>
 __device__ __forceinline__ void store_group_once(T* p, Group<T, V> const& g) {
   if constexpr (sizeof(g) == 16) {
@@ -133,7 +133,7 @@ __device__ __forceinline__ void copy_async(uint4* dst, void const* src) {
 // (S * K * 256 slots: blocks of 32 x 8 threads), then handed to use(j, piece) in order. Loads in
 // flight live in shared memory, not registers: the row passes run under 64-96 registers a thread,
 // where two rows in registers reached ~2.3-2.6 TB/s at 16384 x 4096 and a copy ~2.9 (H100,
-// NOTES.md v0.14). Only the issuing thread reads a slot, so wait_group alone orders it.
+// docs/decisions.md, "Row passes"). Only the issuing thread reads a slot, so wait_group alone orders it.
 template <int S, int K, class Addr, class Use>
 __device__ __forceinline__ void pipelined_rows(int count, uint4* stage, Addr&& addr, Use&& use) {
   int tid = threadIdx.y * 32 + threadIdx.x;
@@ -194,7 +194,7 @@ bool can_vectorize(int n, int64_t ld, std::initializer_list<void const*> ptrs) {
 // z = h * scale to fp16), an element whose z overflows counts as +-inf, as the unfused model's
 // infinite z makes its column's mean infinite and its variance NaN. Only fp16: bf16 shares
 // fp32's range (z overflows bf16 only past 3.39e38), and the check's registers made the bf16
-// kernel spill (benchmarks/NOTES.md v0.8).
+// kernel spill (docs/decisions.md, "Training tails").
 template <class T>
 struct SumSquares {
   T const* h; int64_t ldh;
@@ -228,7 +228,7 @@ using PartialsShared = double[2][8][32 * V];
 
 // Stages of the pipelined two-tensor passes (column sums, grad_input): 32 KiB of slots a block
 // for dy and h. H100, bf16 16384 x 4096: column sums 118.1 -> 105.8 us, grad_input 153.6
-// -> 142.0 (two runs, NOTES.md v0.14).
+// -> 142.0 (two runs; docs/decisions.md, "Row passes").
 constexpr int kSumStages = 4;
 
 template <class Terms, int V>
@@ -326,7 +326,7 @@ struct Moments {
 // where each was used, after stores that may alias them for all the compiler knows, each took its
 // own memory round trip while the rest of the block waited (ncu). With the small tail's per-chunk
 // sums: that tail 9.5 -> 8.9 us at bf16 128 x 8192; the cooperative tail level (H100,
-// benchmarks/NOTES.md v0.17). Held in fp32, exact for every vector dtype (fp32, bf16, fp16),
+// docs/decisions.md, "Training tails"). Held in fp32, exact for every vector dtype (fp32, bf16, fp16),
 // to spare registers.
 struct ColumnInputs {
   float scale = 1, weight = 1, bias = 0, running_mean = 0, running_var = 0;

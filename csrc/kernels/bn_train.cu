@@ -55,7 +55,7 @@ __global__ void __launch_bounds__(256, 4) batch_norm_train_kernel(TrainArgs a, i
     // its 8 row lanes each add every 8th tile, then the lanes are added in lane order (a fixed
     // order: bitwise stable). One thread a column walking all u_tiles tiles while the other
     // blocks waited at the barrier cost 0.6-2.6 us more at 16384 rows (64 tiles), ~1 us less at
-    // 1024-4096 rows (4-16 tiles; H100, NOTES.md v0.14).
+    // 1024-4096 rows (4-16 tiles; H100; docs/decisions.md, "Row passes").
     // Columns gemm_sums_trusted refuses take the exact pass below.
     auto const* us = static_cast<P const*>(a.u_sum);
     auto const* uq = static_cast<P const*>(a.u_sumsq);
@@ -363,7 +363,7 @@ void batch_norm_train(TrainArgs const& a, cudaStream_t stream) {
         check_cuda(cudaGetLastError(), "batch_norm_train");
       } else if (vec) {
         // R = 2: with 4 rows in flight the kernel spills under its 64 registers
-        // and ran 30-40% slower (H100, benchmarks/NOTES.md v0.8).
+        // and ran 30-40% slower (H100; docs/decisions.md, "Training tails").
         launch_cooperative<batch_norm_train_kernel<T, TO, V, 2, P>>(a, f.n, a.sm_count, rows, chunks, V, stream,
                                                                      "batch_norm_train");
       } else {
