@@ -49,7 +49,8 @@ Problem problem(Op op, int64_t m, int64_t n, int64_t k, at::ScalarType x, bool y
   p.family = std::string(family.data(), family.size());
   p.capability = prop->major * 10 + prop->minor;
   p.sm_count = prop->multiProcessorCount;
-  p.device = device.str() + " (" + prop->name + ")";
+  p.device = device.index();
+  p.device_name = prop->name;
   p.overrides = current_overrides();
   return p;
 }

@@ -297,22 +297,25 @@ void check_family_name(std::string const& family) {
 
 // sm90a code runs on compute capability 9.0 only; "auto" takes it there and the sm80 family
 // (sm80-sm89, and newer GPUs through its compute_80 PTX) elsewhere.
-Family resolve_family(std::string const& requested, int capability, std::string const& device) {
+Family resolve_family(std::string const& requested, int capability, int device_index, char const* device_name) {
   check_family_name(requested);
-  std::string cc = std::to_string(capability / 10) + "." + std::to_string(capability % 10);
-  if (capability < 80)
-    throw std::runtime_error("cutlass_fused: needs an Ampere (compute capability 8.0) or newer GPU, but " + device +
-                             " has compute capability " + cc);
-  if (requested == "sm90" && capability != 90)
-    throw std::runtime_error("cutlass_fused: family 'sm90' needs compute capability 9.0, but " + device + " has " +
-                             cc);
+  bool ampere = capability >= 80, sm90_runs = requested != "sm90" || capability == 90;
+  if (!ampere || !sm90_runs) {  // the message only here: no string is built on the hot path
+    std::string cc = std::to_string(capability / 10) + "." + std::to_string(capability % 10);
+    std::string gpu = device_index < 0 ? std::string("the GPU")
+                                       : "cuda:" + std::to_string(device_index) + " (" + device_name + ")";
+    if (!ampere)
+      throw std::runtime_error("cutlass_fused: needs an Ampere (compute capability 8.0) or newer GPU, but " + gpu +
+                               " has compute capability " + cc);
+    throw std::runtime_error("cutlass_fused: family 'sm90' needs compute capability 9.0, but " + gpu + " has " + cc);
+  }
   if (requested == "sm80") return Family::sm80;
   return requested == "sm90" || capability == 90 ? Family::sm90 : Family::sm80;
 }
 
 Plan make_plan(Problem const& p) {
   Plan plan;
-  if (p.op != Op::backward) plan.family = resolve_family(p.family, p.capability, p.device);
+  if (p.op != Op::backward) plan.family = resolve_family(p.family, p.capability, p.device, p.device_name);
   // fp32 uses TF32 tensor cores exactly when torch.mm would; without them it is 3xTF32 in both
   // families: in-kernel on sm80 (mma.sync), over split operands through the TF32 kernel on sm90.
   plan.math = p.x == DType::bf16 ? KernelDtype::bf16

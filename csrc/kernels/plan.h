@@ -53,7 +53,9 @@ struct Problem {
   // n, the row strides and the base pointers allow it. The binding says so from its tensors;
   // fresh allocations allow it wherever n does.
   bool groups16 = true;
-  std::string device = "the GPU";  // for messages, e.g. "cuda:0 (NVIDIA H100 80GB HBM3)"
+  // For messages only ("cuda:0 (NVIDIA H100 80GB HBM3)"); -1: "the GPU".
+  int device = -1;
+  char const* device_name = "";
   Overrides overrides;
 };
 
@@ -103,7 +105,9 @@ Plan make_plan(Problem const& p);
 std::string describe(Plan const& plan);
 
 // The family for `requested` on a GPU of compute capability `capability`; throws as make_plan.
-Family resolve_family(std::string const& requested, int capability, std::string const& device);
+// device_index and device_name name the GPU in the messages (-1: "the GPU").
+Family resolve_family(std::string const& requested, int capability, int device_index = -1,
+                      char const* device_name = "");
 // Throws std::runtime_error unless `family` is "auto", "sm90" or "sm80".
 void check_family_name(std::string const& family);
 
