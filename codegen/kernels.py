@@ -1,23 +1,20 @@
-"""The kernel table: every CUTLASS kernel we emit is one row here.
+"""The kernel table: every CUTLASS kernel we build is one row here.
 
 A row is data, not code, so adding a tile/cluster/schedule variant for the
 performance work is one line plus `python -m codegen.generate`. A row becomes
-csrc/generated/<name>.cu, a few lines instantiating the class template in its
-group's header csrc/generated/<group>.cuh (Kernel.group: one per family, mode and
-schedule, and per dtype but for bf16 and TF32, which share one templated on the
-element type) with the row's element type, tile, cluster and epilogue tile (sm80:
-tile, warp tile, stages).
+csrc/generated/<name>.cu, a few lines instantiating the hand-written class
+template of its family and mode (csrc/kernels/gemm/<family>_<mode>.cuh: the
+epilogue visitor tree and CUTLASS's builders) with the row's dtype
+(csrc/kernels/gemm/dtype.cuh), tile, cluster, epilogue tile and schedule (sm80:
+tile, warp tile, stages), and a line of csrc/generated/kernels.inc.
 
 Fields
   family   "sm90" (TMA warp-specialized, sm90a) or "sm80" (mma.sync, runs on sm80+)
   dtype    "bf16", "f16", "tf32" (fp32 in/out, TF32 math), "f32x3" (fp32, 3xTF32 math:
            in-kernel on sm80; on sm90 TF32 math over split operands, with promotion)
-  mode     "train"  Z = (acc + b)*a + c, store Z, plus fp64 column sums of Z and Z^2:
-                    sm90: per-CTA partials (ceil(M/tile_m) x round_up(N, tile_n)) that
-                          our reduce kernel sums in a fixed order (deterministic);
-                    sm80: fp64 atomicAdd into N-vectors (not bitwise deterministic)
-           "eval"   y = (acc + b)*a + c, nothing else (also the sm80 deterministic
-                    train path, followed by our column-statistics kernel)
+  mode     "eval"   y = (acc + b)*a + c, nothing else (fp16: h and z = h*s rounded
+                    to fp16 on the way, as the unfused model rounds them; also the
+                    sm80 training GEMM, followed by our column-statistics kernel)
            "stats"  sm90 only, A and B swapped: D' = W x^T (features x batch, stored
                     column-major, which is h row-major), h = acc + b, and per-CTA
                     partial sums of u = h - shift and u^2 per feature, laid out
@@ -25,13 +22,12 @@ Fields
                     ("partial"), fp64 for f32x3 ("partial64"); tile is
                     (features, batch, K)
   tile     CTA tile (M, N, K)
-  cluster  sm90 cluster shape; the cutlass_cppgen "threadblock_shape" is tile*cluster
-  schedule sm90 kernel schedule name in cutlass_library.KernelScheduleType
+  cluster  sm90 cluster shape
+  schedule sm90 kernel schedule: "TmaWarpSpecializedCooperative" or
+           "TmaWarpSpecializedPingpong" (csrc/kernels/gemm/sm90_kernel.cuh)
   warps    sm80 warp count (M, N, K)
-  stages   mainloop stages; None lets CUTLASS carve out what the epilogue leaves
-  epi_tile sm90 epilogue tile (M, N); None is EpilogueTileAuto. fp64 statistics
-           need one large enough that the CTA's fp64 row-reduction buffer fits
-           in the D staging buffer it reuses (a static_assert in CUTLASS).
+  stages   sm80 mainloop stages (sm90 carves out what the epilogue leaves)
+  epi_tile sm90 epilogue tile (M, N); None is EpilogueTileAuto
   promote  sm90 f32x3 only: MMAs (k = 8 each) the tensor cores accumulate before
            the sum is added into the fp32 accumulator (a launch argument of
            CUTLASS's promoted mainloop; a multiple of a k-tile's MMAs)
@@ -54,12 +50,10 @@ class Kernel:
 
     @property
     def stats(self) -> str:
-        """How a train kernel leaves its column statistics: partial, atomic or none."""
-        if self.mode == "stats":
-            return "partial64" if self.dtype == "f32x3" else "partial"
-        if self.mode != "train":
+        """Where the kernel leaves its column statistics: partial, partial64 or none."""
+        if self.mode != "stats":
             return "none"
-        return "partial" if self.family == "sm90" else "atomic"
+        return "partial64" if self.dtype == "f32x3" else "partial"
 
     @property
     def name(self) -> str:
@@ -73,35 +67,19 @@ class Kernel:
         return f"{self.family}_{self.dtype}_{self.mode}_{t}_{tail}"
 
     @property
-    def generic(self) -> bool:
-        """Whether its group's header is templated on the element type as well: bf16 and
-        TF32, whose kernels of one family and mode differ only in it (codegen/generate.py
-        checks that), and fp16's statistics kernels, whose DAG is bf16's. fp16's eval rounds h and
-        z (another DAG); 3xTF32 has its own mainloop
-        and fp64 sums on sm90 and its own math operator on sm80. (Mode "train", built for
-        experiments only, keeps per-dtype groups.)"""
-        return (self.dtype in ("bf16", "tf32") and self.mode in ("eval", "stats")) or (
-            self.dtype == "f16" and self.mode == "stats")
-
-    @property
-    def group(self) -> str:
-        """The header its .cu instantiates: rows that differ only in the template
-        parameters (tile, cluster, epilogue tile; sm80: tile, warps, stages; promote;
-        the element type where `generic`) share one. A schedule changes the emitted
-        types, so it gets its own."""
-        tail = "_pingpong" if self.schedule == "TmaWarpSpecializedPingpong" else ""
-        dtype = "" if self.generic else f"_{self.dtype}"
-        return f"{self.family}{dtype}_{self.mode}{tail}"
+    def header(self) -> str:
+        """The hand-written class template its .cu instantiates (include path under csrc/)."""
+        return f"kernels/gemm/{self.family}_{self.mode}.cuh"
 
 
 # sm90: cooperative, cluster 1x2. CTA 128x256 was the best statistics-EVT tile
 # in the 2026-11-21 probe (notes/cutlass-evt-facts.md). TF32 halves the K tile
 # so a stage costs the same shared memory as the 16-bit one.
 #
-# No train-mode kernel (fp64 statistics EVT) is built: our ordered column pass
-# over h measured faster on an H100 at every large shape (3-11%; NOTES.md, v0.7).
-# bf16 and TF32 training use the "stats" kernels below (fp32 tile sums, NOTES.md v0.10);
-# the generator still emits mode "train" for experiments.
+# Training uses the "stats" kernels below (tile sums of the swapped GEMM, NOTES.md v0.10).
+# A row reduction of fp64 statistics in the unswapped eval GEMM (the former mode "train")
+# measured slower than our ordered column pass over h on an H100 at every large shape
+# (3-11%; NOTES.md, v0.7), and is no longer generated.
 _SM90 = [
     # 16-bit: 256x128, cluster 1x2 (cuBLAS's own choice here) measured best or level
     # on an H100 at 1024x8192^2, 16384x4096^2 and 4096^3 (python -m cutlass_fused.tune;
