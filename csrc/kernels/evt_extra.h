@@ -8,8 +8,8 @@
 
 namespace cutlass_fused {
 
-// D = take_last(Zsq, 0, Z) = Z. The tracer needs D to be a compute node over
-// the DAG (see codegen/epilogues.py); returning Z itself, rather than
+// D = take_last(Zsq, 0, Z) = Z. The stats epilogue's D must be a compute node over
+// the DAG (as cutlass_cppgen's tracer built it; csrc/kernels/gemm/sm90_stats.cuh); returning Z itself, rather than
 // multiply_add(Zsq, 0, Z), keeps D exact even where Z*Z overflows.
 template <class T>
 struct take_last {
@@ -43,7 +43,7 @@ template <class T> using multiplies_rounded_to_f16 = rounded_to<cutlass::half_t,
 
 // The plus of the node that forms a kernel's stored output, for an output of Element:
 // rounded to a 16-bit Element (above), plain for fp32, which stores it as computed. The
-// generated headers templated on the element type name it (codegen/generate.py).
+// kernel templates of csrc/kernels/gemm/ name it.
 template <class Element>
 struct stored {
   template <class T> using plus = cutlass::plus<T>;

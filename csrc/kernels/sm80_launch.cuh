@@ -1,7 +1,8 @@
 // Host launcher for the sm80 mma.sync kernels with an EVT (CUTLASS 2.x API).
 #pragma once
 
-// cutlass_cppgen's emitted include list lacks the sm80 visitor headers.
+// The sm80 visitor headers compile only after CUTLASS's GEMM headers, which the kernel templates
+// (csrc/kernels/gemm/sm80_eval.cuh) include first.
 #include "cutlass/epilogue/threadblock/fusion/visitors.hpp"
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "cutlass/gemm/kernel/default_gemm_universal_with_visitor.h"
