@@ -16,7 +16,7 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
-#include <algorithm>
+#include <atomic>
 #include <mutex>
 
 #include "kernels/plan.h"
@@ -87,13 +87,25 @@ void check_family(c10::string_view family) {
   }
 }
 
+DType dtype_of(at::ScalarType t, char const* name) {
+  switch (t) {
+    case at::kBFloat16: return DType::bf16;
+    case at::kHalf: return DType::f16;
+    case at::kFloat: return DType::f32;
+    default:
+      TORCH_CHECK(false, "cutlass_fused: expected ", name,
+                  " to be bfloat16, float16 or float32 on CUDA, but got ", t);
+      return DType::f32;
+  }
+}
+
 namespace {
 
 // The overrides in force, process-wide: set by cutlass_fused.overrides() (and from the
 // environment once, at import), read by every CUDA call, the autograd engine's threads too.
 std::mutex overrides_mutex;
 Overrides overrides_now;
-bool poison_now = false;
+std::atomic<bool> poison_now{false};  // read by every output allocation: no lock
 
 void set_overrides(std::string const& kernel, std::string const& tail, std::string const& backward, int64_t swizzle,
                    std::string const& raster, bool stats_gemm, bool poison) {
@@ -113,21 +125,17 @@ void set_overrides(std::string const& kernel, std::string const& tail, std::stri
 std::string plan_op(std::string const& op, int64_t m, int64_t n, int64_t k, at::ScalarType dtype, bool y_wider,
                     bool allow_tf32, std::string const& family, int64_t capability, int64_t sm_count,
                     bool cumulative, bool groups16) {
-  static constexpr std::pair<char const*, Op> kOps[] = {{"train", Op::train},   {"linear", Op::linear},
-                                                        {"eval", Op::eval},     {"matmul", Op::matmul},
-                                                        {"backward", Op::backward}};
   Problem p;
-  auto it = std::find_if(std::begin(kOps), std::end(kOps), [&](auto const& o) { return op == o.first; });
-  TORCH_CHECK_VALUE(it != std::end(kOps), "cutlass_fused: expected op to be 'train', 'linear', 'eval', 'matmul' or ",
-                    "'backward', but got '", op, "'");
+  try {
+    p.op = parse_op(op);
+  } catch (std::exception const& e) {
+    TORCH_CHECK_VALUE(false, e.what());
+  }
   TORCH_CHECK_VALUE(m > 0 && n > 0 && k >= 0 && sm_count > 0, "cutlass_fused: expected positive sizes and SM count");
-  p.op = it->second;
   p.m = m;
   p.n = n;
   p.k = k;
-  TORCH_CHECK_VALUE(dtype == at::kBFloat16 || dtype == at::kHalf || dtype == at::kFloat,
-                    "cutlass_fused: expected dtype to be bfloat16, float16 or float32, but got ", dtype);
-  p.x = dtype == at::kBFloat16 ? DType::bf16 : dtype == at::kHalf ? DType::f16 : DType::f32;
+  p.x = dtype_of(dtype, "dtype");
   p.y_wider = y_wider;
   p.allow_tf32 = allow_tf32;
   p.family = family;
@@ -150,10 +158,7 @@ Overrides current_overrides() {
   return overrides_now;
 }
 
-bool poison_outputs() {
-  std::lock_guard<std::mutex> lock(overrides_mutex);
-  return poison_now;
-}
+bool poison_outputs() { return poison_now.load(std::memory_order_relaxed); }
 
 void check_batch(int64_t count, int64_t n) {
   TORCH_CHECK(count > 1, "Expected more than 1 value per channel when training, got input size [", count, ", ", n,

@@ -34,6 +34,9 @@ void check_vector(c10::optional<at::Tensor> const& t, char const* name, int64_t 
 // as PyTorch's batch norm takes them; any floating dtype where z is not known (the split update).
 void check_running_stats(at::Tensor const& running_mean, at::Tensor const& running_var, int64_t n,
                          c10::optional<at::ScalarType> z);
+// The kernels' element type for t; `name` names the argument in the error for any other dtype.
+DType dtype_of(at::ScalarType t, char const* name);
+
 // The overrides of the plan's choices in force (cutlass_fused.overrides()), and whether outputs
 // start as NaN (tests).
 Overrides current_overrides();

@@ -14,6 +14,7 @@
 #include "kernels/batch_norm.h"
 #include "kernels/gemm_evt.h"
 #include "kernels/inf_fix.h"
+#include "kernels/limits.h"
 #include "kernels/plan.h"
 #include "eval_fold_cuda.h"
 #include "ops.h"
@@ -21,18 +22,6 @@
 
 namespace cutlass_fused {
 namespace {
-
-DType dtype_of(at::ScalarType t, char const* name) {
-  switch (t) {
-    case at::kBFloat16: return DType::bf16;
-    case at::kHalf: return DType::f16;
-    case at::kFloat: return DType::f32;
-    default:
-      TORCH_CHECK(false, "cutlass_fused: expected ", name,
-                  " to be bfloat16, float16 or float32 on CUDA, but got ", t);
-      return DType::f32;
-  }
-}
 
 // The problem of one call on `device`, with the overrides in force (cutlass_fused.overrides()).
 Problem problem(Op op, int64_t m, int64_t n, int64_t k, at::ScalarType x, bool y_wider, c10::string_view family,
@@ -165,6 +154,8 @@ struct Epilogue {
 struct Workspace {
   at::Tensor bytes;
   char* scratch = nullptr;
+  void* u_sum = nullptr;    // a stats kernel's per-CTA sums (in the scratch), for the training tail
+  void* u_sumsq = nullptr;
 };
 
 // The one way a GEMM runs: the plan's kernel over x and W (laid out or split as it says) into
@@ -212,8 +203,8 @@ Workspace run_gemm(Plan const& plan, at::Tensor const& x, at::Tensor const& weig
     if (poison_outputs() && plan.workspace > 0) ws.bytes.narrow(0, own, plan.workspace).fill_(0xff);  // NaN sums
   }
   if (g.swapped) {
-    p.u_sum = ws.scratch;
-    p.u_sumsq = ws.scratch + int64_t{g.sums.tiles} * g.sums.ld * g.sums.bytes;
+    p.u_sum = ws.u_sum = ws.scratch;
+    p.u_sumsq = ws.u_sumsq = ws.scratch + int64_t{g.sums.tiles} * g.sums.ld * g.sums.bytes;
   }
   entry.run(p, at::cuda::getCurrentCUDAStream(p.device).stream());
   if (g.inf_fix) fix_infinite_operands(ops, weight, weight.size(0), cache, p.b, e.a, e.c, out);
@@ -414,8 +405,8 @@ TrainOut linear_scale_batch_norm_train_cuda(at::Tensor const& x, at::Tensor cons
   t.pieces = plan.pieces;
   if (plan.gemm.swapped) {
     StatsLayout const& u = plan.gemm.sums;
-    t.u_sum = ws.scratch;
-    t.u_sumsq = ws.scratch + int64_t{u.tiles} * u.ld * u.bytes;
+    t.u_sum = ws.u_sum;
+    t.u_sumsq = ws.u_sumsq;
     t.u_fp64 = u.bytes == 8;
     t.u_tiles = u.tiles;
     t.u_ld = u.ld;
@@ -449,9 +440,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_c
   at::Tensor dscale = grad_vector(scale, h), dweight = grad_vector(weight, h), dbias = grad_vector(weight, h);
   Problem pr = problem(Op::backward, m, n, 0, h.scalar_type(), dy.scalar_type() != h.scalar_type(), "auto",
                        h.device());
-  int64_t v = 16 / static_cast<int64_t>(c10::elementSize(h.scalar_type()));
-  auto aligned = [](at::Tensor const& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
-  pr.groups16 = n % v == 0 && h.stride(0) % v == 0 && aligned(dy) && aligned(h) && aligned(dh);
+  pr.groups16 = limits::groups16(static_cast<int>(c10::elementSize(h.scalar_type())), n, h.stride(0),
+                                 {dy.data_ptr(), h.data_ptr(), dh.data_ptr()});
   Plan plan = planned(pr);
   auto ws = at::empty({static_cast<int64_t>(plan.workspace)}, h.options().dtype(at::kByte));
   g.dt = dtype_of(h.scalar_type(), "h");

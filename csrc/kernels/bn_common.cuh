@@ -176,18 +176,9 @@ struct LoadHeld {
   __device__ Group<T, V> operator()(int, T const*) const { return g; }
 };
 
-// V for 16-byte groups of `bytes`-byte elements when n, the row strides and every pointer
-// allow it; 1 otherwise (unaligned sizes such as 769 columns).
-bool can_vectorize_bytes(int bytes, int n, int64_t ld, std::initializer_list<void const*> ptrs) {
-  int v = 16 / bytes;
-  bool ok = n % v == 0 && ld % v == 0;
-  for (void const* p : ptrs) ok = ok && reinterpret_cast<uintptr_t>(p) % 16 == 0;
-  return ok;
-}
-
 template <class T>
 bool can_vectorize(int n, int64_t ld, std::initializer_list<void const*> ptrs) {
-  return can_vectorize_bytes(sizeof(T), n, ld, ptrs);
+  return limits::groups16(sizeof(T), n, ld, ptrs);
 }
 
 // h -> (h, h^2): the forward statistics. With `scale` (an fp16 y, so the unfused model rounds

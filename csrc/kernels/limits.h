@@ -5,11 +5,22 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 
 namespace cutlass_fused::limits {
 
 constexpr unsigned blocks(int64_t work, int per_block) {
   return static_cast<unsigned>((work + per_block - 1) / per_block);
+}
+
+// Whether m x n data of `bytes`-byte elements can be read in 16-byte groups: n, the row stride
+// ld and every pointer allow it (not unaligned sizes such as 769 columns). The launchers pick
+// their vector width by it, and the binding tells the plan (Problem::groups16).
+inline bool groups16(int bytes, int64_t n, int64_t ld, std::initializer_list<void const*> ptrs) {
+  int v = 16 / bytes;
+  bool ok = n % v == 0 && ld % v == 0;
+  for (void const* p : ptrs) ok = ok && reinterpret_cast<uintptr_t>(p) % 16 == 0;
+  return ok;
 }
 
 // Column reductions: chunks of rows, 32 column groups x 8 row lanes a block; each lane walks

@@ -289,6 +289,13 @@ Overrides parse_overrides(std::string const& kernel, std::string const& tail, st
   return o;
 }
 
+Op parse_op(std::string const& name) {
+  static constexpr std::pair<char const*, Op> kOps[] = {{"train", Op::train},   {"linear", Op::linear},
+                                                        {"eval", Op::eval},     {"matmul", Op::matmul},
+                                                        {"backward", Op::backward}};
+  return parse_choice("op", name, kOps);
+}
+
 void check_family_name(std::string const& family) {
   if (family != "auto" && family != "sm90" && family != "sm80")
     throw std::runtime_error("cutlass_fused: expected family to be 'auto', 'sm90' or 'sm80', but got '" + family +

@@ -37,6 +37,10 @@ struct Overrides {
 Overrides parse_overrides(std::string const& kernel, std::string const& tail, std::string const& backward,
                           int64_t swizzle, std::string const& raster, bool stats_gemm);
 
+// The Op called `name` ("train", "linear", "eval", "matmul", "backward"); throws
+// std::invalid_argument listing them.
+Op parse_op(std::string const& name);
+
 struct Problem {
   Op op = Op::train;
   int64_t m = 0, n = 0, k = 0;     // batch rows, features (out_features), in_features
