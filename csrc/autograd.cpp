@@ -81,7 +81,8 @@ struct TrainFunction : torch::autograd::Function<TrainFunction> {
                                OptTensor const& bias, at::Tensor const& scale, OptTensor const& bn_weight,
                                OptTensor const& bn_bias, OptTensor const& running_mean, OptTensor const& running_var,
                                OptTensor const& num_batches_tracked, c10::optional<double> momentum, double eps,
-                               c10::string_view family, bool cache) {
+                               c10::string_view family, bool cache, c10::string_view activation,
+                               double negative_slope, c10::optional<at::ScalarType> output_dtype) {
     static auto op = op_handle<TrainSig>("cutlass_fused::linear_scale_batch_norm_train");
     save_needs(ctx, {x.requires_grad(), weight.requires_grad(), requires_grad(bias), scale.requires_grad(),
                      requires_grad(bn_weight), requires_grad(bn_bias)});
@@ -89,14 +90,17 @@ struct TrainFunction : torch::autograd::Function<TrainFunction> {
     // running stats' update.
     at::AutoDispatchBelowAutograd below;
     auto [y, h, stats, mean, invstd] = op.call(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var,
-                                               num_batches_tracked, momentum, eps, family, cache);
+                                               num_batches_tracked, momentum, eps, family, cache, activation,
+                                               negative_slope, output_dtype);
+    // The activation's derivative needs BN(z), recomputed from h with the BN bias.
+    bool act = activation_of(activation) != Activation::none;
     // h, mean and invstd are held outside the saved variables, so that the backward
     // can free them once dh exists (see take), unless saved-tensor hooks (activation
     // offload, checkpointing) are to see them.
     bool hooks = at::SavedTensorDefaultHooks::get_hooks().has_value();
     at::Tensor none;
     ctx->save_for_backward({x, weight, hooks ? h : none, hooks ? mean : none, hooks ? invstd : none, scale,
-                            saved(bn_weight)});
+                            saved(bn_weight), act ? saved(bn_bias) : none});
     auto keep = [&](std::string const& key, at::Tensor const& t) {
       ctx->saved_data[key] = t;
       ctx->saved_data[key + "_version"] = static_cast<int64_t>(t._version());
@@ -108,6 +112,8 @@ struct TrainFunction : torch::autograd::Function<TrainFunction> {
     }
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["family"] = std::string(family);
+    ctx->saved_data["activation"] = std::string(activation);
+    ctx->saved_data["negative_slope"] = negative_slope;
     ctx->saved_data["dtypes"] = c10::List<int64_t>({dtype_of(bias), dtype_of(bn_bias)});
     ctx->mark_non_differentiable({h, stats, mean, invstd});
     // Their gradients are always undefined; materializing them costs four fills a step.
@@ -138,17 +144,22 @@ struct TrainFunction : torch::autograd::Function<TrainFunction> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     no_double_backward();
     static auto op = op_handle<BackwardSig>("cutlass_fused::batch_norm_backward");
-    variable_list out(14);  // one per forward argument
-    at::Tensor const& dy = grads[0];
+    variable_list out(16);  // one per forward argument
+    at::Tensor dy = grads[0];
     if (!dy.defined()) return out;  // y did not reach the loss
     auto s = ctx->get_saved_variables();
     auto const &x = s[0], &weight = s[1], &scale = s[5];
+    // The kernels take dy in h's (x's) dtype or fp32; a y of another requested dtype
+    // (output_dtype) is a cast of one of those.
+    if (dy.scalar_type() != x.scalar_type() && dy.scalar_type() != at::kFloat) dy = dy.to(at::kFloat);
     auto need = needs(ctx);
     auto dtypes = ctx->saved_data["dtypes"].toIntList();
     double eps = ctx->saved_data["eps"].toDouble();
     at::Tensor h = take(ctx, s[2], "h"), mean = take(ctx, s[3], "mean"), invstd = take(ctx, s[4], "invstd");
     s[2] = s[3] = s[4] = at::Tensor();
-    auto [dh, dscale, dgamma, dbeta] = op.call(dy, h, mean, invstd, scale, optional(s[6]), eps);
+    auto [dh, dscale, dgamma, dbeta] = op.call(dy, h, mean, invstd, scale, optional(s[6]), eps, optional(s[7]),
+                                               ctx->saved_data["activation"].toStringRef(),
+                                               ctx->saved_data["negative_slope"].toDouble());
     h = mean = invstd = at::Tensor();
     linear_grads(dh, x, weight, need[0], need[1], ctx, out);
     // Exactly zero, but NaN in a column whose statistics, scale, bn_weight or dy are not finite
@@ -165,14 +176,20 @@ struct EvalFunction : torch::autograd::Function<EvalFunction> {
   static variable_list forward(AutogradContext* ctx, at::Tensor const& x, at::Tensor const& weight,
                                OptTensor const& bias, at::Tensor const& scale, OptTensor const& bn_weight,
                                OptTensor const& bn_bias, at::Tensor const& running_mean,
-                               at::Tensor const& running_var, double eps, c10::string_view family, bool cache) {
+                               at::Tensor const& running_var, double eps, c10::string_view family, bool cache,
+                               c10::string_view activation, double negative_slope,
+                               c10::optional<at::ScalarType> output_dtype) {
     static auto op = op_handle<EvalSig>("cutlass_fused::linear_scale_batch_norm_eval");
     save_needs(ctx, {x.requires_grad(), weight.requires_grad(), requires_grad(bias), scale.requires_grad(),
                      requires_grad(bn_weight), requires_grad(bn_bias)});
     at::AutoDispatchBelowADInplaceOrView below;
-    auto y = op.call(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, eps, family, cache);
-    ctx->save_for_backward({x, weight, saved(bias), scale, saved(bn_weight), running_mean, running_var});
+    auto y = op.call(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, eps, family, cache,
+                     activation, negative_slope, output_dtype);
+    ctx->save_for_backward({x, weight, saved(bias), scale, saved(bn_weight), running_mean, running_var,
+                            saved(bn_bias)});
     ctx->saved_data["eps"] = eps;
+    ctx->saved_data["activation"] = std::string(activation);
+    ctx->saved_data["negative_slope"] = negative_slope;
     ctx->saved_data["family"] = std::string(family);
     ctx->saved_data["dtypes"] = c10::List<int64_t>({dtype_of(bn_bias)});
     return {y};
@@ -180,10 +197,11 @@ struct EvalFunction : torch::autograd::Function<EvalFunction> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     no_double_backward();
-    variable_list out(11);
+    variable_list out(14);
     auto s = ctx->get_saved_variables();
     auto const &x = s[0], &weight = s[1], &bias = s[2], &scale = s[3], &bn_weight = s[4];
-    auto const &running_mean = s[5], &running_var = s[6];
+    auto const &running_mean = s[5], &running_var = s[6], &bn_bias = s[7];
+    Activation act = activation_of(ctx->saved_data["activation"].toStringRef());
     auto need = needs(ctx);
     // fp32 arithmetic, or fp64 where any input is fp64: a float64 layer's
     // gradients must not pass through fp32.
@@ -195,14 +213,26 @@ struct EvalFunction : torch::autograd::Function<EvalFunction> {
     at::Tensor dyf = grads[0].to(acc);
     auto invstd = (running_var.to(acc) + ctx->saved_data["eps"].toDouble()).rsqrt();
     auto g = bn_weight.defined() ? invstd * bn_weight.to(acc) : invstd;
+    // h is not kept by the eval forward; it is recomputed only when asked for, or for the
+    // activation's derivative at BN(z) = (h scale - running_mean) g + bn_bias.
+    at::Tensor h;
+    auto recompute_h = [&] {
+      if (h.defined()) return;
+      h = at::mm(x, weight.t()).to(acc);
+      if (bias.defined()) h = h + bias.to(acc);
+    };
+    if (act != Activation::none) {
+      recompute_h();
+      auto pre = (h * scale.to(acc) - running_mean.to(acc)) * g;
+      if (bn_bias.defined()) pre = pre + bn_bias.to(acc);
+      dyf = activation_backward(dyf, pre, act, ctx->saved_data["negative_slope"].toDouble());
+    }
     // dh in x's dtype, for the GEMMs with x and weight (y may be wider: see output_dtype).
     auto dh = (dyf * (scale.to(acc) * g)).to(x.scalar_type());
     linear_grads(dh, x, weight, need[0], need[1], ctx, out);
     if (need[2]) out[2] = dh.to(acc).sum(0).to(bias.scalar_type());
     if (need[3] || need[4]) {
-      // h is not kept by the eval forward; it is recomputed only when asked for.
-      auto h = at::mm(x, weight.t()).to(acc);
-      if (bias.defined()) h = h + bias.to(acc);
+      recompute_h();
       if (need[3]) out[3] = ((dyf * h).sum(0) * g).to(scale.scalar_type());
       if (need[4]) {
         out[4] = ((dyf * (h * scale.to(acc) - running_mean.to(acc))).sum(0) * invstd).to(bn_weight.scalar_type());
@@ -216,18 +246,22 @@ struct EvalFunction : torch::autograd::Function<EvalFunction> {
 TrainOut train_autograd(at::Tensor const& x, at::Tensor const& weight, OptTensor const& bias, at::Tensor const& scale,
                         OptTensor const& bn_weight, OptTensor const& bn_bias, OptTensor const& running_mean,
                         OptTensor const& running_var, OptTensor const& num_batches_tracked,
-                        c10::optional<double> momentum, double eps, c10::string_view family, bool cache) {
+                        c10::optional<double> momentum, double eps, c10::string_view family, bool cache,
+                        c10::string_view activation, double negative_slope,
+                        c10::optional<at::ScalarType> output_dtype) {
   auto out = TrainFunction::apply(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var,
-                                  num_batches_tracked, momentum, eps, family, cache);
+                                  num_batches_tracked, momentum, eps, family, cache, activation, negative_slope,
+                                  output_dtype);
   return {out[0], out[1], out[2], out[3], out[4]};
 }
 
 at::Tensor eval_autograd(at::Tensor const& x, at::Tensor const& weight, OptTensor const& bias,
                          at::Tensor const& scale, OptTensor const& bn_weight, OptTensor const& bn_bias,
                          at::Tensor const& running_mean, at::Tensor const& running_var, double eps,
-                         c10::string_view family, bool cache) {
+                         c10::string_view family, bool cache, c10::string_view activation, double negative_slope,
+                         c10::optional<at::ScalarType> output_dtype) {
   return EvalFunction::apply(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, eps, family,
-                             cache)[0];
+                             cache, activation, negative_slope, output_dtype)[0];
 }
 
 // The ops that update running stats bump the versions of what they write (the schema's

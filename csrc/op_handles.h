@@ -16,13 +16,14 @@ using OptTensor = c10::optional<at::Tensor>;
 
 using TrainSig = TrainOut(
     at::Tensor const&, at::Tensor const&, OptTensor const&, at::Tensor const&, OptTensor const&, OptTensor const&,
-    OptTensor const&, OptTensor const&, OptTensor const&, c10::optional<double>, double, c10::string_view, bool);
+    OptTensor const&, OptTensor const&, OptTensor const&, c10::optional<double>, double, c10::string_view, bool,
+    c10::string_view, double, c10::optional<at::ScalarType>);
 using BackwardSig = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
     at::Tensor const&, at::Tensor const&, at::Tensor const&, at::Tensor const&, at::Tensor const&, OptTensor const&,
-    double);
+    double, OptTensor const&, c10::string_view, double);
 using EvalSig = at::Tensor(at::Tensor const&, at::Tensor const&, OptTensor const&, at::Tensor const&,
                            OptTensor const&, OptTensor const&, at::Tensor const&, at::Tensor const&, double,
-                           c10::string_view, bool);
+                           c10::string_view, bool, c10::string_view, double, c10::optional<at::ScalarType>);
 using MatmulSig = at::Tensor(at::Tensor const&, at::Tensor const&, c10::string_view);
 
 // Looked up on first use; callers keep the handle in a function-local static.

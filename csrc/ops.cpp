@@ -99,6 +99,45 @@ DType dtype_of(at::ScalarType t, char const* name) {
   }
 }
 
+at::ScalarType y_dtype(at::ScalarType x, at::ScalarType scale, c10::optional<at::ScalarType> requested) {
+  if (!requested.has_value()) return output_dtype(x, scale);
+  TORCH_CHECK_VALUE(at::isFloatingType(*requested), "cutlass_fused: expected output_dtype to be None or a ",
+                    "floating-point dtype, but got ", *requested);
+  return *requested;
+}
+
+Activation activation_of(c10::string_view name) {
+  try {
+    return parse_activation(std::string(name.data(), name.size()));
+  } catch (std::exception const& e) {
+    TORCH_CHECK_VALUE(false, e.what());
+  }
+}
+
+at::Tensor activated(at::Tensor const& y, Activation act, double slope) {
+  switch (act) {
+    case Activation::none: return y;
+    case Activation::relu: return at::relu(y);
+    case Activation::leaky_relu: return at::leaky_relu(y, slope);
+    case Activation::gelu: return at::gelu(y, "none");
+    case Activation::gelu_tanh: return at::gelu(y, "tanh");
+    case Activation::silu: return at::silu(y);
+  }
+  return y;
+}
+
+at::Tensor activation_backward(at::Tensor const& grad, at::Tensor const& pre, Activation act, double slope) {
+  switch (act) {
+    case Activation::none: return grad;
+    case Activation::relu: return at::threshold_backward(grad, pre, 0);
+    case Activation::leaky_relu: return at::leaky_relu_backward(grad, pre, slope, false);
+    case Activation::gelu: return at::gelu_backward(grad, pre, "none");
+    case Activation::gelu_tanh: return at::gelu_backward(grad, pre, "tanh");
+    case Activation::silu: return at::silu_backward(grad, pre);
+  }
+  return grad;
+}
+
 namespace {
 
 // The overrides in force, process-wide: set by cutlass_fused.overrides() (and from the
@@ -209,20 +248,30 @@ TORCH_LIBRARY(cutlass_fused, m) {
       " -> (Tensor y, Tensor mean, Tensor invstd)");
   // Both steps and the running-stats update as one op: the unit autograd is
   // registered on (csrc/autograd.cpp). momentum=None is the cumulative average.
+  //
+  // `activation` ("none", "relu", "leaky_relu" with `negative_slope`, "gelu", "gelu_tanh",
+  // "silu"): applied to BN(z) before y is rounded; a string, as `family`, so that torch.compile
+  // sees a constant. `output_dtype`: y's dtype (None: h * scale's, as the unfused model's), so
+  // that under autocast a block can hand the next Linear the 16-bit y it would cast to anyway.
   m.def(
       "linear_scale_batch_norm_train(Tensor x, Tensor weight, Tensor? bias, Tensor scale, Tensor? bn_weight,"
       " Tensor? bn_bias, Tensor(a!)? running_mean, Tensor(b!)? running_var, Tensor(c!)? num_batches_tracked,"
-      " float? momentum, float eps, str family, bool cache=False)"
+      " float? momentum, float eps, str family, bool cache=False, str activation=\"none\","
+      " float negative_slope=0.01, ScalarType? output_dtype=None)"
       " -> (Tensor y, Tensor h, Tensor stats, Tensor mean, Tensor invstd)");
   m.def(
       "update_running_stats(Tensor stats, Tensor scale, SymInt count, Tensor(a!) running_mean, Tensor(b!) running_var,"
       " Tensor? num_batches_tracked, float? momentum) -> ()");
+  // With an activation, dy is act(BN(z))'s gradient; its derivative is recomputed from h, the
+  // saved statistics and the BN bias (`bias`), so the forward saves nothing more.
   m.def(
-      "batch_norm_backward(Tensor dy, Tensor h, Tensor mean, Tensor invstd, Tensor scale, Tensor? weight, float eps)"
+      "batch_norm_backward(Tensor dy, Tensor h, Tensor mean, Tensor invstd, Tensor scale, Tensor? weight, float eps,"
+      " Tensor? bias=None, str activation=\"none\", float negative_slope=0.01)"
       " -> (Tensor dh, Tensor dscale, Tensor dweight, Tensor dbias)");
   m.def(
       "linear_scale_batch_norm_eval(Tensor x, Tensor weight, Tensor? bias, Tensor scale, Tensor? bn_weight,"
-      " Tensor? bn_bias, Tensor running_mean, Tensor running_var, float eps, str family, bool cache=False) -> Tensor");
+      " Tensor? bn_bias, Tensor running_mean, Tensor running_var, float eps, str family, bool cache=False,"
+      " str activation=\"none\", float negative_slope=0.01, ScalarType? output_dtype=None) -> Tensor");
   // a @ b in the precision of the layer's forward for `family` (3xTF32 for fp32
   // without TF32 on sm90; torch.mm otherwise): the backward's dX and dW GEMMs.
   m.def("matmul(Tensor a, Tensor b, str family) -> Tensor");

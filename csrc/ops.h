@@ -25,6 +25,20 @@ inline at::Tensor empty_padded(int64_t m, int64_t n, at::TensorOptions opts) {
 // in the unfused model (bf16 h and an fp32 scale give fp32, as under autocast).
 inline at::ScalarType output_dtype(at::ScalarType h, at::ScalarType scale) { return at::promote_types(h, scale); }
 
+// The dtype the ops return y in: `requested` (their output_dtype argument) where given, else
+// output_dtype's. A requested dtype is y rounded once from its value in h * scale's dtype (under
+// autocast with an fp32 scale, the fp32 value); it must be a floating-point dtype.
+at::ScalarType y_dtype(at::ScalarType x, at::ScalarType scale, c10::optional<at::ScalarType> requested);
+
+// The activation the ops apply to BN(z): the `activation` argument's name, parsed (ValueError
+// naming the valid ones otherwise).
+Activation activation_of(c10::string_view name);
+
+// act(y) in y's dtype, as PyTorch's own op computes it (the paths that activate after a kernel).
+at::Tensor activated(at::Tensor const& y, Activation act, double slope);
+// grad times act's derivative at `pre` (the activation's input), by PyTorch's backward formulas.
+at::Tensor activation_backward(at::Tensor const& grad, at::Tensor const& pre, Activation act, double slope);
+
 using TrainOut = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
 void check_linear_args(at::Tensor const& x, at::Tensor const& weight, c10::optional<at::Tensor> const& bias,

@@ -59,19 +59,37 @@ std::tuple<at::Tensor, at::Tensor> linear_stats_cpu(at::Tensor const& x, at::Ten
   return {h, at::stack({h64.sum(0), (h64 * h64).sum(0)})};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_finalize_cpu(
-    at::Tensor const& h, at::Tensor const& stats, at::Tensor const& scale, int64_t count,
-    c10::optional<at::Tensor> const& weight, c10::optional<at::Tensor> const& bias, double eps) {
+// BN(z) in h's arithmetic (acc_type), before any activation: the forward's value, which the
+// backward recomputes for the activation's derivative.
+at::Tensor pre_activation(at::Tensor const& h, at::Tensor const& mean_h, at::Tensor const& invstd,
+                          at::Tensor const& scale, c10::optional<at::Tensor> const& weight,
+                          c10::optional<at::Tensor> const& bias) {
+  auto acc = acc_type(h.scalar_type());
+  auto mul = scale.to(at::kDouble) * invstd * opt64(weight, 1.0);
+  return (h.to(acc) - mean_h.to(acc)) * mul.to(acc) + opt64(bias, 0.0).to(acc);
+}
+
+// y = act(BN(z)), rounded once to y_dt, and the saved mean and 1 / std.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> normalize(at::Tensor const& h, at::Tensor const& stats,
+                                                         at::Tensor const& scale, int64_t count,
+                                                         c10::optional<at::Tensor> const& weight,
+                                                         c10::optional<at::Tensor> const& bias, double eps,
+                                                         Activation act, double slope, at::ScalarType y_dt) {
   int64_t n = h.size(1);
   check_vector(scale, "scale", n);
   check_vector(weight, "bn_weight", n);
   check_vector(bias, "bn_bias", n);
   auto mo = moments(with_overflow(stats, h, scale), scale, count);
   auto invstd = (mo.var_z + eps).rsqrt();
-  auto acc = acc_type(h.scalar_type());
-  auto mul = scale.to(at::kDouble) * invstd * opt64(weight, 1.0);
-  auto y = (h.to(acc) - mo.mean_h.to(acc)) * mul.to(acc) + opt64(bias, 0.0).to(acc);
-  return {y.to(output_dtype(h.scalar_type(), scale.scalar_type())).contiguous(), mo.mean_h, invstd};
+  auto y = activated(pre_activation(h, mo.mean_h, invstd, scale, weight, bias), act, slope);
+  return {y.to(y_dt).contiguous(), mo.mean_h, invstd};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_finalize_cpu(
+    at::Tensor const& h, at::Tensor const& stats, at::Tensor const& scale, int64_t count,
+    c10::optional<at::Tensor> const& weight, c10::optional<at::Tensor> const& bias, double eps) {
+  return normalize(h, stats, scale, count, weight, bias, eps, Activation::none, 0.0,
+                   output_dtype(h.scalar_type(), scale.scalar_type()));
 }
 
 void update_running_stats_cpu(at::Tensor const& stats, at::Tensor const& scale, int64_t count,
@@ -98,8 +116,11 @@ TrainOut linear_scale_batch_norm_train_cpu(at::Tensor const& x, at::Tensor const
                                            c10::optional<at::Tensor> const& running_var,
                                            c10::optional<at::Tensor> const& num_batches_tracked,
                                            c10::optional<double> momentum, double eps, c10::string_view family,
-                                           bool cache) {
+                                           bool cache, c10::string_view activation, double negative_slope,
+                                           c10::optional<at::ScalarType> output_dtype_) {
   check_linear_args(x, weight, bias, scale);
+  Activation act = activation_of(activation);
+  auto y_dt = y_dtype(x.scalar_type(), scale.scalar_type(), output_dtype_);
   check_batch(x.size(0), weight.size(0));
   check_running_args(running_mean, running_var, num_batches_tracked, momentum);
   if (running_mean.has_value()) {  // before anything is updated
@@ -108,7 +129,7 @@ TrainOut linear_scale_batch_norm_train_cpu(at::Tensor const& x, at::Tensor const
   }
   auto [h, stats_h] = linear_stats_cpu(x, weight, bias, family, cache);
   auto stats = with_overflow(stats_h, h, scale);
-  auto [y, mean, invstd] = batch_norm_finalize_cpu(h, stats, scale, x.size(0), bn_weight, bn_bias, eps);
+  auto [y, mean, invstd] = normalize(h, stats, scale, x.size(0), bn_weight, bn_bias, eps, act, negative_slope, y_dt);
   if (num_batches_tracked.has_value()) num_batches_tracked->add_(1);
   if (running_mean.has_value()) {
     at::Tensor rm = *running_mean, rv = *running_var;
@@ -121,13 +142,22 @@ TrainOut linear_scale_batch_norm_train_cpu(at::Tensor const& x, at::Tensor const
 // see csrc/kernels/bn_backward.cu (grad_column) for the derivation's results.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_cpu(
     at::Tensor const& dy, at::Tensor const& h, at::Tensor const& mean, at::Tensor const& invstd,
-    at::Tensor const& scale, c10::optional<at::Tensor> const& weight, double eps) {
+    at::Tensor const& scale, c10::optional<at::Tensor> const& weight, double eps,
+    c10::optional<at::Tensor> const& bias, c10::string_view activation, double negative_slope) {
   check_vector(mean, "mean", h.size(1));
   check_vector(invstd, "invstd", h.size(1));
+  check_vector(bias, "bn_bias", h.size(1));
+  Activation act = activation_of(activation);
   auto acc = acc_type(h.scalar_type());
   double count = static_cast<double>(h.size(0));
   auto hc = h.to(at::kDouble) - mean.to(at::kDouble);
+  // dy is act(BN(z))'s gradient: BN(z)'s is dy times act's derivative at the forward's value,
+  // by PyTorch's own backward formulas.
   auto dy64 = dy.to(at::kDouble);
+  if (act != Activation::none) {
+    auto pre = pre_activation(h, mean, invstd.to(at::kDouble), scale, weight, bias).to(at::kDouble);
+    dy64 = activation_backward(dy64, pre, act, negative_slope);
+  }
   auto sdy = dy64.sum(0), q = (dy64 * hc).sum(0);
   auto s = scale.to(at::kDouble), istd = invstd.to(at::kDouble), w = opt64(weight, 1.0);
   auto a = s * w * istd;
@@ -144,9 +174,12 @@ at::Tensor linear_scale_batch_norm_eval_cpu(at::Tensor const& x, at::Tensor cons
                                             c10::optional<at::Tensor> const& bn_weight,
                                             c10::optional<at::Tensor> const& bn_bias, at::Tensor const& running_mean,
                                             at::Tensor const& running_var, double eps, c10::string_view family,
-                                            bool /*cache*/) {
+                                            bool /*cache*/, c10::string_view activation, double negative_slope,
+                                            c10::optional<at::ScalarType> output_dtype_) {
   check_linear_args(x, weight, bias, scale);
   check_family(family);
+  Activation act = activation_of(activation);
+  auto y_dt = y_dtype(x.scalar_type(), scale.scalar_type(), output_dtype_);
   int64_t n = weight.size(0);
   check_vector(bn_weight, "bn_weight", n);
   check_vector(bn_bias, "bn_bias", n);
@@ -159,7 +192,8 @@ at::Tensor linear_scale_batch_norm_eval_cpu(at::Tensor const& x, at::Tensor cons
   auto z = (h.to(acc) * scale.to(acc)).to(out);
   auto alpha = (running_var.to(at::kDouble) + eps).rsqrt() * opt64(bn_weight, 1.0);
   auto beta = opt64(bn_bias, 0.0) - running_mean.to(at::kDouble) * alpha;
-  return (z.to(acc) * alpha.to(acc) + beta.to(acc)).to(out).contiguous();
+  // The activation on y as the unfused model has it (in its dtype), then the requested dtype.
+  return activated((z.to(acc) * alpha.to(acc) + beta.to(acc)).to(out), act, negative_slope).to(y_dt).contiguous();
 }
 
 at::Tensor matmul_cpu(at::Tensor const& a, at::Tensor const& b, c10::string_view) { return at::mm(a, b); }

@@ -287,14 +287,15 @@ struct Normalized {
 };
 
 Normalized normalized(at::Tensor const& h, at::Tensor const& scale, int64_t count,
-                      c10::optional<at::Tensor> const& weight, c10::optional<at::Tensor> const& bias, double eps) {
+                      c10::optional<at::Tensor> const& weight, c10::optional<at::Tensor> const& bias, double eps,
+                      at::ScalarType y_dt) {
   TORCH_CHECK(h.dim() == 2 && h.stride(1) == 1, "cutlass_fused: expected h to be 2-D with unit column stride");
   int64_t m = h.size(0), n = h.size(1);
   FinalizeArgs a{};
   a.scale = col_vec(scale, "scale", n, h.device());
   a.weight = col_vec(weight, "bn_weight", n, h.device());
   a.bias = col_vec(bias, "bn_bias", n, h.device());
-  auto y = at::empty({m, n}, h.options().dtype(output_dtype(h.scalar_type(), scale.scalar_type())));
+  auto y = at::empty({m, n}, h.options().dtype(y_dt));
   poison(y);
   auto mean = at::empty({n}, h.options().dtype(at::kDouble));
   auto invstd = at::empty({n}, h.options().dtype(at::kDouble));
@@ -311,6 +312,7 @@ Normalized normalized(at::Tensor const& h, at::Tensor const& scale, int64_t coun
   a.eps = eps;
   a.save_mean = mean.data_ptr<double>();
   a.save_invstd = invstd.data_ptr<double>();
+  a.z_rounded = output_dtype(h.scalar_type(), scale.scalar_type()) == h.scalar_type();
   return {y, mean, invstd, a};
 }
 
@@ -321,7 +323,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_finalize_cuda(
   check_device(stats, h.device(), "stats");
   c10::cuda::CUDAGuard guard(h.device());
   auto scale_d = dense(scale), weight_d = dense(weight), bias_d = dense(bias);  // alive until the launch
-  auto out = normalized(h, *scale_d, count, weight_d, bias_d, eps);
+  auto out = normalized(h, *scale_d, count, weight_d, bias_d, eps, output_dtype(h.scalar_type(), scale.scalar_type()));
   out.a.stats = stats.data_ptr<double>();
   finalize_normalize(out.a, at::cuda::getCurrentCUDAStream().stream());
   return {out.y, out.mean, out.invstd};
@@ -365,10 +367,13 @@ TrainOut linear_scale_batch_norm_train_cuda(at::Tensor const& x, at::Tensor cons
                                             c10::optional<at::Tensor> const& running_var,
                                             c10::optional<at::Tensor> const& num_batches_tracked,
                                             c10::optional<double> momentum, double eps, c10::string_view family,
-                                            bool cache) {
+                                            bool cache, c10::string_view activation, double negative_slope,
+                                            c10::optional<at::ScalarType> output_dtype_) {
   check_gemm_inputs(x, weight, bias, scale);
   int64_t m = x.size(0), n = weight.size(0);
   check_batch(m, n);
+  Activation act = activation_of(activation);
+  auto y_dt = y_dtype(x.scalar_type(), scale.scalar_type(), output_dtype_);
   auto dev = x.device();
   check_running_args(running_mean, running_var, num_batches_tracked, momentum);
   // Every device checked before the guard, which refuses a CPU device in its own words.
@@ -391,7 +396,11 @@ TrainOut linear_scale_batch_norm_train_cuda(at::Tensor const& x, at::Tensor cons
   Plan plan = planned(pr);
   auto [h, ws] = linear_h(plan, x, weight, bias, cache);
   auto scale_d = dense(scale), bn_weight_d = dense(bn_weight), bn_bias_d = dense(bn_bias);  // alive until the launch
-  auto out = normalized(h, *scale_d, m, bn_weight_d, bn_bias_d, eps);
+  // The kernels write y in h's dtype or fp32; another requested dtype is a cast of h * scale's.
+  bool direct = y_dt == x.scalar_type() || y_dt == at::kFloat;
+  auto out = normalized(h, *scale_d, m, bn_weight_d, bn_bias_d, eps, direct ? y_dt : out_dtype);
+  out.a.act = act;
+  out.a.slope = static_cast<float>(negative_slope);
   auto stats = at::empty({2, n}, x.options().dtype(at::kDouble));
   poison(stats);
   t.norm = out.a;
@@ -414,15 +423,17 @@ TrainOut linear_scale_batch_norm_train_cuda(at::Tensor const& x, at::Tensor cons
   batch_norm_train(t, at::cuda::getCurrentCUDAStream().stream());
   write_back(running_mean, rm_d);
   write_back(running_var, rv_d);
-  return {out.y, h, stats, out.mean, out.invstd};
+  return {direct ? out.y : out.y.to(y_dt), h, stats, out.mean, out.invstd};
 }
 
 // dscale comes back in scale's dtype, dweight and dbias in weight's (fp32
 // without a weight): what autograd hands to the parameters, with no cast.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_cuda(
     at::Tensor const& dy_in, at::Tensor const& h, at::Tensor const& mean, at::Tensor const& invstd,
-    at::Tensor const& scale, c10::optional<at::Tensor> const& weight, double eps) {
+    at::Tensor const& scale, c10::optional<at::Tensor> const& weight, double eps,
+    c10::optional<at::Tensor> const& bias, c10::string_view activation, double negative_slope) {
   int64_t m = h.size(0), n = h.size(1);
+  Activation act = activation_of(activation);
   TORCH_CHECK(dy_in.sizes() == h.sizes() && (dy_in.scalar_type() == h.scalar_type() || dy_in.scalar_type() == at::kFloat),
               "cutlass_fused: expected the gradient to have h's shape ", h.sizes(), " and h's dtype ", h.scalar_type(),
               " or float32 (y's dtype), but got ", dy_in.sizes(), " ", dy_in.scalar_type());
@@ -430,9 +441,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_c
   check_device(dy_in, h.device(), "grad");
   c10::cuda::CUDAGuard guard(h.device());
   BackwardArgs g{};
-  auto scale_d = dense(scale), weight_d = dense(weight);
+  auto scale_d = dense(scale), weight_d = dense(weight), bias_d = dense(bias);
   g.scale = col_vec(scale_d, "scale", n, h.device());
   g.weight = col_vec(weight_d, "bn_weight", n, h.device());
+  g.bias = col_vec(bias_d, "bn_bias", n, h.device());
+  g.act = act;
+  g.slope = static_cast<float>(negative_slope);
   auto mu = saved_vector(mean, "mean", n, h.device()), is = saved_vector(invstd, "invstd", n, h.device());
   auto dy = dy_in.contiguous();
   auto dh = at::empty({m, n}, h.options());
@@ -469,12 +483,26 @@ at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor con
                                              c10::optional<at::Tensor> const& bn_weight_in,
                                              c10::optional<at::Tensor> const& bn_bias_in,
                                              at::Tensor const& running_mean_in, at::Tensor const& running_var_in,
-                                             double eps, c10::string_view family, bool cache) {
+                                             double eps, c10::string_view family, bool cache,
+                                             c10::string_view activation, double negative_slope,
+                                             c10::optional<at::ScalarType> output_dtype_) {
   check_gemm_inputs(x, weight, bias, scale_in);
   int64_t m = x.size(0), n = weight.size(0), k = x.size(1);
   auto dev = x.device();
-  auto out = output_dtype(x.scalar_type(), scale_in.scalar_type());
-  check_running_stats(running_mean_in, running_var_in, n, out);
+  Activation act = activation_of(activation);
+  auto z = output_dtype(x.scalar_type(), scale_in.scalar_type());
+  auto y_dt = y_dtype(x.scalar_type(), scale_in.scalar_type(), output_dtype_);
+  check_running_stats(running_mean_in, running_var_in, n, z);
+  // The epilogue writes y in x's dtype (from its fp32 value) or in z's. fp16 with an fp32 z is
+  // not x's route: its fold rounds z to fp16 (fold_scale_apart), which an fp32 z never is.
+  bool narrow = y_dt == x.scalar_type() && !(y_dt == at::kHalf && z != at::kHalf);
+  auto out = narrow ? x.scalar_type() : z;
+  // After the epilogue: the activation on y in its dtype, as the unfused model applies it, then a
+  // requested dtype the epilogue does not write.
+  auto finish = [&](at::Tensor y) {
+    y = activated(y, act, negative_slope);
+    return y.scalar_type() == y_dt ? y : y.to(y_dt);
+  };
   auto scale = *dense(scale_in), running_mean = *dense(running_mean_in), running_var = *dense(running_var_in);
   auto bn_weight = dense(bn_weight_in), bn_bias = dense(bn_bias_in);
   col_vec(scale, "scale", n, dev);  // the checks eval_fold relies on
@@ -482,7 +510,7 @@ at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor con
   col_vec(bn_bias, "bn_bias", n, dev);
   col_vec(running_mean, "running_mean", n, dev);
   col_vec(running_var, "running_var", n, dev);
-  if (m == 0) return at::empty({0, n}, x.options().dtype(out));
+  if (m == 0) return at::empty({0, n}, x.options().dtype(y_dt));
   c10::cuda::CUDAGuard guard(dev);
   Plan plan = planned(problem(Op::eval, m, n, k, x.scalar_type(), out != x.scalar_type(), family, dev));
   // One (2 or 3, kn) allocation: each row starts a multiple of kn floats in,
@@ -492,14 +520,14 @@ at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor con
   if (plan.eval_in_fp32) {
     // y = h * a + c in one fp32 pass, which moves the bytes that widening a 16-bit y would.
     auto y = at::addcmul(ac[1].narrow(0, 0, n), linear_h(plan, x, weight, bias, cache).first, ac[0].narrow(0, 0, n));
-    return y.scalar_type() == out ? y : y.to(out);
+    return finish(y.scalar_type() == out ? y : y.to(out));
   }
   auto y = empty_padded(m, n, x.options());
   poison(y);
   Epilogue e{ac[0].data_ptr<float>(), ac[1].data_ptr<float>(),
              plan.fold_scale_apart ? ac[2].data_ptr<float>() : nullptr};
   run_gemm(plan, x, weight, bias, e, y, cache);
-  return y.is_contiguous() ? y : y.contiguous();
+  return finish(y.is_contiguous() ? y : y.contiguous());
 }
 
 // The backward's GEMMs in the forward's precision: fp32 without TF32 on the

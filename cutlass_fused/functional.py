@@ -2,15 +2,21 @@
 import torch
 import torch.nn.functional as F
 
-from . import _family
+from . import _activation, _family
 from .frozen import may_cache
 from .ops import ops
 
 
 def linear_scale_batch_norm(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, training,
-                            momentum=0.1, eps=1e-5, num_batches_tracked=None):
+                            momentum=0.1, eps=1e-5, num_batches_tracked=None, activation=None, negative_slope=0.01,
+                            output_dtype=None):
     """`F.batch_norm(F.linear(x, weight, bias) * scale, running_mean, running_var, bn_weight, bn_bias,
     training, momentum, eps)`, as one GEMM with a fused epilogue plus one normalize kernel.
+
+    `activation` (None, "relu", "leaky_relu" with `negative_slope`, "gelu", "gelu_tanh" or
+    "silu") is applied to the batch norm's output in the same kernel; its backward recomputes
+    what it needs from h. `output_dtype` (None: that of `h * scale`, as the unfused model
+    computes it) is y's dtype, rounded once from its value in h * scale's dtype.
 
     In training the running stats are updated in place, as are `num_batches_tracked`
     (+1) when given; `momentum=None` then means a cumulative average, momentum =
@@ -18,6 +24,7 @@ def linear_scale_batch_norm(x, weight, bias, scale, bn_weight, bn_bias, running_
     into the GEMM's epilogue.
     """
     family = _family.current()
+    activation, negative_slope = _activation.check(activation, negative_slope)
     # F.batch_norm's checks, in its order and words; the size is the batch norm's input's.
     if training and x.dim() == 2 and x.shape[0] == 1:
         raise ValueError("Expected more than 1 value per channel when training, got input size "
@@ -33,14 +40,16 @@ def linear_scale_batch_norm(x, weight, bias, scale, bn_weight, bn_bias, running_
         if training and running_mean is not None and num_batches_tracked is not None:
             num_batches_tracked.add_(1)
         h = F.linear(x, weight, None if bias is None else bias.to(x.dtype))
-        return F.batch_norm(h * scale, running_mean, running_var, bn_weight, bn_bias, training, momentum or 0.0, eps)
+        y = F.batch_norm(h * scale, running_mean, running_var, bn_weight, bn_bias, training, momentum or 0.0, eps)
+        y = _activation.apply(y, activation, negative_slope)
+        return y if output_dtype is None else y.to(output_dtype)
     if not training:
         if running_mean is None or running_var is None:
             raise RuntimeError("running_mean must be defined in evaluation mode")
         return ops.linear_scale_batch_norm_eval(x, weight, bias, scale, bn_weight, bn_bias, running_mean,
                                                 running_var, eps, family,
                                                 may_cache(weight, bias, scale, bn_weight, bn_bias, running_mean,
-                                                          running_var))
+                                                          running_var), activation, negative_slope, output_dtype)
     if running_mean is None and running_var is None:
         num_batches_tracked = None  # as nn.BatchNorm1d: counted only where running stats are kept
     # One op updates the running stats and num_batches_tracked in place (on CUDA
@@ -48,5 +57,6 @@ def linear_scale_batch_norm(x, weight, bias, scale, bn_weight, bn_bias, running_
     y, _, _, _, _ = ops.linear_scale_batch_norm_train(
         x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked,
         None if momentum is None else float(momentum), eps, family,
-        may_cache(weight, bias, scale, bn_weight, bn_bias, running_mean, running_var))
+        may_cache(weight, bias, scale, bn_weight, bn_bias, running_mean, running_var), activation, negative_slope,
+        output_dtype)
     return y

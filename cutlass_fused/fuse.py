@@ -3,6 +3,7 @@ import operator
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from torch import fx, nn
 
 from .module import LinearScaleBatchNorm1d
@@ -16,6 +17,8 @@ class Fused:
     linear: str  # the original modules' and parameter's paths in the model
     scale: str
     bn: str
+    activation: str = ""        # the absorbed activation's node ("" for none): module path or function
+    autocast_output: bool = False  # y in the autocast dtype under autocast: every user is a Linear
 
 
 @dataclass(frozen=True)
@@ -32,7 +35,9 @@ class FuseReport:
 
     def __str__(self):
         lines = [f"cutlass_fused.fuse: fused {len(self.fused)}, left {len(self.skipped)} nn.Linear call(s) alone"]
-        lines += [f"  fused  {f.linear} -> * {f.scale} -> {f.bn}  as {f.name}" for f in self.fused]
+        lines += [f"  fused  {f.linear} -> * {f.scale} -> {f.bn}" + (f" -> {f.activation}" if f.activation else "")
+                  + f"  as {f.name}" + ("  (16-bit y under autocast: its users are Linears)" if f.autocast_output
+                                         else "") for f in self.fused]
         lines += [f"  left   {s.linear}: {s.reason}" for s in self.skipped]
         return "\n".join(lines)
 
@@ -60,6 +65,14 @@ def fuse(model: nn.Module, leaf_modules=()) -> tuple[fx.GraphModule, FuseReport]
     goes only to an nn.BatchNorm1d with num_features == out_features; none of the
     three modules may have hooks (the fused layer would skip them). Every other
     nn.Linear call is left alone and listed in `report.skipped` with the reason.
+
+    An activation that is the BatchNorm output's only user goes into the layer too:
+    nn.ReLU, nn.LeakyReLU, nn.GELU (either approximation), nn.SiLU, and F.relu,
+    F.leaky_relu, F.gelu, F.silu, torch.relu and Tensor.relu (in-place forms too).
+    Where every user of a fused layer's output is an nn.Linear or F.linear taking it
+    as its input, the layer emits y in the autocast dtype under torch.autocast: the
+    bits the Linear would have cast it to, with no fp32 y in between. Outside
+    autocast nothing changes.
 
     Returns a new fx.GraphModule and a FuseReport. The fused layers share the
     model's parameters and buffers (no copies), so training either one trains
@@ -139,7 +152,11 @@ def _match(gm, linear_node):
 
 def _replace(gm, linear_node, mul, scale_node, bn_node):
     linear, bn = gm.get_submodule(linear_node.target), gm.get_submodule(bn_node.target)
-    layer = LinearScaleBatchNorm1d.from_modules(linear, _attr(gm, scale_node), bn)
+    act_node, (activation, slope) = _activation_after(gm, bn_node)
+    last = act_node or bn_node
+    layer = LinearScaleBatchNorm1d.from_modules(linear, _attr(gm, scale_node), bn, activation=activation,
+                                                negative_slope=slope)
+    layer.autocast_output = bool(last.users) and all(_is_linear_input(gm, u, last) for u in last.users)
     layer.training = bn.training  # not .train(): that would also set the shared modules' flags
     base = linear_node.target.replace(".", "_") + "_scale_bn"
     name, i = base, 1
@@ -148,12 +165,81 @@ def _replace(gm, linear_node, mul, scale_node, bn_node):
     gm.add_submodule(name, layer)
     with gm.graph.inserting_before(bn_node):
         new = gm.graph.call_module(name, linear_node.args)
-    bn_node.replace_all_uses_with(new)
-    for n in (bn_node, mul, linear_node):
-        gm.graph.erase_node(n)
+    last.replace_all_uses_with(new)
+    for n in (act_node, bn_node, mul, linear_node):
+        if n is not None:
+            gm.graph.erase_node(n)
     if not scale_node.users:
         gm.graph.erase_node(scale_node)
-    return Fused(name, linear_node.target, scale_node.target, bn_node.target)
+    return Fused(name, linear_node.target, scale_node.target, bn_node.target,
+                 _describe(act_node) if act_node is not None else "", layer.autocast_output)
+
+
+# Activations fuse() absorbs: module types and functions, each to the layer's activation name
+# and slope (from the call's arguments, see _activation_after).
+_ACT_FUNCTIONS = {F.relu: "relu", torch.relu: "relu", torch.relu_: "relu", F.relu_: "relu",
+                  F.leaky_relu: "leaky_relu", F.leaky_relu_: "leaky_relu", F.gelu: "gelu", F.silu: "silu"}
+_ACT_METHODS = {"relu": "relu", "relu_": "relu"}
+
+
+def _activation_after(gm, bn_node):
+    """(the node of the activation that is bn_node's only user, (name, negative_slope)), or
+    (None, (None, 0.01)) where there is none we can take whole."""
+    none = None, (None, 0.01)
+    users = list(bn_node.users)
+    if len(users) != 1:
+        return none
+    node = users[0]
+    args, kwargs = list(node.args), dict(node.kwargs)
+    if not args or args[0] is not bn_node:
+        return none
+    if node.op == "call_module":
+        m = gm.get_submodule(node.target)
+        if _has_hooks(m) or len(args) != 1 or kwargs:
+            return none
+        if type(m) is nn.ReLU:
+            return node, ("relu", 0.01)
+        if type(m) is nn.LeakyReLU:
+            return node, ("leaky_relu", float(m.negative_slope))
+        if type(m) is nn.GELU:
+            return node, ("gelu" if m.approximate == "none" else "gelu_tanh", 0.01)
+        if type(m) is nn.SiLU:
+            return node, ("silu", 0.01)
+        return none
+    if node.op == "call_method":
+        name = _ACT_METHODS.get(node.target)
+        return (node, (name, 0.01)) if name and len(args) == 1 and not kwargs else none
+    if node.op != "call_function" or node.target not in _ACT_FUNCTIONS:
+        return none
+    name = _ACT_FUNCTIONS[node.target]
+    try:  # the call's own arguments, by the function's signature; inplace changes nothing here
+        params = {"leaky_relu": ("negative_slope", "inplace"), "gelu": ("approximate",)}.get(name, ("inplace",))
+        bound = dict(zip(params, args[1:]), **kwargs)
+        if set(bound) - set(params) or len(args) - 1 > len(params):
+            return none
+    except TypeError:
+        return none
+    if name == "gelu":
+        approximate = bound.get("approximate", "none")
+        if approximate not in ("none", "tanh"):
+            return none
+        return node, ("gelu" if approximate == "none" else "gelu_tanh", 0.01)
+    slope = bound.get("negative_slope", 0.01)
+    if not isinstance(slope, (int, float)):
+        return none
+    return node, (name, float(slope))
+
+
+def _is_linear_input(gm, node, value):
+    """Whether `node` is an nn.Linear (exactly) or F.linear call whose input is `value` alone,
+    which under autocast casts its input to the autocast dtype first."""
+    if node.op == "call_module":
+        m = gm.get_submodule(node.target)
+        return type(m) is nn.Linear and node.args == (value,) and not node.kwargs
+    if node.op == "call_function" and node.target in (F.linear, torch._C._nn.linear):
+        return bool(node.args) and node.args[0] is value and value not in node.args[1:] \
+            and value not in node.kwargs.values()
+    return False
 
 
 def _drop_unused(gm, model, report):

@@ -2,13 +2,19 @@
 import torch
 from torch import nn
 
+from . import _activation
 from .functional import linear_scale_batch_norm
 from .sync_batch_norm import should_sync, sync_linear_scale_batch_norm
 
 
 class LinearScaleBatchNorm1d(nn.Module):
-    """`BatchNorm1d(Linear(x) * scale)`; parameters live in `gemm`, `scale` and `bn`, as in the
-    unfused model, so checkpoints load either way.
+    """`BatchNorm1d(Linear(x) * scale)`, then `activation`; parameters live in `gemm`, `scale` and
+    `bn`, as in the unfused model, so checkpoints load either way.
+
+    `activation`: None, "relu", "leaky_relu" (with `negative_slope`), "gelu", "gelu_tanh" (GELU
+    with approximate="tanh") or "silu", applied in the normalizing kernel. `output_dtype`: y's
+    dtype; None keeps the unfused model's (h * scale's: fp32 under autocast with an fp32 scale),
+    a 16-bit dtype rounds y once from that value (what the next Linear would cast it to).
 
     `process_group`: None (the default) normalizes each process's batch alone; a
     process group (e.g. `torch.distributed.group.WORLD`) makes training use the
@@ -18,8 +24,10 @@ class LinearScaleBatchNorm1d(nn.Module):
     """
 
     def __init__(self, in_features, out_features, bias=True, eps=1e-5, momentum=0.1, affine=True,
-                 track_running_stats=True, device=None, dtype=None, process_group=None):
+                 track_running_stats=True, device=None, dtype=None, process_group=None, activation=None,
+                 negative_slope=0.01, output_dtype=None):
         super().__init__()
+        self._set_output(activation, negative_slope, output_dtype)
         kw = {"device": device, "dtype": dtype}
         self.gemm = nn.Linear(in_features, out_features, bias=bias, **kw)
         self.scale = nn.Parameter(torch.randn(out_features, **kw))
@@ -27,9 +35,19 @@ class LinearScaleBatchNorm1d(nn.Module):
                                  track_running_stats=track_running_stats, **kw)
         self.process_group = process_group
 
+    def _set_output(self, activation, negative_slope, output_dtype):
+        self.activation, self.negative_slope = _activation.check(activation, negative_slope)
+        if output_dtype is not None and not (isinstance(output_dtype, torch.dtype) and output_dtype.is_floating_point):
+            raise ValueError(f"cutlass_fused: expected output_dtype to be None or a floating-point torch.dtype, "
+                             f"but got {output_dtype!r}")
+        self.output_dtype = output_dtype
+        # Set by cutlass_fused.fuse where every user of y is a Linear: under autocast (and with no
+        # output_dtype) y comes in the autocast dtype, the bits that Linear would cast it to.
+        self.autocast_output = False
+
     @classmethod
-    def from_modules(cls, linear: nn.Linear, scale: nn.Parameter, bn: nn.BatchNorm1d,
-                     process_group=None) -> "LinearScaleBatchNorm1d":
+    def from_modules(cls, linear: nn.Linear, scale: nn.Parameter, bn: nn.BatchNorm1d, process_group=None,
+                     activation=None, negative_slope=0.01, output_dtype=None) -> "LinearScaleBatchNorm1d":
         """A layer that shares `linear`'s, `scale`'s and `bn`'s parameters and buffers."""
         # nn.SyncBatchNorm too: nn.SyncBatchNorm.convert_sync_batchnorm may have replaced our bn.
         if not isinstance(linear, nn.Linear) or not isinstance(bn, (nn.BatchNorm1d, nn.SyncBatchNorm)):
@@ -39,12 +57,19 @@ class LinearScaleBatchNorm1d(nn.Module):
                              f"{tuple(scale.shape)} and {bn.num_features}")
         self = cls.__new__(cls)
         nn.Module.__init__(self)
+        self._set_output(activation, negative_slope, output_dtype)
         self.gemm, self.scale, self.bn = linear, scale, bn
         self.process_group = process_group
         return self
 
+    def _output_dtype(self, x):
+        if self.output_dtype is None and self.autocast_output and torch.is_autocast_enabled(x.device.type):
+            return torch.get_autocast_dtype(x.device.type)
+        return self.output_dtype
+
     def forward(self, x):
         bn = self.bn
+        output_dtype = self._output_dtype(x)
         # nn.BatchNorm1d's own rules for which statistics to use and update.
         track = bn.training and bn.track_running_stats
         use_batch_stats = bn.training or (bn.running_mean is None and bn.running_var is None)
@@ -55,12 +80,21 @@ class LinearScaleBatchNorm1d(nn.Module):
         if should_sync(self.process_group, bn.training):
             return sync_linear_scale_batch_norm(x, self.gemm.weight, self.gemm.bias, self.scale, bn.weight, bn.bias,
                                                 running_mean, running_var, bn.momentum, bn.eps, nbt,
-                                                self.process_group)
+                                                self.process_group, self.activation, self.negative_slope,
+                                                output_dtype)
         return linear_scale_batch_norm(x, self.gemm.weight, self.gemm.bias, self.scale, bn.weight, bn.bias,
-                                       running_mean, running_var, use_batch_stats, bn.momentum, bn.eps, nbt)
+                                       running_mean, running_var, use_batch_stats, bn.momentum, bn.eps, nbt,
+                                       self.activation, self.negative_slope, output_dtype)
 
     def extra_repr(self):
-        return f"in_features={self.gemm.in_features}, out_features={self.gemm.out_features}"
+        out = f"in_features={self.gemm.in_features}, out_features={self.gemm.out_features}"
+        if self.activation != "none":
+            out += f", activation={self.activation!r}"
+            if self.activation == "leaky_relu":
+                out += f", negative_slope={self.negative_slope}"
+        if self.output_dtype is not None:
+            out += f", output_dtype={self.output_dtype}"
+        return out
 
 
 def convert_sync_batchnorm(module: nn.Module, process_group=None) -> nn.Module:
@@ -75,7 +109,9 @@ def convert_sync_batchnorm(module: nn.Module, process_group=None) -> nn.Module:
                                "(init_process_group) or an explicit process_group")
         process_group = torch.distributed.group.WORLD
     if isinstance(module, LinearScaleBatchNorm1d):
-        out = LinearScaleBatchNorm1d.from_modules(module.gemm, module.scale, module.bn, process_group)
+        out = LinearScaleBatchNorm1d.from_modules(module.gemm, module.scale, module.bn, process_group,
+                                                  module.activation, module.negative_slope, module.output_dtype)
+        out.autocast_output = module.autocast_output
         out.train(module.training)
         return out  # its children are the shared Linear and BatchNorm: nothing to convert there
     for name, child in module.named_children():

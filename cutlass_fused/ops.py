@@ -38,11 +38,11 @@ def _finalize(h, stats, scale, count, weight, bias, eps):
 
 @torch.library.register_fake("cutlass_fused::linear_scale_batch_norm_train")
 def _(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, momentum, eps,
-      family, cache=False):
+      family, cache=False, activation="none", negative_slope=0.01, output_dtype=None):
     # The split ops' outputs; the running stats are updated in place.
     h, stats = _linear_stats(x, weight, bias, family)
     y, mean, invstd = _finalize(h, stats, scale, x.shape[0], bn_weight, bn_bias, eps)
-    return y, h, stats, mean, invstd
+    return y if output_dtype is None else y.to(output_dtype), h, stats, mean, invstd
 
 
 @torch.library.register_fake("cutlass_fused::update_running_stats")
@@ -51,7 +51,7 @@ def _(stats, scale, count, running_mean, running_var, num_batches_tracked, momen
 
 
 @torch.library.register_fake("cutlass_fused::batch_norm_backward")
-def _(dy, h, mean, invstd, scale, weight, eps):
+def _(dy, h, mean, invstd, scale, weight, eps, bias=None, activation="none", negative_slope=0.01):
     n = h.shape[1]
     vec = _stat_dtype(h.dtype) if weight is None else weight.dtype
     return (h.new_empty(h.shape), h.new_empty((n,), dtype=scale.dtype), h.new_empty((n,), dtype=vec),
@@ -59,9 +59,10 @@ def _(dy, h, mean, invstd, scale, weight, eps):
 
 
 @torch.library.register_fake("cutlass_fused::linear_scale_batch_norm_eval")
-def _(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, eps, family, cache=False):
+def _(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, eps, family, cache=False,
+      activation="none", negative_slope=0.01, output_dtype=None):
     torch._check(x.shape[1] == weight.shape[1], lambda: "cutlass_fused: mat1 and mat2 shapes cannot be multiplied")
-    return x.new_empty((x.shape[0], weight.shape[0]), dtype=torch.promote_types(x.dtype, scale.dtype))
+    return x.new_empty((x.shape[0], weight.shape[0]), dtype=output_dtype or torch.promote_types(x.dtype, scale.dtype))
 
 
 @torch.library.register_fake("cutlass_fused::matmul")

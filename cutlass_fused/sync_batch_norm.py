@@ -14,7 +14,7 @@ zero on one rank, only summed over all ranks.
 import torch
 import torch.distributed as dist
 
-from . import _family
+from . import _activation, _family
 from .frozen import may_cache
 from .ops import ops
 
@@ -144,13 +144,17 @@ def _autocast(t, device_type):
 
 
 def sync_linear_scale_batch_norm(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, momentum,
-                                 eps, num_batches_tracked, process_group):
+                                 eps, num_batches_tracked, process_group, activation=None, negative_slope=0.01,
+                                 output_dtype=None):
     """The training forward of linear_scale_batch_norm with the statistics of `process_group`'s whole batch.
 
     Running stats (when given) take the group's mean and unbiased variance, and
     num_batches_tracked (when given) +1, as nn.SyncBatchNorm; momentum=None is
-    the cumulative average.
+    the cumulative average. The activation and output_dtype are torch ops after
+    the normalization here (autograd differentiates them), not fused as in
+    linear_scale_batch_norm.
     """
+    activation, negative_slope = _activation.check(activation, negative_slope)
     if x.dim() != 2:
         raise ValueError(f"cutlass_fused: expected 2-D input (batch, in_features), but got {x.dim()}-D")
     dev = x.device.type
@@ -164,4 +168,5 @@ def sync_linear_scale_batch_norm(x, weight, bias, scale, bn_weight, bn_bias, run
             # The unbiased var is M2 / (count - 1); see _sums_for for the count 2.
             ops.update_running_stats(_sums_for(2, mean, m2 / (count - 1) / 2), scale, 2, running_mean, running_var,
                                      num_batches_tracked, None if momentum is None else float(momentum))
-    return y
+    y = _activation.apply(y, activation, negative_slope)
+    return y if output_dtype is None else y.to(output_dtype)

@@ -251,5 +251,6 @@ def test_report_prints_readably():
     _, report = cutlass_fused.fuse(model)
     assert str(report) == (
         "cutlass_fused.fuse: fused 1, left 1 nn.Linear call(s) alone\n"
-        "  fused  0.gemm -> * 0.scale -> 0.bn  as 0_gemm_scale_bn\n"
+        "  fused  0.gemm -> * 0.scale -> 0.bn  as 0_gemm_scale_bn  (16-bit y under autocast: its users are "
+        "Linears)\n"
         "  left   1: its output goes to the model's output, not to a multiplication")

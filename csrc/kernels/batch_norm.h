@@ -57,6 +57,12 @@ struct FinalizeArgs {
   // mean_h alone costs more than PyTorch's whole error (batch 2, fp32).
   double* save_mean;              // n: mean(h)
   double* save_invstd;            // n: 1 / sqrt(var(z) + eps)
+  // Whether the unfused model rounds z = h * scale to h's dtype (a 16-bit scale): only then
+  // can an fp16 z overflow (SumSquares). y's dtype alone does not say: output_dtype may
+  // narrow an fp32 z's y.
+  bool z_rounded = false;
+  Activation act = Activation::none;  // applied to BN(z) before y's rounding
+  float slope = 0.01f;            // leaky_relu's negative slope
 };
 
 // mean/invstd from stats and y = (h - mean(h)) * (scale * invstd * w) + b = BN(z).
@@ -118,6 +124,11 @@ struct BackwardArgs {
   ColVec weight;                  // or none (1)
   double eps;
   ColOut dscale, dweight, dbias;  // n each
+  // With an activation, dy is the gradient of act(BN(z)): the kernels recompute BN(z) from h,
+  // the saved statistics and the BN bias, as the forward computed it, for act's derivative.
+  ColVec bias;                    // the BN bias, or none (0)
+  Activation act = Activation::none;
+  float slope = 0.01f;
   void* workspace;                // limits::backward_workspace(m, n) bytes
   int sm_count = 0;               // of the device (the slab kernel's grid should fill it, the
                                   // cooperative kernel's must be co-resident)

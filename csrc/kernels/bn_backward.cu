@@ -5,38 +5,71 @@
 namespace cutlass_fused {
 namespace {
 
-// (dy, h) -> (dy, dy (h - mean_h)): the backward's sums.
-template <class T, class TY>
+// A column as the backward's passes see it: mean(h), and the forward's constants of BN(z),
+// whose activation derivative turns dy into the BN output's gradient (unused without one).
+template <class A>
+struct GradCenter {
+  double mean_h;
+  Column<A> fwd;
+};
+
+// The forward's Column of c, with column_of's bits: the activation's derivative is taken at the
+// very value the forward activated.
+template <class A>
+__device__ Column<A> forward_column(BackwardArgs const& g, int c) {
+  double s = static_cast<float>(load(g.scale, c, 1.0)), w = static_cast<float>(load(g.weight, c, 1.0));
+  return {static_cast<A>(g.mean_h[c]), static_cast<A>(s * g.invstd[c] * w),
+          static_cast<A>(double{static_cast<float>(load(g.bias, c, 0.0))})};
+}
+
+// The gradient of BN(z) at one element: dy, times the activation's derivative there. Act: whether
+// there is an activation (a template flag, so that the kernels without one hold no forward
+// constants in registers: the cooperative kernel already spills under its 80).
+template <bool Act, class T, class TY, class A>
+__device__ __forceinline__ A bn_grad(BackwardArgs const& g, Column<A> const& fwd, TY dy, T h) {
+  A d = A(to_float(dy));
+  if constexpr (!Act) return d;
+  return d * activation_grad(pre_activation(fwd, h), g.act, g.slope);
+}
+
+// (dy, h) -> (g, g (h - mean_h)): the backward's sums, g = bn_grad(dy).
+template <class T, class TY, bool Act>
 struct GradSums {
-  TY const* dy; T const* h; int64_t ldh; int n; double const* mean_h;
-  __device__ double center(int c) const { return mean_h[c]; }
+  using A = Acc<T>;
+  using Center = GradCenter<A>;
+  BackwardArgs args;  // a copy: the two-pass path hands GradSums to a kernel by value
+  TY const* dy; T const* h;
+  __device__ Center center(int c) const {
+    return {args.mean_h[c], Act ? forward_column<A>(args, c) : Column<A>{}};
+  }
   static constexpr bool kPipelined = sizeof(TY) == sizeof(T);  // dy's groups are 16 bytes too
   static constexpr int kInputs = 2;
   __device__ void const* input(int k, int64_t r, int c0) const {
-    return k == 0 ? static_cast<void const*>(dy + r * n + c0) : static_cast<void const*>(h + r * ldh + c0);
+    return k == 0 ? static_cast<void const*>(dy + r * args.n + c0) : static_cast<void const*>(h + r * args.ldh + c0);
   }
   template <int V, class Load>
-  __device__ void add(int64_t r, int c0, double const (&mu)[V], double (&a)[V], double (&b)[V], Load const& load) const {
-    auto g = load(0, dy + r * n + c0);
-    auto x = load(1, h + r * ldh + c0);
+  __device__ void add(int64_t r, int c0, Center const (&mu)[V], double (&a)[V], double (&b)[V], Load const& load) const {
+    auto d = load(0, dy + r * args.n + c0);
+    auto x = load(1, h + r * args.ldh + c0);
 #pragma unroll
     for (int v = 0; v < V; ++v) {
-      double d = to_float(g.v[v]);
-      a[v] += d;
-      b[v] += d * (static_cast<double>(to_float(x.v[v])) - mu[v]);
+      double e = bn_grad<Act>(args, mu[v].fwd, d.v[v], x.v[v]);
+      a[v] += e;
+      b[v] += e * (static_cast<double>(to_float(x.v[v])) - mu[v].mean_h);
     }
   }
 };
 
-// Per-column constants of dh = a dy + b (h - mean_h) + c.
+// Per-column constants of dh = a g + b (h - mean_h) + c, g = bn_grad(dy) (fwd: its constants).
 template <class A>
 struct GradColumn {
   A mean_h, a, b, c;
+  Column<A> fwd;
 };
 
-// From column c's sums of dy and dy (h - mean_h); with `outputs` (one thread a column), also
+// From column c's sums of g and g (h - mean_h); with `outputs` (one thread a column), also
 // its dscale, dweight and dbias.
-template <class A>
+template <class A, bool Act>
 __device__ GradColumn<A> grad_column(BackwardArgs const& g, double sdy, double q, int c, bool outputs) {
   double count = g.m;
   double s = load(g.scale, c, 1.0), istd = g.invstd[c];
@@ -50,23 +83,23 @@ __device__ GradColumn<A> grad_column(BackwardArgs const& g, double sdy, double q
     store(g.dscale, c, w * istd * q * g.eps * istd * istd);
   }
   return {static_cast<A>(g.mean_h[c]), static_cast<A>(a), static_cast<A>(-a * s * s * istd * istd * q / count),
-          static_cast<A>(-a * sdy / count)};
+          static_cast<A>(-a * sdy / count), Act ? forward_column<A>(g, c) : Column<A>{}};
 }
 
-template <class T, class TY, int V, class A>
-__device__ __forceinline__ Group<T, V> grad_input(GradColumn<A> const (&col)[V], Group<TY, V> const& dy,
-                                                  Group<T, V> const& h) {
+template <class T, class TY, int V, bool Act, class A>
+__device__ __forceinline__ Group<T, V> grad_input(BackwardArgs const& g, GradColumn<A> const (&col)[V],
+                                                  Group<TY, V> const& dy, Group<T, V> const& h) {
   Group<T, V> out;
 #pragma unroll
   for (int v = 0; v < V; ++v) {
     GradColumn<A> const& k = col[v];
-    out.v[v] = from_float<T>(k.a * A(to_float(dy.v[v])) + k.b * (A(to_float(h.v[v])) - k.mean_h) + k.c);
+    out.v[v] = from_float<T>(k.a * bn_grad<Act>(g, k.fwd, dy.v[v], h.v[v]) + k.b * (A(to_float(h.v[v])) - k.mean_h) + k.c);
   }
   return out;
 }
 
 // The unpipelined rows: R at a time in registers (single columns, or a wider dy).
-template <class T, class TY, int V, int R, class A>
+template <class T, class TY, int V, int R, bool Act, class A>
 __device__ void grad_input_rows(BackwardArgs const& g, GradColumn<A> const (&col)[V], int c0, TY const* dy, T const* h,
                                 T* dh) {
   for (int64_t r0 = blockIdx.y * 8 * R + threadIdx.y; r0 < g.m; r0 += int64_t{gridDim.y} * 8 * R) {
@@ -83,28 +116,28 @@ __device__ void grad_input_rows(BackwardArgs const& g, GradColumn<A> const (&col
 #pragma unroll
     for (int i = 0; i < R; ++i) {
       if (r0 + 8 * i >= g.m) break;
-      store_group<T, V>(dh + (r0 + 8 * i) * g.n + c0, grad_input<T, TY, V>(col, in_dy[i], in_h[i]));
+      store_group<T, V>(dh + (r0 + 8 * i) * g.n + c0, grad_input<T, TY, V, Act>(g, col, in_dy[i], in_h[i]));
     }
   }
 }
 
-template <class T, class TY, int V, int R>
+template <class T, class TY, int V, int R, bool Act>
 __global__ void grad_input_kernel(BackwardArgs g, double const* __restrict__ sums) {
   using A = Acc<T>;
   // dy and h of kSumStages rows a thread in flight (pipelined_rows), read as the column sums
   // read them (GradSums), where both come in 16-byte groups.
-  using Terms = GradSums<T, TY>;
+  using Terms = GradSums<T, TY, Act>;
   constexpr bool kPipelined = pipelined_sums<Terms, V>();
   __shared__ uint4 stage[kPipelined ? kSumStages * Terms::kInputs * 256 : 1];
   GradColumn<A> col[V];
-  block_columns<V>(g.n, blockIdx.x, col, [&](int c) { return grad_column<A>(g, sums[c], sums[g.n + c], c, blockIdx.y == 0); });
+  block_columns<V>(g.n, blockIdx.x, col, [&](int c) { return grad_column<A, Act>(g, sums[c], sums[g.n + c], c, blockIdx.y == 0); });
   int c0 = (blockIdx.x * 32 + threadIdx.x) * V;
   if (c0 >= g.n) return;
   auto const* dy = static_cast<TY const*>(g.dy);
   auto const* h = static_cast<T const*>(g.h);
   auto* dh = static_cast<T*>(g.dh);
   if constexpr (kPipelined) {
-    Terms terms{dy, h, g.ldh, g.n, g.mean_h};
+    Terms terms{g, dy, h};
     int64_t first = blockIdx.y * 8 + threadIdx.y, step = int64_t{gridDim.y} * 8;
     int count = first < g.m ? static_cast<int>((g.m - first + step - 1) / step) : 0;
     pipelined_rows<kSumStages, Terms::kInputs>(
@@ -112,10 +145,10 @@ __global__ void grad_input_kernel(BackwardArgs g, double const* __restrict__ sum
         [&](int j, auto piece) {
           auto const& d = *reinterpret_cast<Group<TY, V> const*>(piece(0));
           auto const& x = *reinterpret_cast<Group<T, V> const*>(piece(1));
-          store_group<T, V>(dh + (first + j * step) * g.n + c0, grad_input<T, TY, V>(col, d, x));
+          store_group<T, V>(dh + (first + j * step) * g.n + c0, grad_input<T, TY, V, Act>(g, col, d, x));
         });
   } else {
-    grad_input_rows<T, TY, V, R>(g, col, c0, dy, h, dh);
+    grad_input_rows<T, TY, V, R, Act>(g, col, c0, dy, h, dh);
   }
 }
 
@@ -127,16 +160,16 @@ __global__ void grad_input_kernel(BackwardArgs g, double const* __restrict__ sum
 // (limits::kBackwardBlocksPerSm blocks an SM; ptxas: 72-92 bytes of spill stores for 16-bit h on sm_90).
 using limits::kBackwardBlocksPerSm;
 
-template <class T, int V>
+template <class T, int V, bool Act>
 __global__ void __launch_bounds__(256, kBackwardBlocksPerSm) batch_norm_backward_kernel(BackwardArgs g, int rows,
                                                                                         int chunks, int groups) {
   using A = Acc<T>;
-  using Terms = GradSums<T, T>;
+  using Terms = GradSums<T, T, Act>;
   static_assert(pipelined_sums<Terms, V>(), "the cooperative backward streams 16-byte groups of dy and h");
   auto* pa = static_cast<double*>(g.workspace) + 2 * static_cast<int64_t>(g.n);  // batch_norm_backward's layout
   auto* pb = pa + static_cast<int64_t>(chunks) * g.n;
   __shared__ uint4 stage[partials_scratch<Terms, V>() / sizeof(uint4)];
-  Terms terms{static_cast<T const*>(g.dy), static_cast<T const*>(g.h), g.ldh, g.n, g.mean_h};
+  Terms terms{g, static_cast<T const*>(g.dy), static_cast<T const*>(g.h)};
   int items = groups * chunks;
   for (int item = blockIdx.x; item < items; item += gridDim.x)
     chunk_partials<Terms, V>(terms, g.m, g.n, rows, item % groups, item / groups, pa, pb, stage);
@@ -152,7 +185,7 @@ __global__ void __launch_bounds__(256, kBackwardBlocksPerSm) batch_norm_backward
         sdy += pa[r * static_cast<int64_t>(g.n) + c];
         q += pb[r * static_cast<int64_t>(g.n) + c];
       }
-      return grad_column<A>(g, sdy, q, c, chunk == 0);
+      return grad_column<A, Act>(g, sdy, q, c, chunk == 0);
     });
     int c0 = (group * 32 + threadIdx.x) * V;
     int64_t first = static_cast<int64_t>(chunk) * rows + threadIdx.y;
@@ -163,7 +196,7 @@ __global__ void __launch_bounds__(256, kBackwardBlocksPerSm) batch_norm_backward
         [&](int j, auto piece) {
           auto const& d = *reinterpret_cast<Group<T, V> const*>(piece(0));
           auto const& x = *reinterpret_cast<Group<T, V> const*>(piece(1));
-          store_group<T, V>(dh + (first + 8 * j) * g.n + c0, grad_input<T, T, V>(col, d, x));
+          store_group<T, V>(dh + (first + 8 * j) * g.n + c0, grad_input<T, T, V, Act>(g, col, d, x));
         });
   }
 }
@@ -172,7 +205,7 @@ __global__ void __launch_bounds__(256, kBackwardBlocksPerSm) batch_norm_backward
 // (two slabs, as batch_norm_train_slab_kernel holds h): the sums in chunk_partials' and
 // reduce_partials' orders, so the two passes' bits, then dh, dscale, dweight and dbias, in one
 // launch instead of three. dy in h's dtype. Shared memory: slab_smem.
-template <class T, int V>
+template <class T, int V, bool Act>
 __global__ void __launch_bounds__(256, 3) batch_norm_backward_slab_kernel(BackwardArgs g, int rows, int chunks,
                                                                           int pieces) {
   using A = Acc<T>;
@@ -194,13 +227,13 @@ __global__ void __launch_bounds__(256, 3) batch_norm_backward_slab_kernel(Backwa
   }
   asm volatile("cp.async.wait_all;\n" ::: "memory");
   __syncthreads();
-  slab_chunk_sums<GradSums<T, T>, V>(GradSums<T, T>{dy, h, g.ldh, g.n, g.mean_h}, {slab_dy, slab_h}, g.m, g.n, rows,
+  slab_chunk_sums<GradSums<T, T, Act>, V>(GradSums<T, T, Act>{g, dy, h}, {slab_dy, slab_h}, g.m, g.n, rows,
                                      chunks, pieces, base, sums);
   __syncthreads();
   if (int c = base + tid; tid < width && c < g.n) {
     double sdy, q;
     slab_totals(sums, chunks, width, tid, sdy, q);
-    cols[tid] = grad_column<A>(g, sdy, q, c, true);
+    cols[tid] = grad_column<A, Act>(g, sdy, q, c, true);
   }
   __syncthreads();
   if (!live) return;
@@ -210,7 +243,7 @@ __global__ void __launch_bounds__(256, 3) batch_norm_backward_slab_kernel(Backwa
   for (int r = tid / pieces; r < g.m; r += 256 / pieces) {
     auto const& d = *reinterpret_cast<Group<T, V> const*>(slab_dy + r * pieces + piece);
     auto const& x = *reinterpret_cast<Group<T, V> const*>(slab_h + r * pieces + piece);
-    store_group<T, V>(dh + static_cast<int64_t>(r) * g.n + c0, grad_input<T, T, V>(col, d, x));
+    store_group<T, V>(dh + static_cast<int64_t>(r) * g.n + c0, grad_input<T, T, V, Act>(g, col, d, x));
   }
 }
 
@@ -219,15 +252,16 @@ __global__ void __launch_bounds__(256, 3) batch_norm_backward_slab_kernel(Backwa
 void batch_norm_backward(BackwardArgs const& g, BackwardKernels kernels, int pieces, cudaStream_t stream) {
   auto* sums = static_cast<double*>(g.workspace);
   auto* partials = sums + 2 * static_cast<int64_t>(g.n);
-  dispatch_pair(g.dt, g.dt_dy, [&](auto t, auto ty) {
+  if (kernels == BackwardKernels::automatic)
+    throw std::runtime_error("cutlass_fused: batch_norm_backward runs the plan's kernels (csrc/kernels/plan.h)");
+  auto run = [&](auto t, auto ty, auto act) {
     using T = decltype(t);
     using TY = decltype(ty);
+    constexpr bool Act = decltype(act)::value;
     constexpr int V = 16 / sizeof(T);
-    if (kernels == BackwardKernels::automatic)
-      throw std::runtime_error("cutlass_fused: batch_norm_backward runs the plan's kernels (csrc/kernels/plan.h)");
     if constexpr (std::is_same_v<T, TY>) {
       if (kernels == BackwardKernels::slab) {
-        constexpr auto kernel = batch_norm_backward_slab_kernel<T, V>;
+        constexpr auto kernel = batch_norm_backward_slab_kernel<T, V, Act>;
         allow_slab<kernel>();
         int chunks = stat_chunks(g.m);
         size_t smem = slab_smem<GradColumn<Acc<T>>>(g.m, 2, chunks, pieces, V);
@@ -235,16 +269,22 @@ void batch_norm_backward(BackwardArgs const& g, BackwardKernels kernels, int pie
         return;
       }
       if (kernels == BackwardKernels::cooperative) {
-        launch_cooperative<batch_norm_backward_kernel<T, V>>(g, g.n, g.sm_count, stat_rows(g.m), stat_chunks(g.m), V,
-                                                             stream, "batch_norm_backward");
+        launch_cooperative<batch_norm_backward_kernel<T, V, Act>>(g, g.n, g.sm_count, stat_rows(g.m),
+                                                                  stat_chunks(g.m), V, stream, "batch_norm_backward");
         return;
       }
     }
-    GradSums<T, TY> terms{static_cast<TY const*>(g.dy), static_cast<T const*>(g.h), g.ldh, g.n, g.mean_h};
+    GradSums<T, TY, Act> terms{g, static_cast<TY const*>(g.dy), static_cast<T const*>(g.h)};
     column_sums<T>(terms, g.m, g.n, g.ldh, {g.dy, g.h}, sums, partials, stream);
     launch_rows<T, 1>(g.m, g.n, g.ldh, {g.h, g.dy, g.dh}, 1024, [&](auto v, dim3 grid) {
-      grad_input_kernel<T, TY, decltype(v)::value, 1><<<grid, dim3(32, 8), 0, stream>>>(g, sums);
+      grad_input_kernel<T, TY, decltype(v)::value, 1, Act><<<grid, dim3(32, 8), 0, stream>>>(g, sums);
     });
+  };
+  dispatch_pair(g.dt, g.dt_dy, [&](auto t, auto ty) {
+    if (g.act == Activation::none)
+      run(t, ty, std::false_type{});
+    else
+      run(t, ty, std::true_type{});
   });
   check_cuda(cudaGetLastError(), "batch_norm_backward");
 }

@@ -89,11 +89,19 @@ struct alignas(sizeof(T) * V) Group {
   T v[V];
 };
 
+// Groups of whole 16-byte pieces move as such: an fp32 y or dy beside 16-bit h is 32 bytes a
+// group, and element-wise accesses of it made the fp32-output training tail 5x slower than its
+// bf16 twin for 2x the bytes (135 against 27 us a layer at 4096 x 4096, H100; issue 31).
+template <class T, int V>
+constexpr bool kWholePieces = sizeof(Group<T, V>) % 16 == 0;
+
 template <class T, int V>
 __device__ __forceinline__ Group<T, V> load_group(T const* p) {
   Group<T, V> g;
-  if constexpr (sizeof(g) == 16) {
-    *reinterpret_cast<uint4*>(&g) = *reinterpret_cast<uint4 const*>(p);
+  if constexpr (kWholePieces<T, V>) {
+#pragma unroll
+    for (int i = 0; i < int{sizeof(g) / 16}; ++i)
+      reinterpret_cast<uint4*>(&g)[i] = reinterpret_cast<uint4 const*>(p)[i];
   } else {
 #pragma unroll
     for (int v = 0; v < V; ++v) g.v[v] = p[v];
@@ -103,8 +111,10 @@ __device__ __forceinline__ Group<T, V> load_group(T const* p) {
 
 template <class T, int V>
 __device__ __forceinline__ void store_group(T* p, Group<T, V> const& g) {
-  if constexpr (sizeof(g) == 16) {
-    *reinterpret_cast<uint4*>(p) = *reinterpret_cast<uint4 const*>(&g);
+  if constexpr (kWholePieces<T, V>) {
+#pragma unroll
+    for (int i = 0; i < int{sizeof(g) / 16}; ++i)
+      reinterpret_cast<uint4*>(p)[i] = reinterpret_cast<uint4 const*>(&g)[i];
   } else {
 #pragma unroll
     for (int v = 0; v < V; ++v) p[v] = g.v[v];
@@ -115,8 +125,10 @@ __device__ __forceinline__ void store_group(T* p, Group<T, V> const& g) {
 // last: 0.2-1.1 us less in the pipelined tail at 1024 x 8192^2, level at larger h (docs/decisions.md, "Row passes").
 template <class T, int V>
 __device__ __forceinline__ void store_group_once(T* p, Group<T, V> const& g) {
-  if constexpr (sizeof(g) == 16) {
-    __stcs(reinterpret_cast<uint4*>(p), *reinterpret_cast<uint4 const*>(&g));
+  if constexpr (kWholePieces<T, V>) {
+#pragma unroll
+    for (int i = 0; i < int{sizeof(g) / 16}; ++i)
+      __stcs(reinterpret_cast<uint4*>(p) + i, reinterpret_cast<uint4 const*>(&g)[i]);
   } else {
     store_group<T, V>(p, g);
   }
@@ -191,12 +203,13 @@ struct SumSquares {
   T const* h; int64_t ldh;
   ColVec scale{};
   static constexpr bool kOverflow = std::is_same_v<T, __half>;
+  using Center = double;  // what add() takes of each column (Terms' interface)
   __device__ double center(int c) const { return kOverflow ? load(scale, c, 1.0) : 0.0; }  // the column's scale
   static constexpr bool kPipelined = true;  // one 16-byte piece a row when V > 1
   static constexpr int kInputs = 1;
   __device__ void const* input(int, int64_t r, int c0) const { return h + r * ldh + c0; }
   template <int V, class Load>
-  __device__ void add(int64_t r, int c0, double const (&s)[V], double (&a)[V], double (&b)[V], Load const& load) const {
+  __device__ void add(int64_t r, int c0, Center const (&s)[V], double (&a)[V], double (&b)[V], Load const& load) const {
     auto x = load(0, h + r * ldh + c0);
 #pragma unroll
     for (int v = 0; v < V; ++v) {
@@ -237,7 +250,8 @@ __device__ void chunk_partials(Terms const& terms, int m, int n, int rows, int g
   int c0 = (group * 32 + threadIdx.x) * V;  // n % V == 0 when V > 1: groups are whole
   int r0 = chunk * rows;
   int r1 = min(m, r0 + rows);
-  double a[V] = {}, b[V] = {}, mu[V];
+  double a[V] = {}, b[V] = {};
+  typename Terms::Center mu[V];
   bool live = c0 < n;
   if (live) {
 #pragma unroll
@@ -350,10 +364,64 @@ struct Column {
   A mean_h, mul, b;
 };
 
+// The activation (types.h) at BN(z) = v, in y's arithmetic A, as PyTorch's own ops compute it
+// (torch.relu keeps a NaN; F.leaky_relu is v > 0 ? v : v * slope).
+template <class A>
+__device__ __forceinline__ A activate(A v, Activation act, float slope) {
+  constexpr bool D = std::is_same_v<A, double>;
+  switch (act) {
+    case Activation::none: return v;
+    case Activation::relu: return v > A(0) || v != v ? v : A(0);
+    case Activation::leaky_relu: return v > A(0) ? v : v * A(slope);
+    case Activation::gelu: return A(0.5) * v * (A(1) + (D ? erf(v * A(M_SQRT1_2)) : erff(v * A(M_SQRT1_2))));
+    case Activation::gelu_tanh: {
+      A inner = A(M_SQRT2 * M_2_SQRTPI * 0.5) * (v + A(0.044715) * v * v * v);
+      return A(0.5) * v * (A(1) + (D ? tanh(inner) : tanhf(inner)));
+    }
+    case Activation::silu: return v / (A(1) + (D ? exp(-v) : expf(-v)));
+  }
+  return v;
+}
+
+// d act / d v, as PyTorch's backward formulas: relu's and leaky_relu's masks test v > 0
+// (threshold_backward on the output, leaky_relu_backward on the input), GELU's and SiLU's are
+// GeluBackward's and silu_backward's.
+template <class A>
+__device__ __forceinline__ A activation_grad(A v, Activation act, float slope) {
+  constexpr bool D = std::is_same_v<A, double>;
+  switch (act) {
+    case Activation::none: return A(1);
+    case Activation::relu: return v > A(0) ? A(1) : A(0);
+    case Activation::leaky_relu: return v > A(0) ? A(1) : A(slope);
+    case Activation::gelu: {
+      A cdf = A(0.5) * (A(1) + (D ? erf(v * A(M_SQRT1_2)) : erff(v * A(M_SQRT1_2))));
+      A pdf = (D ? exp(A(-0.5) * v * v) : expf(A(-0.5) * v * v)) * A(M_2_SQRTPI * M_SQRT1_2 * 0.5);
+      return cdf + v * pdf;
+    }
+    case Activation::gelu_tanh: {
+      constexpr double kBeta = M_SQRT2 * M_2_SQRTPI * 0.5, kKappa = 0.044715;
+      A t = D ? tanh(A(kBeta) * (v + A(kKappa) * v * v * v)) : tanhf(A(kBeta) * (v + A(kKappa) * v * v * v));
+      return A(0.5) * (A(1) + t) + A(0.5) * v * (A(1) - t * t) * A(kBeta) * (A(1) + A(3 * kKappa) * v * v);
+    }
+    case Activation::silu: {
+      A s = A(1) / (A(1) + (D ? exp(-v) : expf(-v)));
+      return s * (A(1) + v * (A(1) - s));
+    }
+  }
+  return A(1);
+}
+
+// BN(z) for one element, before the activation: the forward's value, which the backward
+// recomputes with the same bits for the activation's derivative.
+template <class T, class A>
+__device__ __forceinline__ A pre_activation(Column<A> const& col, T h) {
+  return (A(to_float(h)) - col.mean_h) * col.mul + col.b;
+}
+
 // One element of y: every training tail and finalize writes y through this, so all get the same bits.
 template <class TO, class T, class A>
-__device__ __forceinline__ TO normalized(Column<A> const& col, T h) {
-  return from_float<TO>((A(to_float(h)) - col.mean_h) * col.mul + col.b);
+__device__ __forceinline__ TO normalized(Column<A> const& col, T h, Activation act, float slope) {
+  return from_float<TO>(activate(pre_activation(col, h), act, slope));
 }
 
 // Column c's constants from its moments and 1 / std: finalize and both training tails build
@@ -447,7 +515,7 @@ __device__ void normalize_round(FinalizeArgs const& a, int c0, Column<A> const (
       Group<TO, V> out;
 #pragma unroll
       for (int v = 0; v < V; ++v)
-        out.v[v] = normalized<TO>(col[v], in[i].v[v]);
+        out.v[v] = normalized<TO>(col[v], in[i].v[v], a.act, a.slope);
       store_group<TO, V>(y + (r0 + 8 * i) * a.n + c0, out);
     }
   }
@@ -470,7 +538,7 @@ __device__ void normalize_rows_pipelined(FinalizeArgs const& a, int c0, Column<A
         Group<TO, V> out;
 #pragma unroll
         for (int v = 0; v < V; ++v)
-          out.v[v] = normalized<TO>(col[v], in.v[v]);
+          out.v[v] = normalized<TO>(col[v], in.v[v], a.act, a.slope);
         store_group_once<TO, V>(y + row(j) * a.n + c0, out);
       });
 }
@@ -520,7 +588,7 @@ __device__ void slab_chunk_sums(Terms const& terms, uint4 const* const (&slabs)[
   for (int half = 0; half < 2; ++half) {
     int h0 = base + p * V + half * H;
     if (h0 >= n) break;  // uniform over the warp (n % V == 0: pieces are whole)
-    double mu[H];
+    typename Terms::Center mu[H];
 #pragma unroll
     for (int v = 0; v < H; ++v) mu[v] = terms.center(h0 + v);
     for (int first = warp / pieces * 4; first < chunks; first += 32 / pieces) {

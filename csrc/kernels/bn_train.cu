@@ -23,9 +23,11 @@ __device__ bool gemm_sums_trusted(double s, double q, double count, double scale
   return trusted;
 }
 
-// Where the unfused model rounds z = h * scale to T and it can overflow there (SumSquares).
+// Where the unfused model may round z = h * scale to T and it can overflow there (SumSquares):
+// fp16 h, whatever y's dtype (FinalizeArgs::z_rounded says at run time whether z is rounded; the
+// trust rule's extra test only sends more columns to the exact pass).
 template <class T, class TO>
-constexpr bool kZOverflows = std::is_same_v<T, __half> && std::is_same_v<T, TO>;
+constexpr bool kZOverflows = std::is_same_v<T, __half>;
 
 // Work items are (column group, row chunk), column groups fastest so that the
 // blocks in flight read neighbouring columns of the same rows; each block
@@ -90,8 +92,8 @@ __global__ void __launch_bounds__(256, 4) batch_norm_train_kernel(TrainArgs a, i
       *a.num_batches_tracked += 1;  // before the barrier: the second one may be skipped
     cooperative_groups::this_grid().sync();
   }
-  // z = h * scale is rounded to T where y is T (see SumSquares: fp16 only).
-  SumSquares<T> terms{static_cast<T const*>(f.h), f.ldh, std::is_same_v<T, TO> ? f.scale : ColVec{}};
+  // z = h * scale is rounded to T where the scale is 16-bit too (see SumSquares: fp16 only).
+  SumSquares<T> terms{static_cast<T const*>(f.h), f.ldh, f.z_rounded ? f.scale : ColVec{}};
   for (int item = blockIdx.x; item < items; item += gridDim.x) {
     int group = item % groups;
     if constexpr (FromGemm) {  // only column groups with a column to redo; uniform over the block
@@ -180,8 +182,8 @@ __global__ void __launch_bounds__(256) batch_norm_train_small_kernel(TrainArgs a
   // are loaded with h.
   int owned = groups * V, col_c = blockIdx.x * owned + threadIdx.x;
   bool owner = threadIdx.x < owned && col_c < f.n;
-  // z = h * scale is rounded to T where y is T (see SumSquares: fp16 only).
-  SumSquares<T> terms{static_cast<T const*>(f.h), f.ldh, std::is_same_v<T, TO> ? f.scale : ColVec{}};
+  // z = h * scale is rounded to T where the scale is 16-bit too (see SumSquares: fp16 only).
+  SumSquares<T> terms{static_cast<T const*>(f.h), f.ldh, f.z_rounded ? f.scale : ColVec{}};
   Group<T, V> held[K];
   double s[V] = {}, q[V] = {}, mu[V];
   if (live) {
@@ -240,7 +242,7 @@ __global__ void __launch_bounds__(256) batch_norm_train_small_kernel(TrainArgs a
     if (r0 + 8 * k >= r1) break;
     Group<TO, V> out;
 #pragma unroll
-    for (int v = 0; v < V; ++v) out.v[v] = normalized<TO>(cols[g * V + v], held[k].v[v]);
+    for (int v = 0; v < V; ++v) out.v[v] = normalized<TO>(cols[g * V + v], held[k].v[v], f.act, f.slope);
     store_group_once<TO, V>(y + (r0 + 8 * k) * f.n + c0, out);
   }
 }
@@ -312,8 +314,8 @@ __global__ void __launch_bounds__(256, 3) batch_norm_train_slab_kernel(TrainArgs
   if (__syncthreads_or(owner && exact)) {
     asm volatile("cp.async.wait_all;\n" ::: "memory");
     __syncthreads();  // other threads' pieces
-    // z = h * scale is rounded to T where y is T (see SumSquares: fp16 only).
-    SumSquares<T> terms{h, f.ldh, std::is_same_v<T, TO> ? f.scale : ColVec{}};
+    // z = h * scale is rounded to T where the scale is 16-bit too (see SumSquares: fp16 only).
+    SumSquares<T> terms{h, f.ldh, f.z_rounded ? f.scale : ColVec{}};
     slab_chunk_sums<SumSquares<T>, V>(terms, {slab}, f.m, f.n, rows, chunks, pieces, base, sums);
     __syncthreads();
     if (owner && exact) slab_totals(sums, chunks, width, j, s, q);
@@ -332,7 +334,7 @@ __global__ void __launch_bounds__(256, 3) batch_norm_train_slab_kernel(TrainArgs
       auto const& in = *reinterpret_cast<Group<T, V> const*>(slab + r * pieces + piece);
       Group<TO, V> out;
 #pragma unroll
-      for (int v = 0; v < V; ++v) out.v[v] = normalized<TO>(col[v], in.v[v]);
+      for (int v = 0; v < V; ++v) out.v[v] = normalized<TO>(col[v], in.v[v], f.act, f.slope);
       store_group_once<TO, V>(y + static_cast<int64_t>(r) * f.n + c0, out);
     });
   }

@@ -289,6 +289,13 @@ Overrides parse_overrides(std::string const& kernel, std::string const& tail, st
   return o;
 }
 
+Activation parse_activation(std::string const& name) {
+  static constexpr std::pair<char const*, Activation> kActivations[] = {
+      {"none", Activation::none}, {"relu", Activation::relu},           {"leaky_relu", Activation::leaky_relu},
+      {"gelu", Activation::gelu}, {"gelu_tanh", Activation::gelu_tanh}, {"silu", Activation::silu}};
+  return parse_choice("activation", name, kActivations);
+}
+
 Op parse_op(std::string const& name) {
   static constexpr std::pair<char const*, Op> kOps[] = {{"train", Op::train},   {"linear", Op::linear},
                                                         {"eval", Op::eval},     {"matmul", Op::matmul},

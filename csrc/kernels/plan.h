@@ -40,6 +40,9 @@ Overrides parse_overrides(std::string const& kernel, std::string const& tail, st
 // The Op called `name` ("train", "linear", "eval", "matmul", "backward"); throws
 // std::invalid_argument listing them.
 Op parse_op(std::string const& name);
+// The ops' `activation` argument ("none", "relu", "leaky_relu", "gelu", "gelu_tanh", "silu");
+// std::invalid_argument naming the valid ones otherwise.
+Activation parse_activation(std::string const& name);
 
 struct Problem {
   Op op = Op::train;

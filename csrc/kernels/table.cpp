@@ -69,4 +69,16 @@ char const* to_string(BackwardKernels b) {
   return "?";
 }
 
+char const* to_string(Activation a) {
+  switch (a) {
+    case Activation::none: return "none";
+    case Activation::relu: return "relu";
+    case Activation::leaky_relu: return "leaky_relu";
+    case Activation::gelu: return "gelu";
+    case Activation::gelu_tanh: return "gelu_tanh";
+    case Activation::silu: return "silu";
+  }
+  return "?";
+}
+
 }  // namespace cutlass_fused

@@ -30,10 +30,16 @@ enum class Tail { automatic, cooperative, slab, small };
 // cooperative kernel; automatic as for Tail.
 enum class BackwardKernels { automatic, passes, slab, cooperative };
 
+// The activation applied to the BatchNorm's output (as torch.relu, F.leaky_relu, F.gelu with
+// approximate='none' or 'tanh', F.silu compute it), before y's one rounding; the backward
+// recomputes its derivative from h and the saved statistics.
+enum class Activation { none, relu, leaky_relu, gelu, gelu_tanh, silu };
+
 char const* to_string(Family f);
 char const* to_string(KernelDtype d);
 char const* to_string(Mode m);
 char const* to_string(Tail t);
 char const* to_string(BackwardKernels b);
+char const* to_string(Activation a);
 
 }  // namespace cutlass_fused
