@@ -3,6 +3,8 @@
     python -m cutlass_fused.bench [--shape B,IN,OUT ...] [--dtype bf16|f16|tf32|f32]
         [--mode train|eval|fwdbwd ...] [--family auto|sm90|sm80] [--impl NAME ...]
         [--graphs] [--sweep] [--profile] [--rounds N] [--out DIR]
+    python -m cutlass_fused.bench --step [--step-case PRECISION,BATCH,WIDTH,BLOCKS[,ACTIVATION] ...]
+        [--rounds N] [--out DIR]                               # whole training steps (bench_step.py)
     python -m cutlass_fused.bench --report DIR/results.json     # the README's markdown table
 
 Every time is the median of triton.testing.do_bench (CUDA events where triton is
@@ -11,7 +13,8 @@ precision (fwdbwd: to three torch.mm). A GPU's clocks drift as it heats over a
 run, so a mode's rows are timed in --rounds across the implementations, torch.mm
 before each, and every ratio is to the median of all of the shape's torch.mm
 times. Without a GPU it checks the layer against float64, times it against
-eager on the CPU, and exits 0.
+eager on the CPU, and exits 0. The default run (no --shape, --sweep, --dtype, --mode,
+--impl or --autocast) then times whole training steps too (step.json, step.png).
 """
 import argparse
 import contextlib
@@ -379,16 +382,18 @@ def run(args, argv):
     return 0
 
 
-def guarded(impl, mode, shape, step):
+def guarded(impl, mode, shape, step, failed=None):
     """step(), or None where a baseline cannot run here (compile without a toolchain): reported,
-    not fatal. Ours always raises."""
+    and appended to `failed` where given, not fatal. Ours always raises."""
     try:
         return step()
     except Exception as e:
         if impl.startswith("cutlass_fused"):
             raise
-        print(f"cutlass_fused.bench: skipped {impl} {mode} {shape}: {type(e).__name__}: {str(e)[:200]}",
-              file=sys.stderr)
+        error = f"{type(e).__name__}: {str(e)[:200]}"
+        print(f"cutlass_fused.bench: skipped {impl} {mode} {shape}: {error}", file=sys.stderr)
+        if failed is not None:
+            failed.append(error)
         return None
 
 
@@ -455,28 +460,48 @@ def table(result, markdown=False):
                       fmt(r["ms"], ".4f"), fmt(r["tflops"], ".1f"), fmt(r["ratio_to_mm"], ".3f"),
                       fmt(se, ".2f"), fmt(sc, ".2f"), fmt(r["peak_extra_mib"], ".0f"),
                       fmt(r["kernels"], ".0f"), fmt(r["host_us"], ".1f")])
+    return render(head, lines, 5, markdown, result["meta"])
+
+
+def render(head, lines, right_from, markdown, meta):
+    """A markdown table with the run's line below it, or plain columns, those from right_from on
+    (the numbers) right-aligned."""
     if markdown:
         out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         out += ["| " + " | ".join(line) + " |" for line in lines]
-        m = result["meta"]
-        out.append(f"\n{m['gpu']}, {m['date']}, torch {m['torch']}, commit {m['commit']}: `{m['command']}`")
+        out.append(f"\n{meta['gpu']}, {meta['date']}, torch {meta['torch']}, commit {meta['commit']}: "
+                   f"`{meta['command']}`")
         return "\n".join(out)
     widths = [max(len(h), *(len(line[i]) for line in lines)) if lines else len(h) for i, h in enumerate(head)]
-    fmt_line = lambda cells: "  ".join(c.rjust(w) if i >= 5 else c.ljust(w) for i, (c, w) in
+    fmt_line = lambda cells: "  ".join(c.rjust(w) if i >= right_from else c.ljust(w) for i, (c, w) in
                                        enumerate(zip(cells, widths)))
     return "\n".join([fmt_line(head)] + [fmt_line(line) for line in lines])
 
 
-def plot(result, path, rows, sweep=False):
+def pyplot():
+    """matplotlib.pyplot drawing to files, or None (said once) where the [bench] extra is missing."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         print("cutlass_fused.bench: matplotlib missing (pip install .[bench]): no plot", file=sys.stderr)
-        return
+        return None
+    return plt
+
+
+def save_figure(plt, fig, meta, path):
+    fig.suptitle(f"cutlass_fused on {meta['gpu']}, {meta['date']}, commit {meta['commit']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"wrote {path}")
+
+
+def plot(result, path, rows, sweep=False):
+    plt = pyplot()
     rows = [r for r in rows if not r["graphs"] and r["impl"] != "torch.mm"]
-    if not rows:
+    if plt is None or not rows:
         return
     modes = sorted({r["mode"] for r in rows}, key=MODES.index)
     impls = [i for i in IMPLS if any(r["impl"] == i for r in rows)]
@@ -519,15 +544,11 @@ def plot(result, path, rows, sweep=False):
                 if j == 0:
                     ax.set_ylabel("time / torch.mm" + (" (x3)" if mode == "fwdbwd" else "") + "\nlower is better",
                                   fontsize=7)
-    m = result["meta"]
-    fig.suptitle(f"cutlass_fused on {m['gpu']}, {m['date']}, commit {m['commit']}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    print(f"wrote {path}")
+    save_figure(plt, fig, result["meta"], path)
 
 
 def main(argv=None):
+    from cutlass_fused import bench_step  # not at the top: it imports this module
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(prog="python -m cutlass_fused.bench", description=__doc__.split("\n")[0])
     ap.add_argument("--shape", type=parse_shape, action="append",
@@ -550,20 +571,36 @@ def main(argv=None):
                     help="per-kernel GPU time split and Chrome traces (GPU only; ignored on the CPU)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="times each row (and its torch.mm) this many times; medians are reported (default: 1)")
+    ap.add_argument("--step", action="store_true",
+                    help="time whole training steps of an MLP of the layer (eager, compile, fused, fused+compile; "
+                         "eager and fused on the CPU) instead of the layer alone; writes step.json and step.png")
+    ap.add_argument("--step-case", type=bench_step.parse_case, action="append", metavar="CASE",
+                    help=bench_step.CASE_HELP)
     ap.add_argument("--out", default=os.environ.get("OUT", "bench_out"),
-                    help="output folder for results.json (sweep.json) and the PNG (default: $OUT, else bench_out)")
-    ap.add_argument("--report", metavar="RESULTS_JSON", help="print a results file as a markdown table and exit")
+                    help="output folder for results.json (sweep.json, step.json) and the PNGs (default: $OUT, "
+                         "else bench_out)")
+    ap.add_argument("--report", metavar="RESULTS_JSON", help="print a results file (any of the three) as a markdown "
+                    "table and exit")
     args = ap.parse_args(argv)
     if args.rounds < 1:
         ap.error(f"expected --rounds to be at least 1, but got {args.rounds}")
     if args.report:
-        print(table(json.loads(Path(args.report).read_text()), markdown=True))
+        result = json.loads(Path(args.report).read_text())
+        print((bench_step.table if result.get("mode") == "step" else table)(result, markdown=True))
         return 0
+    if args.step or args.step_case:
+        return bench_step.run(args, argv)
+    # The default run (the README's main job) times the training steps too; a run that picks the
+    # layer's shapes, precision, modes or implementations is about the layer alone.
+    steps = not (args.shape or args.sweep or args.dtype or args.mode or args.impl or args.autocast)
     old_tf32 = torch.backends.cuda.matmul.allow_tf32
     try:
-        return run(args, argv)
+        rc = run(args, argv)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old_tf32
+    if steps:
+        rc = bench_step.run(args, argv) or rc
+    return rc
 
 
 if __name__ == "__main__":

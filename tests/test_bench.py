@@ -1,8 +1,10 @@
 """The benchmark CLI (python -m cutlass_fused.bench): its correctness check, JSON schema and report."""
 import importlib.util
 import json
+import math
 
 import pytest
+import torch
 
 import cutlass_fused
 from cutlass_fused import bench
@@ -108,3 +110,132 @@ def test_run_shapes_puts_the_sweep_after_the_shapes():
     assert bench.run_shapes(None, sweep, True) == sweep
     assert bench.run_shapes(None, [], True) == bench.SHAPES
     assert bench.run_shapes([(2, 3, 4)], [], False) == [(2, 3, 4)]
+
+
+# The training-step mode (cutlass_fused/bench_step.py).
+def check_step_json(path, cases, rows, parity):
+    """step.json holds one row per case and row name, each timed, with its loss parity to eager's
+    within `parity` (eager's own: 0) and every block of the model fused in the fused rows."""
+    from cutlass_fused import bench_step
+    res = json.loads(path.read_text())
+    assert res["mode"] == "step" and res["parity_steps"] == bench_step.PARITY_STEPS
+    assert set(res["meta"]) >= {"gpu", "torch", "cuda", "version", "commit", "date", "command"}
+    assert [(bench_step.case_of(r), r["impl"]) for r in res["rows"]] == [(c, n) for c in cases for n in rows]
+    for r in res["rows"]:
+        case = bench_step.case_of(r)
+        eager = next(e for e in res["rows"] if e["impl"] == "eager" and bench_step.case_of(e) == case)
+        assert r["mode"] == "step" and r["error"] is None and r["ms"] > 0 and math.isfinite(r["loss_last"])
+        assert r["vs_eager"] == pytest.approx(eager["ms"] / r["ms"])
+        assert (r["peak_extra_mib"] is not None) == CUDA
+        assert r["fused_layers"] == (case.blocks if r["impl"].startswith("fused") else None)
+        if r["impl"] == "eager":
+            assert r["loss_parity"] == 0
+        else:
+            assert 0 <= r["loss_parity"] < parity
+    return res
+
+
+@pytest.mark.skipif(CUDA, reason="the CPU's rows; the GPU's are in test_bench_step_gpu_all_rows")
+def test_bench_step_cpu_end_to_end(tmp_path, capsys):
+    from cutlass_fused.bench_step import Case
+    cases = [Case("f32", 32, 48, 2, "relu"), Case("amp-bf16", 32, 48, 1, "gelu")]
+    assert bench.main(["--step-case", "f32,32,48,2", "--step-case", "amp-bf16,32,48,1,gelu",
+                       "--out", str(tmp_path)]) == 0
+    # f32 on the CPU: the fused layer's PyTorch path trains as eager does, to rounding.
+    res = check_step_json(tmp_path / "step.json", cases, ("eager", "fused"), parity=1e-3)
+    assert next(r for r in res["rows"] if r["impl"] == "fused")["loss_parity"] < 1e-5
+    out = capsys.readouterr().out
+    assert "cutlass_fused.fuse: fused 2" in out and "loss parity" in out
+    assert (tmp_path / "step.png").exists() == (importlib.util.find_spec("matplotlib") is not None)
+    assert bench.main(["--report", str(tmp_path / "step.json")]) == 0
+    report = capsys.readouterr().out
+    assert report.startswith("| precision | batch | width | blocks | act | impl | ms/step |")
+    assert report.count("| f32 | 32 | 48 | 2 | relu | ") == 2 and "| amp-bf16 | 32 | 48 | 1 | gelu | fused |" in report
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+def test_bench_step_gpu_all_rows(tmp_path, capsys):
+    from cutlass_fused.bench_step import ROWS, Case
+    assert bench.main(["--step-case", "amp-bf16,64,128,2", "--out", str(tmp_path)]) == 0
+    res = check_step_json(tmp_path / "step.json", [Case("amp-bf16", 64, 128, 2, "relu")], ROWS, parity=2e-2)
+    ms = {r["impl"]: r["ms"] for r in res["rows"]}
+    assert all(r["vs_compile"] == pytest.approx(ms["compile"] / r["ms"]) for r in res["rows"])
+    assert all(r["peak_extra_mib"] > 0 for r in res["rows"])
+    assert bench.main(["--report", str(tmp_path / "step.json")]) == 0
+    assert capsys.readouterr().out.count("| amp-bf16 | 64 | 128 | 2 | relu | ") == len(ROWS)
+
+
+def test_bench_step_records_a_failed_row(tmp_path, monkeypatch):
+    """A row that cannot run here (torch.compile without a toolchain) is a row with its error; the
+    others are measured."""
+    from cutlass_fused import bench_step
+
+    def no_compile(*args, **kwargs):
+        raise RuntimeError("no compiler here")
+    monkeypatch.setattr(torch, "compile", no_compile)
+    case = bench_step.Case("f32", 16, 24, 1, "relu")
+    res = bench_step.measure([case], ("eager", "compile", "fused"), torch.device("cpu"), 1, [], tmp_path)
+    rows = {r["impl"]: r for r in json.loads((tmp_path / "step.json").read_text())["rows"]}
+    assert rows == {r["impl"]: r for r in res["rows"]}
+    assert rows["compile"]["error"] == "RuntimeError: no compiler here" and rows["compile"]["ms"] is None
+    assert all(rows[n]["error"] is None and rows[n]["ms"] > 0 and rows[n]["vs_compile"] is None
+               for n in ("eager", "fused"))
+    assert "failed: compile f32 16x24x1 relu: RuntimeError: no compiler here" in bench_step.table(res)
+
+
+@pytest.mark.skipif(CUDA, reason="the CPU's rows")
+def test_bench_step_fails_when_the_fused_row_fails(tmp_path, monkeypatch):
+    def no_fuse(model):
+        raise RuntimeError("cannot fuse")
+    monkeypatch.setattr(cutlass_fused, "fuse", no_fuse)
+    assert bench.main(["--step", "--out", str(tmp_path)]) == 1
+    rows = json.loads((tmp_path / "step.json").read_text())["rows"]
+    assert [(r["impl"], r["error"]) for r in rows] == [("eager", None), ("fused", "RuntimeError: cannot fuse")]
+    assert rows[0]["ms"] > 0
+
+
+@pytest.mark.parametrize("bad", ["f32,64,64", "f16,64,64,2", "f32,64,64,2,tanh", "f32,1,64,2", "f32,64,0,2",
+                                 "f32,64,64,x"])
+def test_bench_step_rejects_bad_cases(bad, capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--step-case", bad])
+    assert "expected --step-case PRECISION,BATCH,WIDTH,BLOCKS[,ACTIVATION]" in capsys.readouterr().err
+
+
+def test_bench_step_parses_cases():
+    from cutlass_fused.bench_step import Case, parse_case
+    assert parse_case("amp-bf16,4096,4096,4") == Case("amp-bf16", 4096, 4096, 4, "relu")
+    assert parse_case("tf32,8,16,3,leaky_relu") == Case("tf32", 8, 16, 3, "leaky_relu")
+
+
+@pytest.mark.skipif(CUDA, reason="the CPU refusal of tf32")
+def test_bench_step_cpu_refuses_tf32(tmp_path):
+    with pytest.raises(SystemExit, match="needs a GPU"):
+        bench.main(["--step-case", "tf32,8,16,1", "--out", str(tmp_path)])
+
+
+def test_bench_step_sets_and_restores_tf32():
+    from cutlass_fused.bench_step import precision_flags
+    flags = lambda: (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    old = flags()
+    try:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = False, True
+        with precision_flags("tf32"):
+            assert flags() == (True, True)
+        assert flags() == (False, True)
+        with precision_flags("f32"):
+            assert flags() == (False, False)
+        assert flags() == (False, True)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+
+
+@pytest.mark.skipif(CUDA, reason="the GPU's default run takes minutes")
+def test_bench_default_run_times_the_training_step_too(tmp_path):
+    """The README's main job: the layer's default shapes, then the step case(s); a run that picks
+    the layer's shapes is about the layer alone."""
+    assert bench.main(["--out", str(tmp_path)]) == 0
+    assert {r["impl"] for r in json.loads((tmp_path / "step.json").read_text())["rows"]} == {"eager", "fused"}
+    assert json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert bench.main(["--shape", "16,24,8", "--impl", "eager", "--out", str(tmp_path / "layer")]) == 0
+    assert not (tmp_path / "layer" / "step.json").exists()

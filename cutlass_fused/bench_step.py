@@ -1,0 +1,240 @@
+"""python -m cutlass_fused.bench --step: whole training steps of an MLP built of the layer.
+
+The model is BLOCKS x [Linear(width, width) -> * scale -> BatchNorm1d -> activation] (SeedModel and
+an nn activation), then a head Linear(width, 1000); cross-entropy on random targets; AdamW (fused on
+CUDA) steps it and zero_grad(set_to_none=True) ends the step. The rows, each on its own deep copy of
+one initial model: eager, compile (torch.compile of the model), fused (cutlass_fused.fuse of the
+model) and fused+compile; the optimizer is never compiled. A row's first PARITY_STEPS steps run on
+a data stream shared by all rows, and its loss parity is the largest relative difference of those
+losses from eager's. Then the step on one fixed batch is timed (bench.median_ms), the rows in
+--rounds, and its peak memory taken (bench.peak_extra_mib).
+"""
+import argparse
+import collections
+import contextlib
+import copy
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import cutlass_fused
+from cutlass_fused import bench
+from cutlass_fused.seed import SeedModel
+
+Case = collections.namedtuple("Case", "precision batch width blocks activation")
+PRECISIONS = ("amp-bf16", "bf16", "tf32", "f32")
+ACTIVATIONS = {"none": nn.Identity, "relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU, "leaky_relu": nn.LeakyReLU}
+ROWS = ("eager", "compile", "fused", "fused+compile")
+CASES = [Case("amp-bf16", 4096, 4096, 4, "relu"), Case("amp-bf16", 1024, 8192, 4, "relu"),
+         Case("bf16", 4096, 4096, 4, "relu"), Case("amp-bf16", 256, 2048, 6, "relu")]
+# The CPU runs the layer's PyTorch path and has no triton for torch.compile: one tiny case, in
+# seconds, that shows the command and the fused model's training work there.
+CPU_CASE = Case("f32", 64, 64, 2, "relu")
+CPU_ROWS = ("eager", "fused")
+CLASSES = 1000
+PARITY_STEPS = 30
+PEAK = ("bench.peak_extra_mib: torch.cuda.max_memory_allocated during one step minus memory_allocated "
+        "before it (weights, AdamW states and the batch), after a step first; null on the CPU")
+CASE_HELP = ("PRECISION,BATCH,WIDTH,BLOCKS[,ACTIVATION]: a training-step case (repeatable; implies --step). "
+             f"PRECISION: {', '.join(PRECISIONS)} (amp-bf16: fp32 weights under torch.autocast bf16; bf16: "
+             "model and inputs in bf16; tf32: fp32 with TF32 matmuls; f32: TF32 off). ACTIVATION: "
+             f"{', '.join(ACTIVATIONS)} (default relu). Default cases: "
+             + " ".join(",".join(map(str, c[:4])) for c in CASES) + f"; on the CPU {','.join(map(str, CPU_CASE[:4]))}")
+
+
+def parse_case(s):
+    parts = s.split(",") + ["relu"]  # the activation is optional
+    try:
+        case = Case(parts[0], *map(int, parts[1:4]), parts[4]) if len(parts) in (5, 6) else None
+    except ValueError:
+        case = None
+    # BatchNorm in training needs two rows to normalize.
+    if (case is None or case.precision not in PRECISIONS or case.activation not in ACTIVATIONS or case.batch < 2
+            or min(case.width, case.blocks) < 1):
+        raise argparse.ArgumentTypeError(f"expected --step-case {CASE_HELP.split(':')[0]} (BATCH at least 2, WIDTH "
+                                         f"and BLOCKS at least 1), but got {s!r}")
+    return case
+
+
+def case_of(row):
+    return Case(*(row[f] for f in Case._fields))
+
+
+def label(case):
+    return f"{case.precision} {case.batch}x{case.width}x{case.blocks} {case.activation}"
+
+
+def mlp(case, device):
+    torch.manual_seed(0)
+    layers = [m for _ in range(case.blocks) for m in (SeedModel(case.width, case.width), ACTIVATIONS[case.activation]())]
+    model = nn.Sequential(*layers, nn.Linear(case.width, CLASSES)).to(device)
+    return model.to(torch.bfloat16) if case.precision == "bf16" else model
+
+
+def batch(case, device, i):
+    """The i-th batch of the data stream, the same for every row."""
+    g = torch.Generator(device=device).manual_seed(i)
+    x = torch.randn(case.batch, case.width, device=device, generator=g)
+    target = torch.randint(0, CLASSES, (case.batch,), device=device, generator=g)
+    return x.to(torch.bfloat16) if case.precision == "bf16" else x, target
+
+
+@contextlib.contextmanager
+def precision_flags(precision):
+    """TF32 on for tf32 alone, and the global flags as they were afterwards."""
+    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = precision == "tf32"
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+
+
+class Row:
+    """One row's model, optimizer and step; built by running the parity steps, which also warm it
+    up (and compile it)."""
+
+    def __init__(self, name, base, case, device, reports):
+        self.name, self.case, self.device = name, case, device
+        module, self.fused_layers = copy.deepcopy(base), None
+        if name.startswith("fused"):
+            module, report = cutlass_fused.fuse(module)
+            self.fused_layers = len(report.fused)
+            if not reports:
+                print(report)
+            reports.append(report)
+        self.call = torch.compile(module) if name.endswith("compile") else module
+        self.opt = torch.optim.AdamW(module.parameters(), fused=device.type == "cuda")
+        losses = [self.step(*batch(case, device, i)).detach() for i in range(PARITY_STEPS)]
+        self.losses = torch.stack(losses).float().tolist()
+        self.x, self.target = batch(case, device, PARITY_STEPS)
+        self.times = []
+
+    def step(self, x, target):
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.case.precision == "amp-bf16"):
+            loss = F.cross_entropy(self.call(x), target)
+        loss.backward()
+        self.opt.step()
+        # After the step, so that the memory before the next one is the weights and AdamW's states.
+        self.opt.zero_grad(set_to_none=True)
+        return loss
+
+    def time(self):
+        self.times.append(bench.median_ms(lambda: self.step(self.x, self.target), self.device.type == "cuda"))
+
+    def peak(self):
+        return bench.peak_extra_mib(lambda: self.step(self.x, self.target)) if self.device.type == "cuda" else None
+
+
+def measure_case(case, rows, device, rounds):
+    """The case's rows: dicts in the results schema, a failed row with its error."""
+    torch._dynamo.reset()
+    base, reports, errors, live = mlp(case, device), [], {}, {}
+    for name in rows:
+        failed = []
+        row = bench.guarded(name, "step", label(case), lambda: Row(name, base, case, device, reports), failed)
+        if row is None:
+            errors[name] = failed[0]
+        else:
+            live[name] = row
+    for row in bench.alternating(list(live.values()), rounds):
+        if row.name in live:
+            failed = []
+            bench.guarded(row.name, "step", label(case), row.time, failed)
+            if failed:
+                errors[row.name] = failed[0]
+                del live[row.name]
+    out = []
+    eager = live.get("eager")
+    for name in rows:
+        row = live.get(name)
+        out.append({"mode": "step", **case._asdict(), "impl": name, "ms": None, "peak_extra_mib": None,
+                    "vs_eager": None, "vs_compile": None, "loss_parity": None, "loss_last": None,
+                    "fused_layers": None, "error": errors.get(name)})
+        if row is None:
+            continue
+        failed = []
+        peak = bench.guarded(name, "step", label(case), row.peak, failed)
+        out[-1].update(ms=statistics.median(row.times), peak_extra_mib=peak, loss_last=row.losses[-1],
+                       fused_layers=row.fused_layers, error=failed[0] if failed else None)
+        if eager is not None:
+            out[-1]["loss_parity"] = max(abs(a - e) / abs(e) for a, e in zip(row.losses, eager.losses))
+    ms = {r["impl"]: r["ms"] for r in out}
+    for r in out:
+        if r["ms"]:
+            r["vs_eager"] = ms["eager"] / r["ms"] if ms.get("eager") else None
+            r["vs_compile"] = ms["compile"] / r["ms"] if ms.get("compile") else None
+    return out
+
+
+def measure(cases, rows, device, rounds, argv, out_dir):
+    """Every case's rows; writes step.json after each case, so that a run cut short keeps them."""
+    result = {"mode": "step", "meta": bench.meta(argv, device), "parity_steps": PARITY_STEPS,
+              "peak_extra_mib": PEAK, "rows": []}
+    for case in cases:
+        print(f"cutlass_fused.bench: step {label(case)}: {', '.join(rows)}", file=sys.stderr)
+        with precision_flags(case.precision):
+            result["rows"] += measure_case(case, rows, device, rounds)
+        (out_dir / "step.json").write_text(json.dumps(result, indent=1) + "\n")
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # the case's models are gone; the next one's may be larger
+    return result
+
+
+def run(args, argv):
+    """--step, or the step cases of the default GPU run: 1 where a fused row failed (after writing all)."""
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    cases = args.step_case or (CASES if cuda else [CPU_CASE])
+    if not cuda and any(c.precision == "tf32" for c in cases):
+        raise SystemExit("cutlass_fused.bench: --step-case tf32 needs a GPU; the CPU runs amp-bf16, bf16 and f32")
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result = measure(cases, ROWS if cuda else CPU_ROWS, device, args.rounds, argv, out_dir)
+    print(table(result))
+    if not cuda:
+        print("On the CPU the fused layer runs PyTorch ops and torch.compile is not run: the rows check that "
+              "the fused model trains as eager does; their times say nothing of the kernels' speed.")
+    plot(result, out_dir / "step.png")
+    print(f"wrote {out_dir / 'step.json'}")
+    return int(any(r["error"] for r in result["rows"] if r["impl"] == "fused"))
+
+
+def table(result, markdown=False):
+    head = ["precision", "batch", "width", "blocks", "act", "impl", "ms/step", "peak MiB", "vs eager",
+            "vs compile", "loss parity", "fused"]
+    lines = [[r["precision"], str(r["batch"]), str(r["width"]), str(r["blocks"]), r["activation"], r["impl"],
+              "failed" if r["ms"] is None else bench.fmt(r["ms"], ".3f"), bench.fmt(r["peak_extra_mib"], ".0f"),
+              bench.fmt(r["vs_eager"], ".2f"), bench.fmt(r["vs_compile"], ".2f"),
+              bench.fmt(r["loss_parity"], ".1e"), bench.fmt(r["fused_layers"], "d")] for r in result["rows"]]
+    out = bench.render(head, lines, 6, markdown, result["meta"])
+    notes = [f"{r['impl']} {label(case_of(r))}: {r['error']}"
+             for r in result["rows"] if r["error"]]
+    return "\n".join([out, *("failed: " + n for n in notes)])
+
+
+def plot(result, path):
+    """One panel a case: each row's ms per step, with its speedup over eager."""
+    plt = bench.pyplot()
+    rows = [r for r in result["rows"] if r["ms"]]
+    if plt is None or not rows:
+        return
+    cases = list(dict.fromkeys(case_of(r) for r in rows))
+    fig, axes = plt.subplots(1, len(cases), figsize=(max(5.5, 3.4 * len(cases)), 3.4), squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, case in zip(axes[0], cases):
+        sel = [r for r in rows if case_of(r) == case]
+        bars = ax.bar(range(len(sel)), [r["ms"] for r in sel], color=[colors[ROWS.index(r["impl"])] for r in sel])
+        ax.bar_label(bars, labels=[f"{r['ms']:.2f}" + (f"\n{r['vs_eager']:.2f}x" if r["vs_eager"] else "")
+                                   for r in sel], fontsize=6)
+        ax.set_ylim(0, 1.25 * max(r["ms"] for r in sel))
+        ax.set_xticks(range(len(sel)))
+        ax.set_xticklabels([r["impl"] for r in sel], fontsize=7, rotation=20, ha="right")
+        ax.set_title(label(case), fontsize=8)
+    axes[0][0].set_ylabel("ms per training step\nlower is better (x: over eager)", fontsize=7)
+    bench.save_figure(plt, fig, result["meta"], path)
