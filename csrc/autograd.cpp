@@ -185,8 +185,13 @@ struct EvalFunction : torch::autograd::Function<EvalFunction> {
     at::AutoDispatchBelowADInplaceOrView below;
     auto y = op.call(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, eps, family, cache,
                      activation, negative_slope, output_dtype);
+    // relu's and leaky_relu's derivatives are taken from the sign of y itself (PyTorch's relu saves
+    // its result too): BN(z) recomputed from h in another precision than the epilogue's may fall on
+    // the other side of 0 than the y the forward returned.
+    Activation act = activation_of(activation);
+    bool by_sign = act == Activation::relu || (act == Activation::leaky_relu && negative_slope >= 0);
     ctx->save_for_backward({x, weight, saved(bias), scale, saved(bn_weight), running_mean, running_var,
-                            saved(bn_bias)});
+                            saved(bn_bias), by_sign ? y : at::Tensor()});
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["activation"] = std::string(activation);
     ctx->saved_data["negative_slope"] = negative_slope;
@@ -200,7 +205,7 @@ struct EvalFunction : torch::autograd::Function<EvalFunction> {
     variable_list out(14);
     auto s = ctx->get_saved_variables();
     auto const &x = s[0], &weight = s[1], &bias = s[2], &scale = s[3], &bn_weight = s[4];
-    auto const &running_mean = s[5], &running_var = s[6], &bn_bias = s[7];
+    auto const &running_mean = s[5], &running_var = s[6], &bn_bias = s[7], &y = s[8];
     Activation act = activation_of(ctx->saved_data["activation"].toStringRef());
     auto need = needs(ctx);
     // fp32 arithmetic, or fp64 where any input is fp64: a float64 layer's
@@ -221,11 +226,17 @@ struct EvalFunction : torch::autograd::Function<EvalFunction> {
       h = at::mm(x, weight.t()).to(acc);
       if (bias.defined()) h = h + bias.to(acc);
     };
-    if (act != Activation::none) {
+    double slope = ctx->saved_data["negative_slope"].toDouble();
+    if (y.defined()) {
+      // By y's sign (see the forward); for leaky_relu, y > 0 exactly where its input is.
+      auto ya = y.to(acc);
+      dyf = act == Activation::relu ? at::threshold_backward(dyf, ya, 0)
+                                    : at::leaky_relu_backward(dyf, ya, slope, /*self_is_result=*/true);
+    } else if (act != Activation::none) {
       recompute_h();
       auto pre = (h * scale.to(acc) - running_mean.to(acc)) * g;
       if (bn_bias.defined()) pre = pre + bn_bias.to(acc);
-      dyf = activation_backward(dyf, pre, act, ctx->saved_data["negative_slope"].toDouble());
+      dyf = activation_backward(dyf, pre, act, slope);
     }
     // dh in x's dtype, for the GEMMs with x and weight (y may be wider: see output_dtype).
     auto dh = (dyf * (scale.to(acc) * g)).to(x.scalar_type());

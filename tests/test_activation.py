@@ -8,7 +8,7 @@ from torch import nn
 
 import cutlass_fused
 from cutlass_fused.ops import ops
-from common import (CUDA, FAMILIES, FAMILY_IDS, FLOOR, MODES, assert_close_rule, assert_close_rule_scaled, modes_for,
+from common import (CUDA, FAMILIES, FAMILY_IDS, MODES, assert_close_rule, assert_close_rule_scaled, modes_for,
                     params, precision)
 
 ACTS = ["relu", "leaky_relu", "gelu", "gelu_tanh", "silu"]
@@ -32,9 +32,14 @@ def leaves(p, x, dtype, device):
     return {k: v.detach().to(device, dtype).requires_grad_() for k, v in vals.items()}
 
 
-def unfused(inp, act, training, running):
+def unfused(inp, act, training, running, kink_side=None, kink_band=0.0):
     z = F.linear(inp["x"], inp["weight"], inp["bias"]) * inp["scale"]
-    return TORCH_ACT[act](F.batch_norm(z, *running, inp["bn_weight"], inp["bn_bias"], training, 0.1, 1e-5))
+    pre = F.batch_norm(z, *running, inp["bn_weight"], inp["bn_bias"], training, 0.1, 1e-5)
+    if kink_side is None or act not in ("relu", "leaky_relu"):
+        return TORCH_ACT[act](pre)
+    # relu or leaky_relu with its mask taken from kink_side (ours) where |pre| < kink_band (KINK_BAND)
+    positive = torch.where(pre.detach().abs() < kink_band, kink_side.to(pre.dtype) > 0, pre.detach() > 0)
+    return pre * torch.where(positive, 1.0, 0.0 if act == "relu" else SLOPE).to(pre.dtype)
 
 
 def run(inp, act, training, running, y_dtype=None):
@@ -62,33 +67,23 @@ def check(device, family, mode, act, shape, training):
         y_same = unfused(same, act, training, [t.to(device, dtype).clone() for t in running])
         y_same.backward(dy.to(device, dtype))
     ref = leaves(p, x, torch.float64, "cpu")
-    y_ref = unfused(ref, act, training, [t.double().clone() for t in running])
+    y_ref = unfused(ref, act, training, [t.double().clone() for t in running], kink_side=y.detach().cpu(),
+                    kink_band=KINK_BAND[mode])
     y_ref.backward(dy.double())
     assert y.dtype == y_same.dtype
     assert_close_rule(y.cpu(), y_same.cpu(), y_ref, mode, f"y ({act})")
     for name in NAMES:
         assert ours[name].grad is not None and ours[name].grad.dtype == ours[name].dtype, name
-        if act in KINKED:
-            assert_close_rms(ours[name].grad, same[name].grad, ref[name].grad, mode, f"d{name} ({act})")
-        else:
-            assert_close_rule_scaled(ours[name].grad, same[name].grad, ref[name].grad, mode, f"d{name} ({act})")
+        assert_close_rule_scaled(ours[name].grad, same[name].grad, ref[name].grad, mode, f"d{name} ({act})")
 
 
-# Activations whose derivative jumps at 0. Where a rounded h puts BN(z) on the other side of 0
-# than float64 does, the derivative there is off by 1 - slope; how many such elements a
-# run has, ours or PyTorch's, is luck, and one of them can decide a maximum error (seen: dx at
-# batch 3 with 0.03 against PyTorch's 0.004 that had none). Their gradients are compared by
-# relative RMS error, which one flip barely moves, with flash-attention's 2x rule.
-KINKED = ("relu", "leaky_relu")
-
-
-def assert_close_rms(ours, torch_same, ref64, mode, what):
-    assert torch.isfinite(ours).all(), f"{what}: non-finite values (unwritten output?)"
-    rms = lambda t: (t.double().cpu() - ref64).norm().item() / max(ref64.norm().item(), 1e-30)
-    e_ours, e_torch = rms(ours), rms(torch_same)
-    bound = 2 * e_torch + FLOOR[mode]
-    assert e_ours <= bound, f"{what}: relative RMS error {e_ours:.3g} > 2 x torch's {e_torch:.3g} + {FLOOR[mode]:.0e}"
-
+# relu's and leaky_relu's derivatives jump at 0. Where rounding (of x and W to 16 bits, of h)
+# puts BN(z) on the other side of 0 than float64 does, the derivative there is off by 1 - slope,
+# and one such element can decide a maximum error (seen: dx at batch 3, 0.07 of its size against
+# PyTorch's 0.0006 with none). How many a run has, ours or PyTorch's, is luck. So within this band
+# of 0 the float64 reference takes the side of 0 that our y is on; everywhere else a derivative on
+# the wrong side still fails the test.
+KINK_BAND = {"bf16": 0.05, "f16": 0.01, "tf32": 0.01, "f32": 1e-4}
 
 @pytest.mark.parametrize("device,family,mode", CASES)
 @pytest.mark.parametrize("act", ACTS)
