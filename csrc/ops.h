@@ -26,8 +26,9 @@ inline at::Tensor empty_padded(int64_t m, int64_t n, at::TensorOptions opts) {
 inline at::ScalarType output_dtype(at::ScalarType h, at::ScalarType scale) { return at::promote_types(h, scale); }
 
 // The dtype the ops return y in: `requested` (their output_dtype argument) where given, else
-// output_dtype's. A requested dtype is y rounded once from its value in h * scale's dtype (under
-// autocast with an fp32 scale, the fp32 value); it must be a floating-point dtype.
+// output_dtype's. It must be a floating-point dtype. The training kernels write h's dtype or fp32
+// from their fp32 value (under autocast with an fp32 scale, the unfused model's y, rounded once);
+// any other is a cast of y in h * scale's dtype.
 at::ScalarType y_dtype(at::ScalarType x, at::ScalarType scale, c10::optional<at::ScalarType> requested);
 
 // The activation the ops apply to BN(z): the `activation` argument's name, parsed (ValueError
