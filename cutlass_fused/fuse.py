@@ -212,12 +212,10 @@ def _activation_after(gm, bn_node):
     if node.op != "call_function" or node.target not in _ACT_FUNCTIONS:
         return none
     name = _ACT_FUNCTIONS[node.target]
-    try:  # the call's own arguments, by the function's signature; inplace changes nothing here
-        params = {"leaky_relu": ("negative_slope", "inplace"), "gelu": ("approximate",)}.get(name, ("inplace",))
-        bound = dict(zip(params, args[1:]), **kwargs)
-        if set(bound) - set(params) or len(args) - 1 > len(params):
-            return none
-    except TypeError:
+    # The call's own arguments, by the function's signature; inplace changes nothing here.
+    params = {"leaky_relu": ("negative_slope", "inplace"), "gelu": ("approximate",)}.get(name, ("inplace",))
+    bound = dict(zip(params, args[1:]), **kwargs)
+    if set(bound) - set(params) or len(args) - 1 > len(params):
         return none
     if name == "gelu":
         approximate = bound.get("approximate", "none")
