@@ -280,12 +280,7 @@ void batch_norm_backward(BackwardArgs const& g, BackwardKernels kernels, int pie
       grad_input_kernel<T, TY, decltype(v)::value, 1, Act><<<grid, dim3(32, 8), 0, stream>>>(g, sums);
     });
   };
-  dispatch_pair(g.dt, g.dt_dy, [&](auto t, auto ty) {
-    if (g.act == Activation::none)
-      run(t, ty, std::false_type{});
-    else
-      run(t, ty, std::true_type{});
-  });
+  dispatch_pair(g.dt, g.dt_dy, [&](auto t, auto ty) { dispatch_act(g.act, [&](auto act) { run(t, ty, act); }); });
   check_cuda(cudaGetLastError(), "batch_norm_backward");
 }
 

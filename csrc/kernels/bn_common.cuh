@@ -56,6 +56,16 @@ void dispatch_pair(DType dt, DType dt2, F&& f) {
   });
 }
 
+// std::true_type where an activation is set: the kernels' Act flag (normalized, bn_grad), so that
+// those without one carry none of its code.
+template <class F>
+void dispatch_act(Activation act, F&& f) {
+  if (act == Activation::none)
+    f(std::false_type{});
+  else
+    f(std::true_type{});
+}
+
 // Element c of a per-column vector as fp64; `none` where the vector is absent.
 __device__ __forceinline__ double load(ColVec v, int c, double none) {
   if (v.p == nullptr) return none;
@@ -419,8 +429,11 @@ __device__ __forceinline__ A pre_activation(Column<A> const& col, T h) {
 }
 
 // One element of y: every training tail and finalize writes y through this, so all get the same bits.
-template <class TO, class T, class A>
+// Act: whether an activation may be set. The kernels without one compile without its switch: inside
+// the element loop, the switch's gelu and silu arms left the fp32-y tails 10-20 spilled registers.
+template <class TO, bool Act, class T, class A>
 __device__ __forceinline__ TO normalized(Column<A> const& col, T h, Activation act, float slope) {
+  if constexpr (!Act) return from_float<TO>(pre_activation(col, h));
   return from_float<TO>(activate(pre_activation(col, h), act, slope));
 }
 
@@ -499,7 +512,7 @@ __device__ void block_columns(int n, int group, Col (&col)[V], Make&& make) {
 // at a time, 8 apart, issuing their loads before any of their math.
 // y = (h - mean_h) * mul + b for rows [begin, end) of columns c0 .. c0 + V,
 // this thread's row lane taking R rows at a time, 8 apart, `step` rows per round.
-template <class T, class TO, int V, int R, class A>
+template <class T, class TO, bool Act, int V, int R, class A>
 __device__ void normalize_round(FinalizeArgs const& a, int c0, Column<A> const (&col)[V], int64_t r0, int64_t end) {
   auto const* h = static_cast<T const*>(a.h);
   auto* y = static_cast<TO*>(a.y);
@@ -515,14 +528,14 @@ __device__ void normalize_round(FinalizeArgs const& a, int c0, Column<A> const (
       Group<TO, V> out;
 #pragma unroll
       for (int v = 0; v < V; ++v)
-        out.v[v] = normalized<TO>(col[v], in[i].v[v], a.act, a.slope);
+        out.v[v] = normalized<TO, Act>(col[v], in[i].v[v], a.act, a.slope);
       store_group<TO, V>(y + (r0 + 8 * i) * a.n + c0, out);
     }
   }
 }
 
 // Rows [begin, end) of columns c0 .. c0 + V, last rows first, through pipelined_rows.
-template <class T, class TO, int V, int S, class A>
+template <class T, class TO, bool Act, int V, int S, class A>
 __device__ void normalize_rows_pipelined(FinalizeArgs const& a, int c0, Column<A> const (&col)[V], int64_t begin,
                                          int64_t end, uint4* stage) {
   static_assert(sizeof(Group<T, V>) == 16, "16-byte groups only");
@@ -538,15 +551,15 @@ __device__ void normalize_rows_pipelined(FinalizeArgs const& a, int c0, Column<A
         Group<TO, V> out;
 #pragma unroll
         for (int v = 0; v < V; ++v)
-          out.v[v] = normalized<TO>(col[v], in.v[v], a.act, a.slope);
+          out.v[v] = normalized<TO, Act>(col[v], in.v[v], a.act, a.slope);
         store_group_once<TO, V>(y + row(j) * a.n + c0, out);
       });
 }
 
-template <class T, class TO, int V, int R, class A>
+template <class T, class TO, bool Act, int V, int R, class A>
 __device__ void normalize_rows(FinalizeArgs const& a, int c0, Column<A> const (&col)[V], int64_t begin, int64_t end,
                                int64_t step) {
-  for (int64_t r0 = begin + threadIdx.y; r0 < end; r0 += step) normalize_round<T, TO, V, R>(a, c0, col, r0, end);
+  for (int64_t r0 = begin + threadIdx.y; r0 < end; r0 += step) normalize_round<T, TO, Act, V, R>(a, c0, col, r0, end);
 }
 
 // Commit groups of the slab's loads: the normalization starts on the first rows while the

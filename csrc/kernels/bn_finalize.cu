@@ -27,14 +27,14 @@ __global__ void update_running_kernel(int n, double const* __restrict__ stats, C
   update_running(moments(stats[c], stats[n + c], load(scale, c, 1.0), count), count, m, old_mean, old_var, rm, rv, c);
 }
 
-template <class T, class TO, int V, int R>
+template <class T, class TO, bool Act, int V, int R>
 __global__ void finalize_normalize_kernel(FinalizeArgs a) {
   using A = Acc<T>;
   Column<A> col[V];
   block_columns<V>(a.n, blockIdx.x, col, [&](int c) { return column<A>(a, c); });
   int c0 = (blockIdx.x * 32 + threadIdx.x) * V;  // n % V == 0 when V > 1: groups are whole
   if (c0 >= a.n) return;
-  normalize_rows<T, TO, V, R>(a, c0, col, blockIdx.y * 8 * R, a.m, int64_t{gridDim.y} * 8 * R);
+  normalize_rows<T, TO, Act, V, R>(a, c0, col, blockIdx.y * 8 * R, a.m, int64_t{gridDim.y} * 8 * R);
 }
 
 }  // namespace
@@ -56,10 +56,13 @@ void column_stats(DType dt, void const* h, int m, int n, int64_t ldh, double* st
 
 void finalize_normalize(FinalizeArgs const& a, cudaStream_t stream) {
   dispatch_pair(a.dt, a.dt_y, [&](auto t, auto to) {
-    using T = decltype(t);
-    using TO = decltype(to);
-    launch_rows<T, 4>(a.m, a.n, a.ldh, {a.h, a.y}, 4096, [&](auto v, dim3 grid) {
-      finalize_normalize_kernel<T, TO, decltype(v)::value, 4><<<grid, dim3(32, 8), 0, stream>>>(a);
+    dispatch_act(a.act, [&](auto act) {
+      using T = decltype(t);
+      using TO = decltype(to);
+      constexpr bool Act = decltype(act)::value;
+      launch_rows<T, 4>(a.m, a.n, a.ldh, {a.h, a.y}, 4096, [&](auto v, dim3 grid) {
+        finalize_normalize_kernel<T, TO, Act, decltype(v)::value, 4><<<grid, dim3(32, 8), 0, stream>>>(a);
+      });
     });
   });
   check_cuda(cudaGetLastError(), "finalize_normalize");

@@ -34,7 +34,7 @@ constexpr bool kZOverflows = std::is_same_v<T, __half>;
 // takes the same items in both phases, so phase 2 mostly re-reads h from L2.
 // P: the type of the GEMM's tile sums (float or double), or void where the
 // statistics are the exact pass's alone.
-template <class T, class TO, int V, int R, class P>
+template <class T, class TO, bool Act, int V, int R, class P>
 __global__ void __launch_bounds__(256, 4) batch_norm_train_kernel(TrainArgs a, int rows, int chunks, int groups) {
   using A = Acc<T>;
   constexpr bool FromGemm = !std::is_void_v<P>;
@@ -153,10 +153,10 @@ __global__ void __launch_bounds__(256, 4) batch_norm_train_kernel(TrainArgs a, i
     // Last rows first (both paths): phase 1 read them last, so more of them are still in
     // L2 when h exceeds it (2.5% less time at 16384 x 4096, H100).
     if constexpr (kPipelined) {
-      if (c0 < f.n) normalize_rows_pipelined<T, TO, V, kStages>(f, c0, col, begin, end, stage);
+      if (c0 < f.n) normalize_rows_pipelined<T, TO, Act, V, kStages>(f, c0, col, begin, end, stage);
     } else if (c0 < f.n) {
       for (int64_t k = (end - begin - 1) / (8 * R); k >= 0; --k)
-        normalize_round<T, TO, V, R>(f, c0, col, begin + k * 8 * R + threadIdx.y, end);
+        normalize_round<T, TO, Act, V, R>(f, c0, col, begin + k * 8 * R + threadIdx.y, end);
     }
   }
 }
@@ -169,7 +169,7 @@ __global__ void __launch_bounds__(256, 4) batch_norm_train_kernel(TrainArgs a, i
 // statistics and y have the split ops' bits.
 // K: rows a thread holds (stat_rows(m) / 8 at most). num_batches_tracked is only incremented
 // (momentum given: no block reads it).
-template <class T, class TO, int V, int K>
+template <class T, class TO, bool Act, int V, int K>
 __global__ void __launch_bounds__(256) batch_norm_train_small_kernel(TrainArgs a, int rows, int chunks, int groups) {
   using A = Acc<T>;
   FinalizeArgs const& f = a.norm;
@@ -242,7 +242,7 @@ __global__ void __launch_bounds__(256) batch_norm_train_small_kernel(TrainArgs a
     if (r0 + 8 * k >= r1) break;
     Group<TO, V> out;
 #pragma unroll
-    for (int v = 0; v < V; ++v) out.v[v] = normalized<TO>(cols[g * V + v], held[k].v[v], f.act, f.slope);
+    for (int v = 0; v < V; ++v) out.v[v] = normalized<TO, Act>(cols[g * V + v], held[k].v[v], f.act, f.slope);
     store_group_once<TO, V>(y + (r0 + 8 * k) * f.n + c0, out);
   }
 }
@@ -255,7 +255,7 @@ __global__ void __launch_bounds__(256) batch_norm_train_small_kernel(TrainArgs a
 // batch_norm_train_kernel's orders (phase 0's for tile sums; chunk_partials' and reduce_partials'
 // for exact ones), so both kernels write the same bits. num_batches_tracked is only incremented
 // (momentum given: no block reads it). Shared memory: slab_smem.
-template <class T, class TO, class P>
+template <class T, class TO, bool Act, class P>
 __global__ void __launch_bounds__(256, 3) batch_norm_train_slab_kernel(TrainArgs a, int rows, int chunks, int pieces) {
   using A = Acc<T>;
   constexpr int V = 16 / sizeof(T);
@@ -334,7 +334,7 @@ __global__ void __launch_bounds__(256, 3) batch_norm_train_slab_kernel(TrainArgs
       auto const& in = *reinterpret_cast<Group<T, V> const*>(slab + r * pieces + piece);
       Group<TO, V> out;
 #pragma unroll
-      for (int v = 0; v < V; ++v) out.v[v] = normalized<TO>(col[v], in.v[v], f.act, f.slope);
+      for (int v = 0; v < V; ++v) out.v[v] = normalized<TO, Act>(col[v], in.v[v], f.act, f.slope);
       store_group_once<TO, V>(y + static_cast<int64_t>(r) * f.n + c0, out);
     });
   }
@@ -346,52 +346,55 @@ void batch_norm_train(TrainArgs const& a, cudaStream_t stream) {
   FinalizeArgs const& f = a.norm;
   int rows = stat_rows(f.m), chunks = stat_chunks(f.m);
   dispatch_pair(f.dt, f.dt_y, [&](auto t, auto to) {
-    using T = decltype(t);
-    using TO = decltype(to);
-    constexpr int V = 16 / sizeof(T);
-    bool vec = can_vectorize<T>(f.n, f.ldh, {f.h, f.y});
-    Tail tail = a.tail;
-    int pieces = a.pieces;
-    if (tail == Tail::automatic || (tail == Tail::slab && !vec))
-      throw std::runtime_error("cutlass_fused: batch_norm_train runs the plan's tail (csrc/kernels/plan.h)");
-    // P: the GEMM's sums' type, void without them.
-    auto launch = [&](auto p) {
-      using P = std::conditional_t<std::is_same_v<decltype(p), NoSums>, void, decltype(p)>;
-      if (tail == Tail::slab) {
-        constexpr auto kernel = batch_norm_train_slab_kernel<T, TO, P>;
-        allow_slab<kernel>();
-        size_t smem = slab_smem<Column<Acc<T>>>(f.m, 1, std::max(chunks, 8), pieces, V);
-        kernel<<<blocks(f.n, pieces * V), 256, smem, stream>>>(a, rows, chunks, pieces);
-        check_cuda(cudaGetLastError(), "batch_norm_train");
-      } else if (vec) {
-        // R = 2: with 4 rows in flight the kernel spills under its 64 registers
-        // and ran 30-40% slower (H100; docs/decisions.md, "Training tails").
-        launch_cooperative<batch_norm_train_kernel<T, TO, V, 2, P>>(a, f.n, a.sm_count, rows, chunks, V, stream,
-                                                                     "batch_norm_train");
-      } else {
-        launch_cooperative<batch_norm_train_kernel<T, TO, 1, 2, P>>(a, f.n, a.sm_count, rows, chunks, 1, stream,
-                                                                     "batch_norm_train");
-      }
-    };
-    if constexpr (sizeof(T) == 2) {
-      if (tail == Tail::small) {
-        int groups = 256 / (8 * chunks);
-        auto small = [&](auto kernel, int v) {
-          kernel<<<blocks(f.n, groups * v), 256, 0, stream>>>(a, rows, chunks, groups);
+    dispatch_act(f.act, [&](auto act) {
+      using T = decltype(t);
+      using TO = decltype(to);
+      constexpr bool Act = decltype(act)::value;
+      constexpr int V = 16 / sizeof(T);
+      bool vec = can_vectorize<T>(f.n, f.ldh, {f.h, f.y});
+      Tail tail = a.tail;
+      int pieces = a.pieces;
+      if (tail == Tail::automatic || (tail == Tail::slab && !vec))
+        throw std::runtime_error("cutlass_fused: batch_norm_train runs the plan's tail (csrc/kernels/plan.h)");
+      // P: the GEMM's sums' type, void without them.
+      auto launch = [&](auto p) {
+        using P = std::conditional_t<std::is_same_v<decltype(p), NoSums>, void, decltype(p)>;
+        if (tail == Tail::slab) {
+          constexpr auto kernel = batch_norm_train_slab_kernel<T, TO, Act, P>;
+          allow_slab<kernel>();
+          size_t smem = slab_smem<Column<Acc<T>>>(f.m, 1, std::max(chunks, 8), pieces, V);
+          kernel<<<blocks(f.n, pieces * V), 256, smem, stream>>>(a, rows, chunks, pieces);
           check_cuda(cudaGetLastError(), "batch_norm_train");
-        };
-        if (vec) return small(batch_norm_train_small_kernel<T, TO, V, limits::kSmallRowsPerThread>, V);
-        return small(batch_norm_train_small_kernel<T, TO, 1, limits::kSmallRowsPerThread>, 1);
+        } else if (vec) {
+          // R = 2: with 4 rows in flight the kernel spills under its 64 registers
+          // and ran 30-40% slower (H100; docs/decisions.md, "Training tails").
+          launch_cooperative<batch_norm_train_kernel<T, TO, Act, V, 2, P>>(a, f.n, a.sm_count, rows, chunks, V, stream,
+                                                                       "batch_norm_train");
+        } else {
+          launch_cooperative<batch_norm_train_kernel<T, TO, Act, 1, 2, P>>(a, f.n, a.sm_count, rows, chunks, 1, stream,
+                                                                       "batch_norm_train");
+        }
+      };
+      if constexpr (sizeof(T) == 2) {
+        if (tail == Tail::small) {
+          int groups = 256 / (8 * chunks);
+          auto small = [&](auto kernel, int v) {
+            kernel<<<blocks(f.n, groups * v), 256, 0, stream>>>(a, rows, chunks, groups);
+            check_cuda(cudaGetLastError(), "batch_norm_train");
+          };
+          if (vec) return small(batch_norm_train_small_kernel<T, TO, Act, V, limits::kSmallRowsPerThread>, V);
+          return small(batch_norm_train_small_kernel<T, TO, Act, 1, limits::kSmallRowsPerThread>, 1);
+        }
       }
-    }
-    // Statistics GEMMs leave fp32 sums for 16-bit h and TF32, fp64 ones for 3xTF32.
-    if (a.u_sum == nullptr) return launch(NoSums{});
-    if constexpr (sizeof(T) == 2) {
-      if (!a.u_fp64) return launch(float{});
-    } else {
-      return a.u_fp64 ? launch(double{}) : launch(float{});
-    }
-    throw std::runtime_error("cutlass_fused: GEMM statistics of 16-bit h are fp32 sums");
+      // Statistics GEMMs leave fp32 sums for 16-bit h and TF32, fp64 ones for 3xTF32.
+      if (a.u_sum == nullptr) return launch(NoSums{});
+      if constexpr (sizeof(T) == 2) {
+        if (!a.u_fp64) return launch(float{});
+      } else {
+        return a.u_fp64 ? launch(double{}) : launch(float{});
+      }
+      throw std::runtime_error("cutlass_fused: GEMM statistics of 16-bit h are fp32 sums");
+    });
   });
 }
 
