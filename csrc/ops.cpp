@@ -244,8 +244,8 @@ TORCH_LIBRARY(cutlass_fused, m) {
   m.def("linear_stats(Tensor x, Tensor weight, Tensor? bias, str family, bool cache=False)"
         " -> (Tensor h, Tensor stats)");
   m.def(
-      "batch_norm_finalize(Tensor h, Tensor stats, Tensor scale, SymInt count, Tensor? weight, Tensor? bias, float eps)"
-      " -> (Tensor y, Tensor mean, Tensor invstd)");
+      "batch_norm_finalize(Tensor h, Tensor stats, Tensor scale, SymInt count, Tensor? weight, Tensor? bias, float eps,"
+      " str activation=\"none\", float negative_slope=0.01) -> (Tensor y, Tensor mean, Tensor invstd)");
   // Both steps and the running-stats update as one op: the unit autograd is
   // registered on (csrc/autograd.cpp). momentum=None is the cumulative average.
   //
@@ -268,6 +268,17 @@ TORCH_LIBRARY(cutlass_fused, m) {
       "batch_norm_backward(Tensor dy, Tensor h, Tensor mean, Tensor invstd, Tensor scale, Tensor? weight, float eps,"
       " Tensor? bias=None, str activation=\"none\", float negative_slope=0.01)"
       " -> (Tensor dh, Tensor dscale, Tensor dweight, Tensor dbias)");
+  // SyncBatchNorm's backward: batch_norm_backward's two passes apart, the group all-reducing
+  // `sums` (2 x n fp64: sum g, sum g (h - mean), g = dy times act's derivative) between them.
+  // `count`, the group's batch, is a one-element fp64 tensor on h's device: the ranks merge it
+  // there, and a host int would sync the stream each step.
+  m.def(
+      "batch_norm_backward_reduce(Tensor dy, Tensor h, Tensor mean, Tensor invstd, Tensor scale, Tensor? weight,"
+      " float eps, Tensor? bias=None, str activation=\"none\", float negative_slope=0.01) -> Tensor");
+  m.def(
+      "batch_norm_backward_elemt(Tensor dy, Tensor h, Tensor mean, Tensor invstd, Tensor scale, Tensor? weight,"
+      " Tensor sums, Tensor count, float eps, Tensor? bias=None, str activation=\"none\","
+      " float negative_slope=0.01) -> Tensor");
   m.def(
       "linear_scale_batch_norm_eval(Tensor x, Tensor weight, Tensor? bias, Tensor scale, Tensor? bn_weight,"
       " Tensor? bn_bias, Tensor running_mean, Tensor running_var, float eps, str family, bool cache=False,"

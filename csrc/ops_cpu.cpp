@@ -87,8 +87,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> normalize(at::Tensor const& h, at
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_finalize_cpu(
     at::Tensor const& h, at::Tensor const& stats, at::Tensor const& scale, int64_t count,
-    c10::optional<at::Tensor> const& weight, c10::optional<at::Tensor> const& bias, double eps) {
-  return normalize(h, stats, scale, count, weight, bias, eps, Activation::none, 0.0,
+    c10::optional<at::Tensor> const& weight, c10::optional<at::Tensor> const& bias, double eps,
+    c10::string_view activation, double negative_slope) {
+  return normalize(h, stats, scale, count, weight, bias, eps, activation_of(activation), negative_slope,
                    output_dtype(h.scalar_type(), scale.scalar_type()));
 }
 
@@ -138,35 +139,77 @@ TrainOut linear_scale_batch_norm_train_cpu(at::Tensor const& x, at::Tensor const
   return {y, h, stats, mean, invstd};
 }
 
-// dh = a dy + b (h - mean_h) + c per column, from sum dy and sum dy (h - mean_h);
-// see csrc/kernels/bn_backward.cu (grad_column) for the derivation's results.
+// g, BN(z)'s gradient, in fp64: dy times the activation's derivative at the forward's value, by
+// PyTorch's own backward formulas (dy itself without an activation).
+at::Tensor bn_grad(at::Tensor const& dy, at::Tensor const& h, at::Tensor const& mean, at::Tensor const& invstd,
+                   at::Tensor const& scale, c10::optional<at::Tensor> const& weight,
+                   c10::optional<at::Tensor> const& bias, c10::string_view activation, double negative_slope) {
+  int64_t n = h.size(1);
+  check_vector(mean, "mean", n);
+  check_vector(invstd, "invstd", n);
+  check_vector(bias, "bn_bias", n);
+  TORCH_CHECK(dy.sizes() == h.sizes(), "cutlass_fused: expected the gradient to have h's shape ", h.sizes(),
+              ", but got ", dy.sizes());
+  Activation act = activation_of(activation);
+  auto dy64 = dy.to(at::kDouble);
+  if (act == Activation::none) return dy64;
+  auto pre = pre_activation(h, mean, invstd.to(at::kDouble), scale, weight, bias).to(at::kDouble);
+  return activation_backward(dy64, pre, act, negative_slope);
+}
+
+// dh = a g + b (h - mean_h) + c per column, from the sums of g and g (h - mean_h) over `count`
+// rows; see csrc/kernels/bn_backward.cu (grad_column) for the derivation's results.
+at::Tensor grad_input(at::Tensor const& g, at::Tensor const& h, at::Tensor const& hc, at::Tensor const& sums,
+                      at::Tensor const& count, at::Tensor const& scale, c10::optional<at::Tensor> const& weight,
+                      at::Tensor const& invstd) {
+  auto s = scale.to(at::kDouble), istd = invstd.to(at::kDouble), w = opt64(weight, 1.0);
+  auto a = s * w * istd;
+  auto dh = a * g - a * s * s * istd * istd * sums[1] / count * hc - a * sums[0] / count;
+  return dh.to(h.scalar_type()).contiguous();
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_cpu(
     at::Tensor const& dy, at::Tensor const& h, at::Tensor const& mean, at::Tensor const& invstd,
     at::Tensor const& scale, c10::optional<at::Tensor> const& weight, double eps,
     c10::optional<at::Tensor> const& bias, c10::string_view activation, double negative_slope) {
-  check_vector(mean, "mean", h.size(1));
-  check_vector(invstd, "invstd", h.size(1));
-  check_vector(bias, "bn_bias", h.size(1));
-  Activation act = activation_of(activation);
   auto acc = acc_type(h.scalar_type());
-  double count = static_cast<double>(h.size(0));
+  auto g = bn_grad(dy, h, mean, invstd, scale, weight, bias, activation, negative_slope);
   auto hc = h.to(at::kDouble) - mean.to(at::kDouble);
-  // dy is act(BN(z))'s gradient: BN(z)'s is dy times act's derivative at the forward's value,
-  // by PyTorch's own backward formulas.
-  auto dy64 = dy.to(at::kDouble);
-  if (act != Activation::none) {
-    auto pre = pre_activation(h, mean, invstd.to(at::kDouble), scale, weight, bias).to(at::kDouble);
-    dy64 = activation_backward(dy64, pre, act, negative_slope);
-  }
-  auto sdy = dy64.sum(0), q = (dy64 * hc).sum(0);
+  auto sums = at::stack({g.sum(0), (g * hc).sum(0)});
+  auto dh = grad_input(g, h, hc, sums, at::scalar_tensor(static_cast<double>(h.size(0)), at::kDouble), scale,
+                       weight, invstd);
   auto s = scale.to(at::kDouble), istd = invstd.to(at::kDouble), w = opt64(weight, 1.0);
-  auto a = s * w * istd;
-  auto dh = a * dy64 - a * s * s * istd * istd * q / count * hc - a * sdy / count;
-  auto dscale = w * istd * q * eps * istd * istd;
-  auto dweight = istd * s * q;
+  auto dscale = w * istd * sums[1] * eps * istd * istd;
+  auto dweight = istd * s * sums[1];
   // Output dtypes as on CUDA: dscale in scale's, dweight and dbias in weight's.
   auto vec = weight ? weight->scalar_type() : acc;
-  return {dh.to(h.scalar_type()).contiguous(), dscale.to(scale.scalar_type()), dweight.to(vec), sdy.to(vec)};
+  return {dh, dscale.to(scale.scalar_type()), dweight.to(vec), sums[0].to(vec)};
+}
+
+at::Tensor batch_norm_backward_reduce_cpu(at::Tensor const& dy, at::Tensor const& h, at::Tensor const& mean,
+                                          at::Tensor const& invstd, at::Tensor const& scale,
+                                          c10::optional<at::Tensor> const& weight, double /*eps*/,
+                                          c10::optional<at::Tensor> const& bias, c10::string_view activation,
+                                          double negative_slope) {
+  auto g = bn_grad(dy, h, mean, invstd, scale, weight, bias, activation, negative_slope);
+  return at::stack({g.sum(0), (g * (h.to(at::kDouble) - mean.to(at::kDouble))).sum(0)});
+}
+
+at::Tensor batch_norm_backward_elemt_cpu(at::Tensor const& dy, at::Tensor const& h, at::Tensor const& mean,
+                                         at::Tensor const& invstd, at::Tensor const& scale,
+                                         c10::optional<at::Tensor> const& weight, at::Tensor const& sums,
+                                         at::Tensor const& count, double /*eps*/,
+                                         c10::optional<at::Tensor> const& bias, c10::string_view activation,
+                                         double negative_slope) {
+  TORCH_CHECK(sums.dim() == 2 && sums.size(0) == 2 && sums.size(1) == h.size(1) && sums.scalar_type() == at::kDouble,
+              "cutlass_fused: expected sums to be a float64 tensor of shape [2, ", h.size(1), "], but got ",
+              sums.scalar_type(), " ", sums.sizes());
+  TORCH_CHECK(count.numel() == 1 && count.scalar_type() == at::kDouble,
+              "cutlass_fused: expected count to be a float64 tensor of one element, but got ", count.scalar_type(),
+              " ", count.sizes());
+  auto g = bn_grad(dy, h, mean, invstd, scale, weight, bias, activation, negative_slope);
+  auto hc = h.to(at::kDouble) - mean.to(at::kDouble);
+  return grad_input(g, h, hc, sums, count.reshape({}), scale, weight, invstd);
 }
 
 at::Tensor linear_scale_batch_norm_eval_cpu(at::Tensor const& x, at::Tensor const& weight,
@@ -207,6 +250,8 @@ TORCH_LIBRARY_IMPL(cutlass_fused, CPU, m) {
   m.impl("batch_norm_finalize", &batch_norm_finalize_cpu);
   m.impl("update_running_stats", &update_running_stats_cpu);
   m.impl("batch_norm_backward", &batch_norm_backward_cpu);
+  m.impl("batch_norm_backward_reduce", &batch_norm_backward_reduce_cpu);
+  m.impl("batch_norm_backward_elemt", &batch_norm_backward_elemt_cpu);
   m.impl("linear_scale_batch_norm_eval", &linear_scale_batch_norm_eval_cpu);
 }
 

@@ -318,13 +318,16 @@ Normalized normalized(at::Tensor const& h, at::Tensor const& scale, int64_t coun
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_finalize_cuda(
     at::Tensor const& h, at::Tensor const& stats, at::Tensor const& scale, int64_t count,
-    c10::optional<at::Tensor> const& weight, c10::optional<at::Tensor> const& bias, double eps) {
+    c10::optional<at::Tensor> const& weight, c10::optional<at::Tensor> const& bias, double eps,
+    c10::string_view activation, double negative_slope) {
   check_stats(stats, h.size(1));
   check_device(stats, h.device(), "stats");
   c10::cuda::CUDAGuard guard(h.device());
   auto scale_d = dense(scale), weight_d = dense(weight), bias_d = dense(bias);  // alive until the launch
   auto out = normalized(h, *scale_d, count, weight_d, bias_d, eps, output_dtype(h.scalar_type(), scale.scalar_type()));
   out.a.stats = stats.data_ptr<double>();
+  out.a.act = activation_of(activation);
+  out.a.slope = static_cast<float>(negative_slope);
   finalize_normalize(out.a, at::cuda::getCurrentCUDAStream().stream());
   return {out.y, out.mean, out.invstd};
 }
@@ -426,6 +429,53 @@ TrainOut linear_scale_batch_norm_train_cuda(at::Tensor const& x, at::Tensor cons
   return {direct ? out.y : out.y.to(y_dt), h, stats, out.mean, out.invstd};
 }
 
+// The backward's kernel arguments for dy and h, with the tensors they point into (dense copies
+// of strided vectors, dy contiguous) kept alive until the launch; dh allocated and poisoned.
+struct Backward {
+  BackwardArgs g{};
+  at::Tensor dy, dh, mean, invstd;
+  c10::optional<at::Tensor> scale, weight, bias;
+};
+
+Backward backward_args(at::Tensor const& dy_in, at::Tensor const& h, at::Tensor const& mean,
+                       at::Tensor const& invstd, at::Tensor const& scale, c10::optional<at::Tensor> const& weight,
+                       double eps, c10::optional<at::Tensor> const& bias, c10::string_view activation,
+                       double negative_slope) {
+  int64_t m = h.size(0), n = h.size(1);
+  TORCH_CHECK(dy_in.sizes() == h.sizes() && (dy_in.scalar_type() == h.scalar_type() || dy_in.scalar_type() == at::kFloat),
+              "cutlass_fused: expected the gradient to have h's shape ", h.sizes(), " and h's dtype ", h.scalar_type(),
+              " or float32 (y's dtype), but got ", dy_in.sizes(), " ", dy_in.scalar_type());
+  TORCH_CHECK(h.stride(1) == 1, "cutlass_fused: expected h to have unit column stride");
+  check_device(dy_in, h.device(), "grad");
+  Backward b;
+  BackwardArgs& g = b.g;
+  b.scale = dense(scale);
+  b.weight = dense(weight);
+  b.bias = dense(bias);
+  g.scale = col_vec(b.scale, "scale", n, h.device());
+  g.weight = col_vec(b.weight, "bn_weight", n, h.device());
+  g.bias = col_vec(b.bias, "bn_bias", n, h.device());
+  g.act = activation_of(activation);
+  g.slope = static_cast<float>(negative_slope);
+  b.mean = saved_vector(mean, "mean", n, h.device());
+  b.invstd = saved_vector(invstd, "invstd", n, h.device());
+  b.dy = dy_in.contiguous();
+  b.dh = at::empty({m, n}, h.options());
+  poison(b.dh);
+  g.dt = dtype_of(h.scalar_type(), "h");
+  g.dt_dy = dtype_of(b.dy.scalar_type(), "grad");
+  g.dy = b.dy.data_ptr();
+  g.h = h.data_ptr();
+  g.ldh = h.stride(0);
+  g.dh = b.dh.data_ptr();
+  g.m = static_cast<int>(m);
+  g.n = static_cast<int>(n);
+  g.mean_h = b.mean.data_ptr<double>();
+  g.invstd = b.invstd.data_ptr<double>();
+  g.eps = eps;
+  return b;
+}
+
 // dscale comes back in scale's dtype, dweight and dbias in weight's (fp32
 // without a weight): what autograd hands to the parameters, with no cast.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_cuda(
@@ -433,49 +483,62 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_c
     at::Tensor const& scale, c10::optional<at::Tensor> const& weight, double eps,
     c10::optional<at::Tensor> const& bias, c10::string_view activation, double negative_slope) {
   int64_t m = h.size(0), n = h.size(1);
-  Activation act = activation_of(activation);
-  TORCH_CHECK(dy_in.sizes() == h.sizes() && (dy_in.scalar_type() == h.scalar_type() || dy_in.scalar_type() == at::kFloat),
-              "cutlass_fused: expected the gradient to have h's shape ", h.sizes(), " and h's dtype ", h.scalar_type(),
-              " or float32 (y's dtype), but got ", dy_in.sizes(), " ", dy_in.scalar_type());
-  TORCH_CHECK(h.stride(1) == 1, "cutlass_fused: expected h to have unit column stride");
-  check_device(dy_in, h.device(), "grad");
   c10::cuda::CUDAGuard guard(h.device());
-  BackwardArgs g{};
-  auto scale_d = dense(scale), weight_d = dense(weight), bias_d = dense(bias);
-  g.scale = col_vec(scale_d, "scale", n, h.device());
-  g.weight = col_vec(weight_d, "bn_weight", n, h.device());
-  g.bias = col_vec(bias_d, "bn_bias", n, h.device());
-  g.act = act;
-  g.slope = static_cast<float>(negative_slope);
-  auto mu = saved_vector(mean, "mean", n, h.device()), is = saved_vector(invstd, "invstd", n, h.device());
-  auto dy = dy_in.contiguous();
-  auto dh = at::empty({m, n}, h.options());
-  poison(dh);
+  Backward b = backward_args(dy_in, h, mean, invstd, scale, weight, eps, bias, activation, negative_slope);
+  BackwardArgs& g = b.g;
   at::Tensor dscale = grad_vector(scale, h), dweight = grad_vector(weight, h), dbias = grad_vector(weight, h);
-  Problem pr = problem(Op::backward, m, n, 0, h.scalar_type(), dy.scalar_type() != h.scalar_type(), "auto",
+  Problem pr = problem(Op::backward, m, n, 0, h.scalar_type(), b.dy.scalar_type() != h.scalar_type(), "auto",
                        h.device());
   pr.groups16 = limits::groups16(static_cast<int>(c10::elementSize(h.scalar_type())), n, h.stride(0),
-                                 {dy.data_ptr(), h.data_ptr(), dh.data_ptr()});
+                                 {b.dy.data_ptr(), h.data_ptr(), b.dh.data_ptr()});
   Plan plan = planned(pr);
   auto ws = at::empty({static_cast<int64_t>(plan.workspace)}, h.options().dtype(at::kByte));
-  g.dt = dtype_of(h.scalar_type(), "h");
-  g.dt_dy = dtype_of(dy.scalar_type(), "grad");
-  g.dy = dy.data_ptr();
-  g.h = h.data_ptr();
-  g.ldh = h.stride(0);
-  g.dh = dh.data_ptr();
-  g.m = static_cast<int>(m);
-  g.n = static_cast<int>(n);
-  g.mean_h = mu.data_ptr<double>();
-  g.invstd = is.data_ptr<double>();
-  g.eps = eps;
   g.dscale = col_out(dscale, "dscale", n, h.device());
   g.dweight = col_out(dweight, "dweight", n, h.device());
   g.dbias = col_out(dbias, "dbias", n, h.device());
   g.workspace = ws.data_ptr();
   g.sm_count = pr.sm_count;
   batch_norm_backward(g, plan.backward, plan.pieces, at::cuda::getCurrentCUDAStream().stream());
-  return {dh, dscale, dweight, dbias};
+  return {b.dh, dscale, dweight, dbias};
+}
+
+at::Tensor batch_norm_backward_reduce_cuda(at::Tensor const& dy, at::Tensor const& h, at::Tensor const& mean,
+                                           at::Tensor const& invstd, at::Tensor const& scale,
+                                           c10::optional<at::Tensor> const& weight, double eps,
+                                           c10::optional<at::Tensor> const& bias, c10::string_view activation,
+                                           double negative_slope) {
+  int64_t m = h.size(0), n = h.size(1);
+  c10::cuda::CUDAGuard guard(h.device());
+  Backward b = backward_args(dy, h, mean, invstd, scale, weight, eps, bias, activation, negative_slope);
+  auto sums = at::empty({2, n}, h.options().dtype(at::kDouble));
+  poison(sums);
+  if (m == 0) return sums.zero_();
+  auto ws = at::empty({static_cast<int64_t>(limits::column_stats_workspace(static_cast<int>(m), static_cast<int>(n)))},
+                      h.options().dtype(at::kByte));
+  b.g.workspace = ws.data_ptr();
+  batch_norm_backward_reduce(b.g, sums.data_ptr<double>(), at::cuda::getCurrentCUDAStream().stream());
+  return sums;
+}
+
+at::Tensor batch_norm_backward_elemt_cuda(at::Tensor const& dy, at::Tensor const& h, at::Tensor const& mean,
+                                          at::Tensor const& invstd, at::Tensor const& scale,
+                                          c10::optional<at::Tensor> const& weight, at::Tensor const& sums,
+                                          at::Tensor const& count, double eps, c10::optional<at::Tensor> const& bias,
+                                          c10::string_view activation, double negative_slope) {
+  int64_t n = h.size(1);
+  check_stats(sums, n);
+  check_device(sums, h.device(), "sums");
+  check_device(count, h.device(), "count");
+  TORCH_CHECK(count.numel() == 1 && count.scalar_type() == at::kDouble,
+              "cutlass_fused: expected count to be a float64 tensor of one element, but got ", count.scalar_type(),
+              " ", count.sizes());
+  c10::cuda::CUDAGuard guard(h.device());
+  Backward b = backward_args(dy, h, mean, invstd, scale, weight, eps, bias, activation, negative_slope);
+  if (h.size(0) == 0) return b.dh;
+  auto total = count.contiguous();
+  batch_norm_backward_elemt(b.g, sums.data_ptr<double>(), total.data_ptr<double>(),
+                            at::cuda::getCurrentCUDAStream().stream());
+  return b.dh;
 }
 
 at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor const& weight,
@@ -560,6 +623,8 @@ TORCH_LIBRARY_IMPL(cutlass_fused, CUDA, m) {
   m.impl("batch_norm_finalize", &batch_norm_finalize_cuda);
   m.impl("update_running_stats", &update_running_stats_cuda);
   m.impl("batch_norm_backward", &batch_norm_backward_cuda);
+  m.impl("batch_norm_backward_reduce", &batch_norm_backward_reduce_cuda);
+  m.impl("batch_norm_backward_elemt", &batch_norm_backward_elemt_cuda);
   m.impl("linear_scale_batch_norm_eval", &linear_scale_batch_norm_eval_cuda);
 }
 

@@ -1,5 +1,5 @@
 """The activation the layer applies after its BatchNorm: names, checks, and the torch ops that
-apply it where no kernel of ours does (an empty batch, SyncBatchNorm's path)."""
+apply it where no kernel of ours does (an empty batch)."""
 import numbers
 
 import torch.nn.functional as F

@@ -29,7 +29,7 @@ def _linear_stats(x, weight, bias, family, cache=False):
 
 
 @torch.library.register_fake("cutlass_fused::batch_norm_finalize")
-def _finalize(h, stats, scale, count, weight, bias, eps):
+def _finalize(h, stats, scale, count, weight, bias, eps, activation="none", negative_slope=0.01):
     n = h.shape[1]
     # mean and invstd are fp64 for every dtype: the backward's h - mean cancels.
     y = h.new_empty(h.shape, dtype=torch.promote_types(h.dtype, scale.dtype))  # as h * scale promotes
@@ -56,6 +56,16 @@ def _(dy, h, mean, invstd, scale, weight, eps, bias=None, activation="none", neg
     vec = _stat_dtype(h.dtype) if weight is None else weight.dtype
     return (h.new_empty(h.shape), h.new_empty((n,), dtype=scale.dtype), h.new_empty((n,), dtype=vec),
             h.new_empty((n,), dtype=vec))
+
+
+@torch.library.register_fake("cutlass_fused::batch_norm_backward_reduce")
+def _(dy, h, mean, invstd, scale, weight, eps, bias=None, activation="none", negative_slope=0.01):
+    return h.new_empty((2, h.shape[1]), dtype=torch.float64)
+
+
+@torch.library.register_fake("cutlass_fused::batch_norm_backward_elemt")
+def _(dy, h, mean, invstd, scale, weight, sums, count, eps, bias=None, activation="none", negative_slope=0.01):
+    return h.new_empty(h.shape)
 
 
 @torch.library.register_fake("cutlass_fused::linear_scale_batch_norm_eval")

@@ -4,12 +4,15 @@ Forward: linear_stats gives each rank h and its fp64 column sums; one all_gather
 of a packed fp64 row [count, mean(N), M2(N)] per rank; every rank merges the rows
 by Chan's formula in rank order (so all ranks hold the same bits, and uneven or
 single-sample batches merge exactly); then batch_norm_finalize and
-update_running_stats. Backward: one all_reduce of (sum dy, sum dy (h - mean_h))
-in fp64, then dh by grad_column's formulas (csrc/kernels/bn_backward.cu) and the
-linear GEMMs. The backward's elementwise pass is torch ops here, not yet a fused
-kernel. The parameters' gradients are this rank's sums, as the unfused model
-under nn.SyncBatchNorm gives them (DDP averages them); the linear bias's is not
-zero on one rank, only summed over all ranks.
+update_running_stats; the activation is finalize's. Backward: batch_norm_backward_reduce
+(this rank's fp64 sum g and sum g (h - mean_h), g = dy times the activation's
+derivative), one all_reduce of them, batch_norm_backward_elemt (dh from the
+group's sums, grad_column's formulas in csrc/kernels/bn_backward.cu), then the
+linear GEMMs: the kernels of the unsynced backward, its two passes apart. The
+parameters' gradients are this rank's sums, as the unfused model under
+nn.SyncBatchNorm gives them (DDP averages them), from per-column vectors only
+(_local_grads); the linear bias's is not zero on one rank, only summed over all
+ranks.
 """
 import torch
 import torch.distributed as dist
@@ -77,60 +80,74 @@ def _local_row(stats, m):
     return torch.cat([count, mean, m2])
 
 
+def _local_grads(local, sums, row, count, mean_h, invstd, scale, bn_weight):
+    """This rank's sums of dz and dz h over its rows, from column vectors alone (fp64).
+
+    dz = w istd (g - sdy / count - K (h - mean_h)) with K = s^2 istd^2 q / count, where
+    (sdy, q) are the group's sums of g and g (h - mean_h) and `local` this rank's. Its
+    row sums need this rank's sum of (h - mean_h) and of its square: m (mean - mean_h)
+    and M2 + m (mean - mean_h)^2, from the forward's [count, mean, M2] row.
+    """
+    n = mean_h.numel()
+    m, mean, m2 = row[:1], row[1:n + 1], row[n + 1:]
+    s, istd = scale.double(), invstd
+    w = torch.ones_like(s) if bn_weight is None else bn_weight.double()
+    sdy, q = sums
+    k = s * s * istd * istd * q / count
+    d = mean - mean_h
+    shc, shc2 = m * d, m2 + m * d * d
+    dz_sum = w * istd * (local[0] - m * sdy / count - k * shc)
+    dzhc_sum = w * istd * (local[1] - sdy / count * shc - k * shc2)
+    return dz_sum, dzhc_sum
+
+
 class SyncFunction(torch.autograd.Function):
-    """y = BN(h * scale) with the group's statistics; also returns the merged (count, mean_h, M2)."""
+    """y = act(BN(h * scale)) with the group's statistics; also returns the merged (count, mean_h, M2)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, scale, bn_weight, bn_bias, eps, group, family):
+    def forward(ctx, x, weight, bias, scale, bn_weight, bn_bias, eps, group, family, activation, negative_slope):
         h, stats = ops.linear_stats(x, weight, bias, family, may_cache(weight, bias))
-        count, mean, m2 = merge_stats(_gather_rows(_local_row(stats, x.shape[0]), group))
+        row = _local_row(stats, x.shape[0])
+        count, mean, m2 = merge_stats(_gather_rows(row, group))
         y, mean_h, invstd = ops.batch_norm_finalize(h, _sums_for(1, mean, m2 / count), scale, 1, bn_weight,
-                                                    bn_bias, eps)
-        ctx.save_for_backward(x, weight, h, mean_h, invstd, scale, bn_weight, count)
-        ctx.group, ctx.family = group, family
+                                                    bn_bias, eps, activation, negative_slope)
+        ctx.save_for_backward(x, weight, h, mean_h, invstd, scale, bn_weight, bn_bias, count, row)
+        ctx.group, ctx.family, ctx.eps = group, family, eps
+        ctx.activation, ctx.negative_slope = activation, negative_slope
         ctx.dtypes = (None if bias is None else bias.dtype, None if bn_bias is None else bn_bias.dtype)
         ctx.mark_non_differentiable(count, mean, m2)
         return y, count, mean, m2
 
     @staticmethod
     def backward(ctx, dy, *_):
-        x, weight, h, mean_h, invstd, scale, bn_weight, count = ctx.saved_tensors
-        dy64, hc = dy.double(), h.double() - mean_h
-        local = torch.stack([dy64.sum(0), (dy64 * hc).sum(0)])
+        x, weight, h, mean_h, invstd, scale, bn_weight, bn_bias, count, row = ctx.saved_tensors
+        bn = (mean_h, invstd, scale, bn_weight)
+        act = (ctx.eps, bn_bias, ctx.activation, ctx.negative_slope)
+        local = ops.batch_norm_backward_reduce(dy, h, *bn, *act)
         sums = local.clone()
         # Every rank reaches here (nn.SyncBatchNorm's rule), whichever gradients it needs.
         dist.all_reduce(sums, group=ctx.group)
-        sdy, q = sums
-        s, istd = scale.double(), invstd
-        w = torch.ones_like(s) if bn_weight is None else bn_weight.double()
-        # grad_column: dh = a dy + b (h - mean_h) + c, constants in fp64 and the
-        # elementwise pass in h's accumulator type, as the CUDA kernel.
-        a = s * w * istd
-        b = -a * s * s * istd * istd * q / count
-        c = -a * sdy / count
-        acc = torch.float64 if h.dtype == torch.float64 else torch.float32
-        dh = (a.to(acc) * dy.to(acc) + b.to(acc) * (h.to(acc) - mean_h.to(acc)) + c.to(acc)).to(h.dtype)
         need = ctx.needs_input_grad
-        out = [None] * 9
-        # fp32 through our matmul op, which keeps the forward's precision (csrc/autograd.cpp).
-        mm = (lambda p, r: ops.matmul(p, r, ctx.family)) if dh.dtype == torch.float32 else torch.mm
-        if need[0]:
-            out[0] = mm(dh, weight)
-        if need[1]:
-            out[1] = mm(dh.t(), x)
+        out = [None] * 11
+        if need[0] or need[1]:
+            dh = ops.batch_norm_backward_elemt(dy, h, *bn, sums, count, *act)
+            # fp32 through our matmul op, which keeps the forward's precision (csrc/autograd.cpp).
+            mm = (lambda p, r: ops.matmul(p, r, ctx.family)) if dh.dtype == torch.float32 else torch.mm
+            if need[0]:
+                out[0] = mm(dh, weight)
+            if need[1]:
+                out[1] = mm(dh.t(), x)
         if need[2] or need[3]:
-            # dz = dh / scale, written without the division, in fp64. Its sum over
-            # the whole batch is zero (the unsynced layer's bias gradient), but
-            # not over one rank's rows: this rank's share, as the unfused model
-            # under nn.SyncBatchNorm gives it.
-            dz = w * istd * (dy64 - sdy / count - s * s * istd * istd * q / count * hc)
-            dz_sum = dz.sum(0)
+            # The sum of dz over the whole batch is zero (the unsynced layer's bias gradient),
+            # but not over one rank's rows: this rank's share, as the unfused model under
+            # nn.SyncBatchNorm gives it.
+            dz_sum, dzhc_sum = _local_grads(local, sums, row, count, mean_h, invstd, scale, bn_weight)
             if need[2]:
-                out[2] = (s * dz_sum).to(ctx.dtypes[0])
+                out[2] = (scale.double() * dz_sum).to(ctx.dtypes[0])
             if need[3]:
-                out[3] = ((dz * hc).sum(0) + mean_h * dz_sum).to(scale.dtype)  # sum dz h, h = hc + mean_h
+                out[3] = (dzhc_sum + mean_h * dz_sum).to(scale.dtype)  # sum dz h, h = (h - mean_h) + mean_h
         if need[4]:
-            out[4] = (istd * s * local[1]).to(bn_weight.dtype)
+            out[4] = (invstd * scale.double() * local[1]).to(bn_weight.dtype)
         if need[5]:
             out[5] = local[0].to(ctx.dtypes[1])
         return tuple(out)
@@ -150,9 +167,8 @@ def sync_linear_scale_batch_norm(x, weight, bias, scale, bn_weight, bn_bias, run
 
     Running stats (when given) take the group's mean and unbiased variance, and
     num_batches_tracked (when given) +1, as nn.SyncBatchNorm; momentum=None is
-    the cumulative average. The activation and output_dtype are torch ops after
-    the normalization here (autograd differentiates them), not fused as in
-    linear_scale_batch_norm.
+    the cumulative average. The activation is fused as in linear_scale_batch_norm;
+    an output_dtype is a cast of y afterwards.
     """
     activation, negative_slope = _activation.check(activation, negative_slope)
     if x.dim() != 2:
@@ -161,12 +177,11 @@ def sync_linear_scale_batch_norm(x, weight, bias, scale, bn_weight, bn_bias, run
     x, weight, bias = (_autocast(t, dev) for t in (x, weight, bias))
     with torch.autocast(dev, enabled=False):
         y, count, mean, m2 = SyncFunction.apply(x, weight, bias, scale, bn_weight, bn_bias, eps, process_group,
-                                                _family.current())
+                                                _family.current(), activation, negative_slope)
         if running_mean is not None:
             if num_batches_tracked is not None:
                 num_batches_tracked.add_(1)
             # The unbiased var is M2 / (count - 1); see _sums_for for the count 2.
             ops.update_running_stats(_sums_for(2, mean, m2 / (count - 1) / 2), scale, 2, running_mean, running_var,
                                      num_batches_tracked, None if momentum is None else float(momentum))
-    y = _activation.apply(y, activation, negative_slope)
     return y if output_dtype is None else y.to(output_dtype)

@@ -81,6 +81,24 @@ def test_batch_norm_backward(device, dtype):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("activation", ["none", "silu"])
+def test_sync_backward_passes(device, dtype, activation):
+    x, w, v = samples(device, dtype)
+    bn = (v(), v())
+    _, h, _, mean, invstd = ops.linear_scale_batch_norm_train(x, w, v(), v(), *bn, None, None, None, 0.1, 1e-5,
+                                                              "auto", activation=activation)
+    common = (torch.randn_like(h), h, mean, invstd, v(), bn[0])
+    act = (1e-5, bn[1], activation, 0.01)
+    sums = ops.batch_norm_backward_reduce(*common, *act)
+    torch.library.opcheck(ops.batch_norm_backward_reduce, (*common, *act))
+    count = torch.tensor([2.0 * x.shape[0]], device=device, dtype=torch.float64)
+    torch.library.opcheck(ops.batch_norm_backward_elemt, (*common, sums, count, *act))
+    stats = ops.linear_stats(x, w, v(), "auto")[1]
+    torch.library.opcheck(ops.batch_norm_finalize, (h, stats, v(), x.shape[0], *bn, 1e-5, activation, 0.01))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_linear_scale_batch_norm_eval(device, dtype):
     x, w, b, s, bn, v = grad_inputs(device, dtype)
     torch.library.opcheck(ops.linear_scale_batch_norm_eval, (x, w, b, s, *bn, v(), v().abs() + 1, 1e-5, "auto"))

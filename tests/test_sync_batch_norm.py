@@ -1,4 +1,4 @@
-"""SyncBatchNorm for LinearScaleBatchNorm1d over 2 processes: gloo on the CPU, NCCL on 2 GPUs.
+"""SyncBatchNorm (and FSDP2) for LinearScaleBatchNorm1d over 2 processes: gloo on the CPU, NCCL on 2 GPUs.
 
 References: the unfused layer in float64 in one process over the concatenated
 batch, where each rank's rows use their own copy of the parameters, so that a
@@ -7,6 +7,7 @@ before DDP averages). PyTorch's own fp32 error, for the 2x rule, comes from
 nn.SyncBatchNorm on the unfused model on GPUs; nn.SyncBatchNorm refuses CPU
 tensors, so on the CPU it comes from the same one-process reference in fp32.
 """
+import copy
 import datetime
 import os
 import tempfile
@@ -22,10 +23,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import cutlass_fused
 from cutlass_fused.seed import SeedModel as Seed
+from cutlass_fused.ops import ops
 from cutlass_fused.sync_batch_norm import merge_stats
 from common import assert_close_rule, assert_close_rule_scaled, max_err
 
 WORLD = 2
+ACTIVATIONS = {None: lambda y: y, "relu": F.relu, "gelu": F.gelu, "leaky_relu": F.leaky_relu, "silu": F.silu}
 PARAMS = ("gemm.weight", "gemm.bias", "scale", "bn.weight", "bn.bias")
 BACKENDS = [pytest.param("gloo", id="gloo-cpu"),
             pytest.param("nccl", id="nccl-cuda", marks=pytest.mark.skipif(torch.cuda.device_count() < 2,
@@ -74,8 +77,9 @@ def rows(sizes, rank):
 class Reference:
     """Training steps of the unfused layer over the concatenated batch, in one process, in `dtype`."""
 
-    def __init__(self, state, dtype, momentum=0.1, eps=1e-5):
+    def __init__(self, state, dtype, momentum=0.1, eps=1e-5, activation=None):
         self.p = {k: state[k].to(dtype) for k in PARAMS if k in state}
+        self.act = ACTIVATIONS[activation]
         self.running = [state[k].to(dtype) for k in ("bn.running_mean", "bn.running_var") if k in state]
         self.momentum, self.eps, self.steps = momentum, eps, 0
 
@@ -87,7 +91,7 @@ class Reference:
         z = torch.cat([F.linear(t, c["gemm.weight"], c["gemm.bias"]) * c["scale"] for t, c in zip(xs, copies)])
         var, mean = torch.var_mean(z, 0, correction=0)
         zhat = ((z - mean) * (var + self.eps).rsqrt()).split(sizes)
-        ys = [t * c["bn.weight"] + c["bn.bias"] if "bn.weight" in c else t for t, c in zip(zhat, copies)]
+        ys = [self.act(t * c["bn.weight"] + c["bn.bias"] if "bn.weight" in c else t) for t, c in zip(zhat, copies)]
         sum((y * g.to(dtype)).sum() for y, g in zip(ys, dy.split(sizes))).backward()
         self.steps += 1
         m = 1 / self.steps if self.momentum is None else self.momentum
@@ -116,14 +120,18 @@ def same_on_all_ranks(t):
     return all(torch.equal(o, out[0]) for o in out)
 
 
-def _layer_worker(rank, device, sizes, robust, bn):
+def _layer_worker(rank, device, sizes, robust, bn, act=None):
     k, n = 12, 10
     state = seed_state(k, n, robust, **bn)
-    ours = cutlass_fused.LinearScaleBatchNorm1d(k, n, device=device, process_group=dist.group.WORLD, **bn)
+    ours = cutlass_fused.LinearScaleBatchNorm1d(k, n, device=device, process_group=dist.group.WORLD,
+                                                activation=act, **bn)
     ours.load_state_dict(state)
     momentum = bn.get("momentum", 0.1)
-    ref64, ref32 = Reference(state, torch.float64, momentum), Reference(state, torch.float32, momentum)
-    if device.type == "cuda":  # nn.SyncBatchNorm on the unfused model: PyTorch's fp32 error
+    ref64, ref32 = (Reference(state, dt, momentum, activation=act) for dt in (torch.float64, torch.float32))
+    # nn.SyncBatchNorm on the unfused model: PyTorch's fp32 error (with an activation, the fp32
+    # reference's, whose activation is PyTorch's op too).
+    nccl_ref = device.type == "cuda" and act is None
+    if nccl_ref:
         same = nn.SyncBatchNorm.convert_sync_batchnorm(Seed(k, n, **bn)).to(device)
         same.load_state_dict(state)
     g = torch.Generator().manual_seed(1)
@@ -133,7 +141,7 @@ def _layer_worker(rank, device, sizes, robust, bn):
         y, grads = local_step(ours, x[r], dy[r])
         y64, g64 = (t[rank] for t in ref64.step(x, dy, sizes))
         y32, g32 = (t[rank] for t in ref32.step(x, dy, sizes))
-        if device.type == "cuda":
+        if nccl_ref:
             y32, g32 = local_step(same, x[r], dy[r])
         assert_close_rule(y.cpu(), y32.cpu(), y64, "f32", f"step {step}: y")
         for name, g_ours in grads.items():
@@ -143,7 +151,7 @@ def _layer_worker(rank, device, sizes, robust, bn):
         if not ours.bn.track_running_stats:
             assert ours.bn.running_mean is None and ours.bn.num_batches_tracked is None
             continue
-        running32 = [same.bn.running_mean, same.bn.running_var] if device.type == "cuda" else ref32.running
+        running32 = [same.bn.running_mean, same.bn.running_var] if nccl_ref else ref32.running
         for name, ours_t, t32, t64 in zip(("running_mean", "running_var"), (ours.bn.running_mean, ours.bn.running_var),
                                           running32, ref64.running):
             assert_close_rule_scaled(ours_t, t32, t64, "f32", f"step {step}: {name}")
@@ -156,7 +164,11 @@ def _layer_worker(rank, device, sizes, robust, bn):
 
 CASES = {"even": ([4, 4], False, {}), "uneven": ([5, 3], False, {}), "single_sample": ([1, 6], False, {}),
          "robust_variance": ([5, 3], True, {}), "momentum_none": ([5, 3], False, {"momentum": None}),
-         "affine_false_no_running_stats": ([5, 3], False, {"affine": False, "track_running_stats": False})}
+         "affine_false_no_running_stats": ([5, 3], False, {"affine": False, "track_running_stats": False}),
+         # The activation fused into finalize and its derivative into the backward's two passes.
+         "relu": ([5, 3], False, {}, "relu"), "gelu_uneven": ([6, 1], False, {}, "gelu"),
+         "leaky_relu_affine_false": ([4, 4], False, {"affine": False}, "leaky_relu"),
+         "silu": ([5, 3], True, {}, "silu")}
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -209,6 +221,61 @@ def test_ddp_training_matches_unfused(backend):
     run(_ddp_worker, backend, [6, 4])
 
 
+def _fsdp_worker(rank, device, sizes):
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:  # torch < 2.6
+        from torch.distributed._composable.fsdp import fully_shard
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # FSDP2's default mesh takes the current device
+    k, n, lr = 12, 10, 0.1
+    state = {f"block.{key}": v for key, v in seed_state(k, n).items()}
+    state.update({f"head.{key}": v for key, v in nn.Linear(n, 3).state_dict().items()})
+    fused = nn.Sequential()
+    fused.add_module("block", cutlass_fused.LinearScaleBatchNorm1d(k, n, activation="relu"))
+    fused.add_module("head", nn.Linear(n, 3))
+    unfused = nn.Sequential()
+    unfused.add_module("block", nn.Sequential(Seed(k, n), nn.ReLU()))
+    unfused.add_module("head", nn.Linear(n, 3))
+    ref = copy.deepcopy(unfused).double()
+    fused.load_state_dict(state)
+    unfused.load_state_dict({key.replace("block.", "block.0."): v for key, v in state.items()})
+    ref.load_state_dict(unfused.state_dict())
+    sharded = {}
+    for name, model in (("fused", fused), ("unfused", unfused)):
+        model.to(device)
+        fully_shard(model.block)
+        fully_shard(model)
+        sharded[name] = model
+    opts = {key: torch.optim.SGD(m.parameters(), lr=lr) for key, m in {**sharded, "ref": ref}.items()}
+    g = torch.Generator().manual_seed(7)
+    r = rows(sizes, rank)
+    for step in range(3):
+        x, target = torch.randn(sum(sizes), k, generator=g), torch.randn(sum(sizes), 3, generator=g)
+        for key, opt in opts.items():
+            opt.zero_grad()
+            if key in sharded:  # each rank its own rows (BN's statistics too); FSDP averages the gradients
+                loss = F.mse_loss(sharded[key](x[r].to(device)), target[r].to(device))
+            else:
+                loss = sum(F.mse_loss(ref(a), b) for a, b in zip(x.double().split(sizes),
+                                                                 target.double().split(sizes))) / WORLD
+            loss.backward()
+            opt.step()
+        full = {key: {name: (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().cpu()
+                      for name, t in m.state_dict().items()} for key, m in sharded.items()}
+        for name, t64 in ref.state_dict().items():
+            if name.endswith(("running_mean", "running_var", "num_batches_tracked")):
+                continue  # each rank's own, from its rows
+            ours = full["fused"][name.replace("block.0.", "block.")]
+            assert_close_rule_scaled(ours, full["unfused"][name], t64, "f32", f"step {step}: {name}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fsdp2_trains_like_unfused(backend):
+    """FSDP2 (fully_shard) shards the fused layer's parameters and trains it as the unfused model."""
+    run(_fsdp_worker, backend, [6, 4])
+
+
 def _convert_worker(rank, device, sizes):
     k, n = 12, 10
     torch.manual_seed(0)
@@ -253,12 +320,12 @@ def test_convert_needs_a_process_group():
         cutlass_fused.convert_sync_batchnorm(cutlass_fused.LinearScaleBatchNorm1d(4, 3))
 
 
-def _autocast_worker(rank, device, size):
+def _autocast_worker(rank, device, size, act):
     """The same batch on both ranks: global statistics equal local ones, so the synchronized layer must
     give the unsynchronized one's y and gradients, dtypes included (the GEMM in bf16, y in fp32)."""
     k, n = 12, 10
     state = seed_state(k, n)
-    layers = [cutlass_fused.LinearScaleBatchNorm1d(k, n, device=device, process_group=pg)
+    layers = [cutlass_fused.LinearScaleBatchNorm1d(k, n, device=device, process_group=pg, activation=act)
               for pg in (dist.group.WORLD, None)]
     out = []
     g = torch.Generator().manual_seed(4)
@@ -282,8 +349,39 @@ def _autocast_worker(rank, device, size):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_autocast_matches_unsynchronized(backend):
-    run(_autocast_worker, backend, 16)
+@pytest.mark.parametrize("act", [None, "gelu_tanh"])
+def test_autocast_matches_unsynchronized(backend, act):
+    run(_autocast_worker, backend, 16, act)
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+@pytest.mark.parametrize("dtype,dy_dtype", [(torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32),
+                                            (torch.float32, torch.float32), (torch.float16, torch.float16)])
+@pytest.mark.parametrize("m,n", [(3, 769), (1000, 1000), (2, 8)])
+@pytest.mark.parametrize("act", ["none", "relu", "gelu"])
+def test_backward_passes_apart_are_the_backward(device, dtype, dy_dtype, m, n, act):
+    """batch_norm_backward_reduce, then _elemt with this batch's own sums and count, give
+    batch_norm_backward's sums and dh to the bit: SyncBatchNorm runs the unsynced backward's
+    kernels, its passes apart."""
+    g = torch.Generator().manual_seed(6)
+    x, w = torch.randn(m, 40, generator=g), torch.randn(n, 40, generator=g)
+    v = lambda: torch.randn(n, generator=g).to(device)
+    x, w = x.to(device, dtype), w.to(device, dtype)
+    bn_w, bn_b, scale = v(), v(), v()
+    _, h, _, mean, invstd = ops.linear_scale_batch_norm_train(x, w, v(), scale, bn_w, bn_b, None, None, None, 0.1,
+                                                              1e-5, "auto", activation=act)
+    dy = torch.randn(m, n, generator=g).to(device, dy_dtype)
+    common = (dy, h, mean, invstd, scale, bn_w)
+    dh, _, dweight, dbias = ops.batch_norm_backward(*common, 1e-5, bn_b, act, 0.01)
+    sums = ops.batch_norm_backward_reduce(*common, 1e-5, bn_b, act, 0.01)
+    count = torch.tensor([float(m)], device=device, dtype=torch.float64)
+    dh_apart = ops.batch_norm_backward_elemt(*common, sums, count, 1e-5, bn_b, act, 0.01)
+    assert torch.equal(dh_apart, dh)
+    assert torch.equal(sums[0].float(), dbias)
+    # dweight = istd s q: the same q.
+    assert torch.allclose((invstd * scale.double() * sums[1]).float(), dweight, rtol=1e-6, atol=1e-6)
+    # Twice the count with the same sums is another dh (the kernel reads the count it is given).
+    assert not torch.equal(ops.batch_norm_backward_elemt(*common, sums, 2 * count, 1e-5, bn_b, act, 0.01), dh)
 
 
 def test_merge_stats_is_chan():

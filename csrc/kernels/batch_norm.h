@@ -147,6 +147,15 @@ struct BackwardArgs {
 // BackwardArgs, which the kernels take by value: a larger struct moves their other parameters.)
 void batch_norm_backward(BackwardArgs const& a, BackwardKernels kernels, int pieces, cudaStream_t stream);
 
+// SyncBatchNorm's backward, its two passes apart so that the group can all-reduce the sums
+// between them. reduce: this rank's fp64 sums (2 x n: sum g, sum g (h - mean_h), g = dy times the
+// activation's derivative) into `sums`; a.workspace: limits::column_stats_workspace(m, n) bytes.
+// elemt: dh from the group's sums over the group's batch, *count rows (on the device, so that
+// no host sync reads it); dscale, dweight and dbias are untouched (they are this rank's, from its
+// own sums).
+void batch_norm_backward_reduce(BackwardArgs const& a, double* sums, cudaStream_t stream);
+void batch_norm_backward_elemt(BackwardArgs const& a, double const* sums, double const* count, cudaStream_t stream);
+
 // Eval-mode folding: out_a = scale * w * invstd, out_c = b - running_mean * w * invstd,
 // with invstd = 1 / sqrt(running_var + eps), into fp32 vectors for the EVT;
 // zero in columns n .. kn, the padding the GEMM computes. With out_s (the fp16

@@ -67,11 +67,10 @@ struct GradColumn {
   Column<A> fwd;
 };
 
-// From column c's sums of g and g (h - mean_h); with `outputs` (one thread a column), also
-// its dscale, dweight and dbias.
+// From column c's sums of g and g (h - mean_h) over `count` rows; with `outputs` (one thread a
+// column), also its dscale, dweight and dbias.
 template <class A, bool Act>
-__device__ GradColumn<A> grad_column(BackwardArgs const& g, double sdy, double q, int c, bool outputs) {
-  double count = g.m;
+__device__ GradColumn<A> grad_column(BackwardArgs const& g, double sdy, double q, double count, int c, bool outputs) {
   double s = load(g.scale, c, 1.0), istd = g.invstd[c];
   double w = load(g.weight, c, 1.0);
   double a = s * w * istd;
@@ -121,8 +120,10 @@ __device__ void grad_input_rows(BackwardArgs const& g, GradColumn<A> const (&col
   }
 }
 
+// count: the batch the sums are over, on the device (SyncBatchNorm's group), or null for this m
+// rows, whose dscale, dweight and dbias it then writes too.
 template <class T, class TY, int V, int R, bool Act>
-__global__ void grad_input_kernel(BackwardArgs g, double const* __restrict__ sums) {
+__global__ void grad_input_kernel(BackwardArgs g, double const* __restrict__ sums, double const* __restrict__ count) {
   using A = Acc<T>;
   // dy and h of kSumStages rows a thread in flight (pipelined_rows), read as the column sums
   // read them (GradSums), where both come in 16-byte groups.
@@ -130,7 +131,10 @@ __global__ void grad_input_kernel(BackwardArgs g, double const* __restrict__ sum
   constexpr bool kPipelined = pipelined_sums<Terms, V>();
   __shared__ uint4 stage[kPipelined ? kSumStages * Terms::kInputs * 256 : 1];
   GradColumn<A> col[V];
-  block_columns<V>(g.n, blockIdx.x, col, [&](int c) { return grad_column<A, Act>(g, sums[c], sums[g.n + c], c, blockIdx.y == 0); });
+  double total = count != nullptr ? *count : g.m;
+  bool outputs = count == nullptr && blockIdx.y == 0;
+  block_columns<V>(g.n, blockIdx.x, col,
+                   [&](int c) { return grad_column<A, Act>(g, sums[c], sums[g.n + c], total, c, outputs); });
   int c0 = (blockIdx.x * 32 + threadIdx.x) * V;
   if (c0 >= g.n) return;
   auto const* dy = static_cast<TY const*>(g.dy);
@@ -185,7 +189,7 @@ __global__ void __launch_bounds__(256, kBackwardBlocksPerSm) batch_norm_backward
         sdy += pa[r * static_cast<int64_t>(g.n) + c];
         q += pb[r * static_cast<int64_t>(g.n) + c];
       }
-      return grad_column<A, Act>(g, sdy, q, c, chunk == 0);
+      return grad_column<A, Act>(g, sdy, q, g.m, c, chunk == 0);
     });
     int c0 = (group * 32 + threadIdx.x) * V;
     int64_t first = static_cast<int64_t>(chunk) * rows + threadIdx.y;
@@ -233,7 +237,7 @@ __global__ void __launch_bounds__(256, 3) batch_norm_backward_slab_kernel(Backwa
   if (int c = base + tid; tid < width && c < g.n) {
     double sdy, q;
     slab_totals(sums, chunks, width, tid, sdy, q);
-    cols[tid] = grad_column<A, Act>(g, sdy, q, c, true);
+    cols[tid] = grad_column<A, Act>(g, sdy, q, g.m, c, true);
   }
   __syncthreads();
   if (!live) return;
@@ -277,11 +281,36 @@ void batch_norm_backward(BackwardArgs const& g, BackwardKernels kernels, int pie
     GradSums<T, TY, Act> terms{g, static_cast<TY const*>(g.dy), static_cast<T const*>(g.h)};
     column_sums<T>(terms, g.m, g.n, g.ldh, {g.dy, g.h}, sums, partials, stream);
     launch_rows<T, 1>(g.m, g.n, g.ldh, {g.h, g.dy, g.dh}, 1024, [&](auto v, dim3 grid) {
-      grad_input_kernel<T, TY, decltype(v)::value, 1, Act><<<grid, dim3(32, 8), 0, stream>>>(g, sums);
+      grad_input_kernel<T, TY, decltype(v)::value, 1, Act><<<grid, dim3(32, 8), 0, stream>>>(g, sums, nullptr);
     });
   };
   dispatch_pair(g.dt, g.dt_dy, [&](auto t, auto ty) { dispatch_act(g.act, [&](auto act) { run(t, ty, act); }); });
   check_cuda(cudaGetLastError(), "batch_norm_backward");
+}
+
+void batch_norm_backward_reduce(BackwardArgs const& g, double* sums, cudaStream_t stream) {
+  dispatch_pair(g.dt, g.dt_dy, [&](auto t, auto ty) {
+    dispatch_act(g.act, [&](auto act) {
+      using T = decltype(t);
+      using TY = decltype(ty);
+      GradSums<T, TY, decltype(act)::value> terms{g, static_cast<TY const*>(g.dy), static_cast<T const*>(g.h)};
+      column_sums<T>(terms, g.m, g.n, g.ldh, {g.dy, g.h}, sums, static_cast<double*>(g.workspace), stream);
+    });
+  });
+}
+
+void batch_norm_backward_elemt(BackwardArgs const& g, double const* sums, double const* count, cudaStream_t stream) {
+  dispatch_pair(g.dt, g.dt_dy, [&](auto t, auto ty) {
+    dispatch_act(g.act, [&](auto act) {
+      using T = decltype(t);
+      using TY = decltype(ty);
+      launch_rows<T, 1>(g.m, g.n, g.ldh, {g.h, g.dy, g.dh}, 1024, [&](auto v, dim3 grid) {
+        grad_input_kernel<T, TY, decltype(v)::value, 1, decltype(act)::value>
+            <<<grid, dim3(32, 8), 0, stream>>>(g, sums, count);
+      });
+    });
+  });
+  check_cuda(cudaGetLastError(), "batch_norm_backward_elemt");
 }
 
 }  // namespace cutlass_fused
