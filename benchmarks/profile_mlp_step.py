@@ -1,0 +1,50 @@
+"""Where the step benchmark's GPU time goes: torch.profiler's kernels of one training step of the MLP
+(cutlass_fused.bench_step), per row, in µs per step, largest first.
+
+    python benchmarks/profile_mlp_step.py [--case amp-bf16,4096,4096,4] [--row fused --row compile] [--top 25]
+
+The last line of each row: the sum of its kernels' time against the step's wall time (bench.median_ms),
+so that time outside kernels (launch gaps, the host) shows as their difference.
+"""
+import argparse
+import collections
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from cutlass_fused import bench, bench_step
+
+STEPS = 5
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--case", type=bench_step.parse_case, default=bench_step.Case("amp-bf16", 4096, 4096, 4, "relu"))
+    ap.add_argument("--row", action="append", choices=bench_step.ROWS)
+    ap.add_argument("--top", type=int, default=25)
+    args = ap.parse_args()
+    device = torch.device("cuda", torch.cuda.current_device())
+    base = bench_step.mlp(args.case, device)
+    with bench_step.precision_flags(args.case.precision):
+        for name in args.row or ["fused", "compile"]:
+            row = bench_step.Row(name, base, args.case, device, [])
+            wall = bench.median_ms(lambda: row.step(row.x, row.target), True)
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(STEPS):
+                    row.step(row.x, row.target)
+                torch.cuda.synchronize()
+            us = collections.Counter()
+            count = collections.Counter()
+            for e in prof.events():
+                if e.device_type == torch.autograd.DeviceType.CUDA:
+                    us[e.name] += e.device_time / STEPS
+                    count[e.name] += 1
+            print(f"== {name} {bench_step.label(args.case)}: kernels {sum(us.values()) / 1e3:.3f} ms a step, "
+                  f"wall {wall:.3f} ms")
+            for k, v in us.most_common(args.top):
+                print(f"  {v:9.1f} us  x{count[k] // STEPS:<3d} {k[:110]}")
+
+
+if __name__ == "__main__":
+    main()
