@@ -226,8 +226,11 @@ def _fsdp_worker(rank, device, sizes):
         from torch.distributed.fsdp import fully_shard
     except ImportError:  # torch < 2.6
         from torch.distributed._composable.fsdp import fully_shard
+    from torch.distributed.device_mesh import init_device_mesh
     if device.type == "cuda":
-        torch.cuda.set_device(device)  # FSDP2's default mesh takes the current device
+        torch.cuda.set_device(device)
+    # On the rank's device type: FSDP2's default mesh is CUDA's wherever CUDA is, gloo's ranks too.
+    mesh = init_device_mesh(device.type, (WORLD,))
     k, n, lr = 12, 10, 0.1
     state = {f"block.{key}": v for key, v in seed_state(k, n).items()}
     state.update({f"head.{key}": v for key, v in nn.Linear(n, 3).state_dict().items()})
@@ -244,8 +247,8 @@ def _fsdp_worker(rank, device, sizes):
     sharded = {}
     for name, model in (("fused", fused), ("unfused", unfused)):
         model.to(device)
-        fully_shard(model.block)
-        fully_shard(model)
+        fully_shard(model.block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
         sharded[name] = model
     opts = {key: torch.optim.SGD(m.parameters(), lr=lr) for key, m in {**sharded, "ref": ref}.items()}
     g = torch.Generator().manual_seed(7)
