@@ -8,7 +8,7 @@ Rows, each on a copy of one initial model wrapped in DistributedDataParallel:
   sync compile   torch.compile of that DDP model
   fused          cutlass_fused.fuse(model), then cutlass_fused.convert_sync_batchnorm
   fused+compile  torch.compile of that DDP model
-Each line: rank 0's median ms per step (bench.median_ms, the rows alternating over --rounds), the
+Each line: rank 0's median ms per step (fixed_ms, the rows alternating over --rounds), the
 peak extra MiB of one step, the speedups, and the loss parity against sync eager over the first
 PARITY_STEPS steps (the largest relative difference). Writes ddp_step.json in the results schema.
 """
@@ -50,11 +50,25 @@ def build(name, base, device):
     return call, torch.optim.AdamW(ddp.parameters(), fused=True)
 
 
+def fixed_ms(fn, warmup=3, steps=15):
+    """The median ms of `steps` calls after `warmup`, each timed with CUDA events. A fixed count, not
+    bench.median_ms's time budget: every rank must run the same collectives, or they deadlock."""
+    for _ in range(warmup):
+        fn()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(steps)]
+    for start, end in events:
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) for start, end in events)
+
+
 def worker(rank, store, case, rounds, out):
     device = torch.device("cuda", rank)
     torch.cuda.set_device(device)
     dist.init_process_group("nccl", init_method=f"file://{store}", rank=rank, world_size=WORLD,
-                            timeout=datetime.timedelta(seconds=300), device_id=device)
+                            timeout=datetime.timedelta(seconds=120), device_id=device)
     try:
         run_rows(rank, device, case, rounds, out)
     finally:
@@ -84,7 +98,7 @@ def run_rows(rank, device, case, rounds, out):
             losses[name] = [steps[name](*data[i]).item() for i in range(PARITY_STEPS)]
         times = {name: [] for name in ROWS}
         for name in bench.alternating(list(ROWS), rounds):
-            times[name].append(bench.median_ms(lambda: steps[name](*data[-1]), True))
+            times[name].append(fixed_ms(lambda: steps[name](*data[-1])))
         peaks = {name: bench.peak_extra_mib(lambda: steps[name](*data[-1])) for name in ROWS}
     if rank != 0:
         return
