@@ -108,7 +108,8 @@ def run_rows(rank, device, case, rounds, out):
              "vs_sync_compile": ms["sync compile"] / ms[name],
              "loss_parity": max(abs(a - e) / abs(e) for a, e in zip(losses[name], losses["sync eager"]))}
             for name in ROWS]
-    result = {"mode": "ddp-step", "meta": bench.meta(sys.argv, device), "parity_steps": PARITY_STEPS,
+    meta = {**bench.meta([], device), "command": "python " + " ".join(sys.argv)}
+    result = {"mode": "ddp-step", "meta": meta, "parity_steps": PARITY_STEPS,
               "peak_extra_mib": bench_step.PEAK, "rows": rows}
     path = Path(out) / "ddp_step.json"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 parameters, as under autocast, the training tail writing y in fp32 (the unfused model's dtype) or in
 bf16 (output_dtype), with each activation, and the BN backward reading an fp32 or a bf16 dy.
 
-    python benchmarks/tail_dtypes.py [--shape B,IN,OUT ...] [--act none --act relu ...] [--rounds 3]
+    python benchmarks/tail_dtypes.py [--shape B,IN,OUT ...] [--act none --act relu ...] [--rounds 3] [--family sm80]
 
 Each line: the tail's (or the BN backward's) µs, and per byte moved against the bf16-y twin's
 (issue 31: the fp32-y tail at most 1.6x the bf16-y tail's time).
@@ -30,6 +30,7 @@ def main():
     ap.add_argument("--shape", action="append", type=lambda s: tuple(int(v) for v in s.split(",")))
     ap.add_argument("--act", action="append", choices=["none", "relu", "leaky_relu", "gelu", "gelu_tanh", "silu"])
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--family", choices=["auto", "sm90", "sm80"], default="auto")
     args = ap.parse_args()
     acts = args.act or ["none", "relu", "gelu"]
     for m, k, n in args.shape or SHAPES:
@@ -42,7 +43,7 @@ def main():
         fwd = {c: [] for c in cases}
         bwd = {c: [] for c in cases}
         for act, y_dt in alternating(cases, args.rounds):
-            train = lambda: ops.linear_scale_batch_norm_train(x, w, *vec, rm, rv, None, 0.1, 1e-5, "auto", False,
+            train = lambda: ops.linear_scale_batch_norm_train(x, w, *vec, rm, rv, None, 0.1, 1e-5, args.family, False,
                                                               act, 0.01, y_dt)
             fwd[act, y_dt].append(tail_us(train))
             y, h, _, mean, invstd = train()
