@@ -7,7 +7,8 @@ one initial model: eager, compile (torch.compile of the model), fused (cutlass_f
 model) and fused+compile; the optimizer is never compiled. A row's first PARITY_STEPS steps run on
 a data stream shared by all rows, and its loss parity is the largest relative difference of those
 losses from eager's. Then the step on one fixed batch is timed (bench.median_ms), the rows in
---rounds, and its peak memory taken (bench.peak_extra_mib).
+--rounds, and its peak memory taken (bench.peak_extra_mib). x mm: a row's step time over its GEMMs'
+alone in torch.mm (GemmFloor, timed in the same rounds).
 """
 import argparse
 import collections
@@ -131,6 +132,29 @@ class Row:
         return bench.peak_extra_mib(lambda: self.step(self.x, self.target)) if self.device.type == "cuda" else None
 
 
+class GemmFloor:
+    """The step's GEMMs alone, as torch.mm runs them: for each Linear, y = x W^T, dX = dy W and
+    dW = dy^T x, in the dtype the step's GEMMs take (bf16 under amp-bf16 and bf16, fp32 otherwise,
+    TF32 as the case's flags say). The floor a step races; timed in the rows' rounds."""
+
+    name = "mm"
+
+    def __init__(self, case, device):
+        dt = torch.bfloat16 if case.precision in ("amp-bf16", "bf16") else torch.float32
+        g = torch.Generator(device=device).manual_seed(0)
+        r = lambda *shape: torch.randn(*shape, device=device, generator=g).to(dt)
+        outs = [case.width] * case.blocks + [CLASSES]
+        self.operands = [(r(case.batch, case.width), r(n, case.width), r(case.batch, n)) for n in outs]
+        self.cuda, self.times = device.type == "cuda", []
+
+    def run(self):
+        for x, w, dy in self.operands:
+            torch.mm(x, w.t()), torch.mm(dy, w), torch.mm(dy.t(), x)
+
+    def time(self):
+        self.times.append(bench.median_ms(self.run, self.cuda))
+
+
 def measure_case(case, rows, device, rounds):
     """The case's rows: dicts in the results schema, a failed row with its error."""
     torch._dynamo.reset()
@@ -142,8 +166,11 @@ def measure_case(case, rows, device, rounds):
             errors[name] = failed[0]
         else:
             live[name] = row
-    for row in bench.alternating(list(live.values()), rounds):
-        if row.name in live:
+    floor = GemmFloor(case, device)
+    for row in bench.alternating([floor, *live.values()], rounds):
+        if row is floor:
+            row.time()
+        elif row.name in live:
             failed = []
             bench.guarded(row.name, "step", label(case), row.time, failed)
             if failed:
@@ -151,11 +178,12 @@ def measure_case(case, rows, device, rounds):
                 del live[row.name]
     out = []
     eager = live.get("eager")
+    mm_ms = statistics.median(floor.times)
     for name in rows:
         row = live.get(name)
-        out.append({"mode": "step", **case._asdict(), "impl": name, "ms": None, "peak_extra_mib": None,
-                    "vs_eager": None, "vs_compile": None, "loss_parity": None, "loss_last": None,
-                    "fused_layers": None, "error": errors.get(name)})
+        out.append({"mode": "step", **case._asdict(), "impl": name, "ms": None, "mm_ms": mm_ms, "x_mm": None,
+                    "peak_extra_mib": None, "vs_eager": None, "vs_compile": None, "loss_parity": None,
+                    "loss_last": None, "fused_layers": None, "error": errors.get(name)})
         if row is None:
             continue
         failed = []
@@ -167,6 +195,7 @@ def measure_case(case, rows, device, rounds):
     ms = {r["impl"]: r["ms"] for r in out}
     for r in out:
         if r["ms"]:
+            r["x_mm"] = r["ms"] / mm_ms
             r["vs_eager"] = ms["eager"] / r["ms"] if ms.get("eager") else None
             r["vs_compile"] = ms["compile"] / r["ms"] if ms.get("compile") else None
     return out
@@ -206,10 +235,12 @@ def run(args, argv):
 
 
 def table(result, markdown=False):
-    head = ["precision", "batch", "width", "blocks", "act", "impl", "ms/step", "peak MiB", "vs eager",
+    head = ["precision", "batch", "width", "blocks", "act", "impl", "ms/step", "x mm", "peak MiB", "vs eager",
             "vs compile", "loss parity", "fused"]
+    # .get: records written before x mm existed render too.
     lines = [[r["precision"], str(r["batch"]), str(r["width"]), str(r["blocks"]), r["activation"], r["impl"],
-              "failed" if r["ms"] is None else bench.fmt(r["ms"], ".3f"), bench.fmt(r["peak_extra_mib"], ".0f"),
+              "failed" if r["ms"] is None else bench.fmt(r["ms"], ".3f"), bench.fmt(r.get("x_mm"), ".2f"),
+              bench.fmt(r["peak_extra_mib"], ".0f"),
               bench.fmt(r["vs_eager"], ".2f"), bench.fmt(r["vs_compile"], ".2f"),
               bench.fmt(r["loss_parity"], ".1e"), bench.fmt(r["fused_layers"], "d")] for r in result["rows"]]
     out = bench.render(head, lines, 6, markdown, result["meta"])

@@ -126,6 +126,8 @@ def check_step_json(path, cases, rows, parity):
         eager = next(e for e in res["rows"] if e["impl"] == "eager" and bench_step.case_of(e) == case)
         assert r["mode"] == "step" and r["error"] is None and r["ms"] > 0 and math.isfinite(r["loss_last"])
         assert r["vs_eager"] == pytest.approx(eager["ms"] / r["ms"])
+        # The case's GEMMs in torch.mm, timed once a case: the same floor for every row.
+        assert r["mm_ms"] == eager["mm_ms"] > 0 and r["x_mm"] == pytest.approx(r["ms"] / r["mm_ms"])
         assert (r["peak_extra_mib"] is not None) == CUDA
         assert r["fused_layers"] == (case.blocks if r["impl"].startswith("fused") else None)
         if r["impl"] == "eager":
@@ -149,7 +151,7 @@ def test_bench_step_cpu_end_to_end(tmp_path, capsys):
     assert (tmp_path / "step.png").exists() == (importlib.util.find_spec("matplotlib") is not None)
     assert bench.main(["--report", str(tmp_path / "step.json")]) == 0
     report = capsys.readouterr().out
-    assert report.startswith("| precision | batch | width | blocks | act | impl | ms/step |")
+    assert report.startswith("| precision | batch | width | blocks | act | impl | ms/step | x mm |")
     assert report.count("| f32 | 32 | 48 | 2 | relu | ") == 2 and "| amp-bf16 | 32 | 48 | 1 | gelu | fused |" in report
 
 
