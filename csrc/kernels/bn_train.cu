@@ -26,7 +26,7 @@ __device__ bool gemm_sums_trusted(double s, double q, double count, double scale
 // Where the unfused model may round z = h * scale to T and it can overflow there (SumSquares):
 // fp16 h, whatever y's dtype (FinalizeArgs::z_rounded says at run time whether z is rounded; the
 // trust rule's extra test only sends more columns to the exact pass).
-template <class T, class TO>
+template <class T>
 constexpr bool kZOverflows = std::is_same_v<T, __half>;
 
 // Work items are (column group, row chunk), column groups fastest so that the
@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(256, 4) batch_norm_train_kernel(TrainArgs a, i
           s += lanes[0][i][threadIdx.x];
           q += lanes[1][i][threadIdx.x];
         }
-        exact[c] = !gemm_sums_trusted<P, kZOverflows<T, TO>>(s, q, f.count, load(f.scale, c, 1.0));
+        exact[c] = !gemm_sums_trusted<P, kZOverflows<T>>(s, q, f.count, load(f.scale, c, 1.0));
         a.stats[c] = s;
         a.stats[f.n + c] = q;
       }
@@ -307,7 +307,7 @@ __global__ void __launch_bounds__(256, 3) batch_norm_train_slab_kernel(TrainArgs
         s += sums[l * width + j];
         q += sums[(8 + l) * width + j];
       }
-      exact = !gemm_sums_trusted<P, kZOverflows<T, TO>>(s, q, f.count, in.scale);
+      exact = !gemm_sums_trusted<P, kZOverflows<T>>(s, q, f.count, in.scale);
     }
   }
   // The exact sums, where a column of the block needs them (uniform over the block).
