@@ -163,6 +163,7 @@ def _layer_worker(rank, device, sizes, robust, bn, act=None):
 
 
 CASES = {"even": ([4, 4], False, {}), "uneven": ([5, 3], False, {}), "single_sample": ([1, 6], False, {}),
+         "empty_rank": ([0, 6], False, {}),
          "robust_variance": ([5, 3], True, {}), "momentum_none": ([5, 3], False, {"momentum": None}),
          "affine_false_no_running_stats": ([5, 3], False, {"affine": False, "track_running_stats": False}),
          # The activation fused into finalize and its derivative into the backward's two passes.
