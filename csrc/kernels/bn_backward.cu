@@ -251,6 +251,21 @@ __global__ void __launch_bounds__(256, 3) batch_norm_backward_slab_kernel(Backwa
   }
 }
 
+// The two passes: the sums of g and g (h - mean_h) (partials: the column pass's workspace),
+// then dh from sums over `count` rows (grad_input_kernel).
+template <class T, class TY, bool Act>
+void sum_pass(BackwardArgs const& g, double* sums, double* partials, cudaStream_t stream) {
+  GradSums<T, TY, Act> terms{g, static_cast<TY const*>(g.dy), static_cast<T const*>(g.h)};
+  column_sums<T>(terms, g.m, g.n, g.ldh, {g.dy, g.h}, sums, partials, stream);
+}
+
+template <class T, class TY, bool Act>
+void input_pass(BackwardArgs const& g, double const* sums, double const* count, cudaStream_t stream) {
+  launch_rows<T, 1>(g.m, g.n, g.ldh, {g.h, g.dy, g.dh}, 1024, [&](auto v, dim3 grid) {
+    grad_input_kernel<T, TY, decltype(v)::value, 1, Act><<<grid, dim3(32, 8), 0, stream>>>(g, sums, count);
+  });
+}
+
 }  // namespace
 
 void batch_norm_backward(BackwardArgs const& g, BackwardKernels kernels, int pieces, cudaStream_t stream) {
@@ -278,11 +293,8 @@ void batch_norm_backward(BackwardArgs const& g, BackwardKernels kernels, int pie
         return;
       }
     }
-    GradSums<T, TY, Act> terms{g, static_cast<TY const*>(g.dy), static_cast<T const*>(g.h)};
-    column_sums<T>(terms, g.m, g.n, g.ldh, {g.dy, g.h}, sums, partials, stream);
-    launch_rows<T, 1>(g.m, g.n, g.ldh, {g.h, g.dy, g.dh}, 1024, [&](auto v, dim3 grid) {
-      grad_input_kernel<T, TY, decltype(v)::value, 1, Act><<<grid, dim3(32, 8), 0, stream>>>(g, sums, nullptr);
-    });
+    sum_pass<T, TY, Act>(g, sums, partials, stream);
+    input_pass<T, TY, Act>(g, sums, nullptr, stream);
   };
   dispatch_pair(g.dt, g.dt_dy, [&](auto t, auto ty) { dispatch_act(g.act, [&](auto act) { run(t, ty, act); }); });
   check_cuda(cudaGetLastError(), "batch_norm_backward");
@@ -291,10 +303,7 @@ void batch_norm_backward(BackwardArgs const& g, BackwardKernels kernels, int pie
 void batch_norm_backward_reduce(BackwardArgs const& g, double* sums, cudaStream_t stream) {
   dispatch_pair(g.dt, g.dt_dy, [&](auto t, auto ty) {
     dispatch_act(g.act, [&](auto act) {
-      using T = decltype(t);
-      using TY = decltype(ty);
-      GradSums<T, TY, decltype(act)::value> terms{g, static_cast<TY const*>(g.dy), static_cast<T const*>(g.h)};
-      column_sums<T>(terms, g.m, g.n, g.ldh, {g.dy, g.h}, sums, static_cast<double*>(g.workspace), stream);
+      sum_pass<decltype(t), decltype(ty), decltype(act)::value>(g, sums, static_cast<double*>(g.workspace), stream);
     });
   });
 }
@@ -302,12 +311,7 @@ void batch_norm_backward_reduce(BackwardArgs const& g, double* sums, cudaStream_
 void batch_norm_backward_elemt(BackwardArgs const& g, double const* sums, double const* count, cudaStream_t stream) {
   dispatch_pair(g.dt, g.dt_dy, [&](auto t, auto ty) {
     dispatch_act(g.act, [&](auto act) {
-      using T = decltype(t);
-      using TY = decltype(ty);
-      launch_rows<T, 1>(g.m, g.n, g.ldh, {g.h, g.dy, g.dh}, 1024, [&](auto v, dim3 grid) {
-        grad_input_kernel<T, TY, decltype(v)::value, 1, decltype(act)::value>
-            <<<grid, dim3(32, 8), 0, stream>>>(g, sums, count);
-      });
+      input_pass<decltype(t), decltype(ty), decltype(act)::value>(g, sums, count, stream);
     });
   });
   check_cuda(cudaGetLastError(), "batch_norm_backward_elemt");
