@@ -204,6 +204,19 @@ void check_batch(int64_t count, int64_t n) {
               "]");
 }
 
+void check_sums(at::Tensor const& sums, char const* name, int64_t n) {
+  TORCH_CHECK(sums.dim() == 2 && sums.size(0) == 2 && sums.size(1) == n && sums.scalar_type() == at::kDouble &&
+                  sums.is_contiguous(),
+              "cutlass_fused: expected ", name, " to be a contiguous float64 tensor of shape [2, ", n, "], but got ",
+              sums.scalar_type(), " ", sums.sizes());
+}
+
+void check_count(at::Tensor const& count) {
+  TORCH_CHECK(count.numel() == 1 && count.scalar_type() == at::kDouble,
+              "cutlass_fused: expected count to be a float64 tensor of one element, but got ", count.scalar_type(),
+              " ", count.sizes());
+}
+
 void check_running_args(c10::optional<at::Tensor> const& running_mean, c10::optional<at::Tensor> const& running_var,
                         c10::optional<at::Tensor> const& num_batches_tracked, c10::optional<double> momentum) {
   // ValueError, as the Python API raised these before it relied on this one check.

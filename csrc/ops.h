@@ -61,6 +61,10 @@ bool poison_outputs();
 void check_family(c10::string_view family);
 // Training needs a batch of at least two rows (count rows behind n columns).
 void check_batch(int64_t count, int64_t n);
+// Column sums (2 x n fp64, contiguous: sum and sum of squares, or the backward's two) named `name`.
+void check_sums(at::Tensor const& sums, char const* name, int64_t n);
+// SyncBatchNorm's batch count: one fp64 element (on the device, where the ranks merged it).
+void check_count(at::Tensor const& count);
 // The training op's running-statistics arguments, as nn.BatchNorm1d pairs them:
 // both running stats or neither; momentum=None (cumulative) needs num_batches_tracked.
 void check_running_args(c10::optional<at::Tensor> const& running_mean, c10::optional<at::Tensor> const& running_var,

@@ -157,6 +157,11 @@ at::Tensor bn_grad(at::Tensor const& dy, at::Tensor const& h, at::Tensor const& 
   return activation_backward(dy64, pre, act, negative_slope);
 }
 
+// (sum g, sum g (h - mean_h)) per column, hc = h - mean_h: the backward's sums.
+at::Tensor grad_sums(at::Tensor const& g, at::Tensor const& hc) {
+  return at::stack({g.sum(0), (g * hc).sum(0)});
+}
+
 // dh = a g + b (h - mean_h) + c per column, from the sums of g and g (h - mean_h) over `count`
 // rows; see csrc/kernels/bn_backward.cu (grad_column) for the derivation's results.
 at::Tensor grad_input(at::Tensor const& g, at::Tensor const& h, at::Tensor const& hc, at::Tensor const& sums,
@@ -175,7 +180,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_c
   auto acc = acc_type(h.scalar_type());
   auto g = bn_grad(dy, h, mean, invstd, scale, weight, bias, activation, negative_slope);
   auto hc = h.to(at::kDouble) - mean.to(at::kDouble);
-  auto sums = at::stack({g.sum(0), (g * hc).sum(0)});
+  auto sums = grad_sums(g, hc);
   auto dh = grad_input(g, h, hc, sums, at::scalar_tensor(static_cast<double>(h.size(0)), at::kDouble), scale,
                        weight, invstd);
   auto s = scale.to(at::kDouble), istd = invstd.to(at::kDouble), w = opt64(weight, 1.0);
@@ -192,7 +197,7 @@ at::Tensor batch_norm_backward_reduce_cpu(at::Tensor const& dy, at::Tensor const
                                           c10::optional<at::Tensor> const& bias, c10::string_view activation,
                                           double negative_slope) {
   auto g = bn_grad(dy, h, mean, invstd, scale, weight, bias, activation, negative_slope);
-  return at::stack({g.sum(0), (g * (h.to(at::kDouble) - mean.to(at::kDouble))).sum(0)});
+  return grad_sums(g, h.to(at::kDouble) - mean.to(at::kDouble));
 }
 
 at::Tensor batch_norm_backward_elemt_cpu(at::Tensor const& dy, at::Tensor const& h, at::Tensor const& mean,
@@ -201,12 +206,8 @@ at::Tensor batch_norm_backward_elemt_cpu(at::Tensor const& dy, at::Tensor const&
                                          at::Tensor const& count, double /*eps*/,
                                          c10::optional<at::Tensor> const& bias, c10::string_view activation,
                                          double negative_slope) {
-  TORCH_CHECK(sums.dim() == 2 && sums.size(0) == 2 && sums.size(1) == h.size(1) && sums.scalar_type() == at::kDouble,
-              "cutlass_fused: expected sums to be a float64 tensor of shape [2, ", h.size(1), "], but got ",
-              sums.scalar_type(), " ", sums.sizes());
-  TORCH_CHECK(count.numel() == 1 && count.scalar_type() == at::kDouble,
-              "cutlass_fused: expected count to be a float64 tensor of one element, but got ", count.scalar_type(),
-              " ", count.sizes());
+  check_sums(sums, "sums", h.size(1));
+  check_count(count);
   auto g = bn_grad(dy, h, mean, invstd, scale, weight, bias, activation, negative_slope);
   auto hc = h.to(at::kDouble) - mean.to(at::kDouble);
   return grad_input(g, h, hc, sums, count.reshape({}), scale, weight, invstd);

@@ -265,13 +265,6 @@ at::Tensor grad_vector(c10::optional<at::Tensor> const& like, at::Tensor const& 
   return at::empty({h.size(1)}, h.options().dtype(like ? like->scalar_type() : at::kFloat));
 }
 
-void check_stats(at::Tensor const& stats, int64_t n) {
-  TORCH_CHECK(stats.dim() == 2 && stats.size(0) == 2 && stats.size(1) == n && stats.scalar_type() == at::kDouble &&
-                  stats.is_contiguous(),
-              "cutlass_fused: expected stats to be a contiguous float64 tensor of shape [2, ", n, "], but got ",
-              stats.scalar_type(), " ", stats.sizes());
-}
-
 // mean/invstd as the forward saved them: fp64, contiguous, n long.
 at::Tensor saved_vector(at::Tensor const& t, char const* name, int64_t n, at::Device device) {
   check_vector(t, name, n);
@@ -320,7 +313,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_finalize_cuda(
     at::Tensor const& h, at::Tensor const& stats, at::Tensor const& scale, int64_t count,
     c10::optional<at::Tensor> const& weight, c10::optional<at::Tensor> const& bias, double eps,
     c10::string_view activation, double negative_slope) {
-  check_stats(stats, h.size(1));
+  check_sums(stats, "stats", h.size(1));
   check_device(stats, h.device(), "stats");
   c10::cuda::CUDAGuard guard(h.device());
   auto scale_d = dense(scale), weight_d = dense(weight), bias_d = dense(bias);  // alive until the launch
@@ -343,7 +336,7 @@ void update_running_stats_cuda(at::Tensor const& stats, at::Tensor const& scale,
                                at::Tensor& running_mean, at::Tensor& running_var,
                                c10::optional<at::Tensor> const& num_batches_tracked, c10::optional<double> momentum) {
   int64_t n = stats.size(1);
-  check_stats(stats, n);
+  check_sums(stats, "stats", n);
   check_batch(count, n);
   check_running_stats(running_mean, running_var, n, c10::nullopt);
   check_running_args(running_mean, running_var, num_batches_tracked, momentum);
@@ -526,12 +519,10 @@ at::Tensor batch_norm_backward_elemt_cuda(at::Tensor const& dy, at::Tensor const
                                           at::Tensor const& count, double eps, c10::optional<at::Tensor> const& bias,
                                           c10::string_view activation, double negative_slope) {
   int64_t n = h.size(1);
-  check_stats(sums, n);
+  check_sums(sums, "sums", n);
+  check_count(count);
   check_device(sums, h.device(), "sums");
   check_device(count, h.device(), "count");
-  TORCH_CHECK(count.numel() == 1 && count.scalar_type() == at::kDouble,
-              "cutlass_fused: expected count to be a float64 tensor of one element, but got ", count.scalar_type(),
-              " ", count.sizes());
   c10::cuda::CUDAGuard guard(h.device());
   Backward b = backward_args(dy, h, mean, invstd, scale, weight, eps, bias, activation, negative_slope);
   if (h.size(0) == 0) return b.dh;

@@ -203,3 +203,22 @@ def test_unknown_family():
     with pytest.raises(ValueError, match="kernel family"):
         with cutlass_fused.use_kernel_family("sm70"):
             pass
+
+
+@pytest.mark.parametrize("device,family", DEVICES)
+@pytest.mark.parametrize("case", ["sums-shape", "sums-dtype", "sums-strided", "count-numel", "count-dtype"])
+def test_sync_backward_sums_and_count(device, family, case):
+    """batch_norm_backward_elemt names `sums` or `count` and what it expected of them."""
+    x, w, v = torch.randn(8, 6, device=device), torch.randn(5, 6, device=device), lambda: torch.randn(5, device=device)
+    _, h, _, mean, invstd = ops.linear_scale_batch_norm_train(x, w, v(), v(), v(), v(), None, None, None, 0.1, 1e-5,
+                                                              family)
+    dy = torch.randn_like(h)
+    sums = ops.batch_norm_backward_reduce(dy, h, mean, invstd, v(), v(), 1e-5)
+    count = torch.tensor([8.0], device=device, dtype=torch.float64)
+    bad = {"sums-shape": (sums[:, :4], count), "sums-dtype": (sums.float(), count),
+           "sums-strided": (sums.t().contiguous().t(), count), "count-numel": (sums, count.repeat(2)),
+           "count-dtype": (sums, count.float())}[case]
+    words = (r"expected sums to be a contiguous float64 tensor of shape \[2, 5\]" if case.startswith("sums")
+             else r"expected count to be a float64 tensor of one element")
+    with pytest.raises(RuntimeError, match=words):
+        ops.batch_norm_backward_elemt(dy, h, mean, invstd, v(), v(), *bad, 1e-5)
