@@ -430,7 +430,8 @@ __device__ __forceinline__ A pre_activation(Column<A> const& col, T h) {
 
 // One element of y: every training tail and finalize writes y through this, so all get the same bits.
 // Act: whether an activation may be set. The kernels without one compile without its switch: inside
-// the element loop, the switch's gelu and silu arms left the fp32-y tails 10-20 spilled registers.
+// the element loop, its gelu and silu arms left the fp32 -> fp32 tail 10/20 spilled STL/LDL (2/2
+// without; sm_90). A wider y beside 16-bit h runs the Act kernel all the same (batch_norm_train).
 template <class TO, bool Act, class T, class A>
 __device__ __forceinline__ TO normalized(Column<A> const& col, T h, Activation act, float slope) {
   if constexpr (!Act) return from_float<TO>(pre_activation(col, h));
