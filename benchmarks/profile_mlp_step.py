@@ -2,6 +2,10 @@
 (cutlass_fused.bench_step), per row, in µs per step, largest first.
 
     python benchmarks/profile_mlp_step.py [--case amp-bf16,4096,4096,4] [--row fused --row compile] [--top 25]
+        [--ops copy]
+
+--ops NAME lists, after the kernels, the ATen ops whose name holds NAME (e.g. copy, to), by input
+shapes, with their GPU time a step: which tensors a row's casts convert.
 
 The last line of each row: the sum of its kernels' time against the step's wall time (bench.median_ms),
 so that time outside kernels (launch gaps, the host) shows as their difference.
@@ -22,6 +26,7 @@ def main():
     ap.add_argument("--case", type=bench_step.parse_case, default=bench_step.Case("amp-bf16", 4096, 4096, 4, "relu"))
     ap.add_argument("--row", action="append", choices=bench_step.ROWS)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--ops", help="also list the ATen ops whose name holds this, by input shapes")
     args = ap.parse_args()
     device = torch.device("cuda", torch.cuda.current_device())
     base = bench_step.mlp(args.case, device)
@@ -30,7 +35,8 @@ def main():
             row = bench_step.Row(name, base, args.case, device, [])
             wall = bench.median_ms(lambda: row.step(row.x, row.target), True)
             torch.cuda.synchronize()
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            acts = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if args.ops else [])
+            with profile(activities=acts, record_shapes=bool(args.ops)) as prof:
                 for _ in range(STEPS):
                     row.step(row.x, row.target)
                 torch.cuda.synchronize()
@@ -44,6 +50,12 @@ def main():
                   f"wall {wall:.3f} ms")
             for k, v in us.most_common(args.top):
                 print(f"  {v:9.1f} us  x{count[k] // STEPS:<3d} {k[:110]}")
+            if args.ops:
+                ops = [a for a in prof.key_averages(group_by_input_shape=True)
+                       if args.ops in a.key and a.device_time_total > 0]
+                for a in sorted(ops, key=lambda a: -a.device_time_total)[:args.top]:
+                    print(f"  op {a.device_time_total / STEPS:9.1f} us  x{a.count // STEPS:<3d} {a.key} "
+                          f"{a.input_shapes}")
 
 
 if __name__ == "__main__":
