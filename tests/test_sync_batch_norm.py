@@ -12,6 +12,7 @@ import datetime
 import os
 import tempfile
 import time
+import traceback
 
 import pytest
 import torch
@@ -44,6 +45,11 @@ def _entry(rank, fn, backend, store, args):
                             timeout=datetime.timedelta(seconds=30), **kw)
     try:
         fn(rank, device, *args)
+    except BaseException:
+        # Printed before the teardown: a rank that raises leaves its peers in a collective, and
+        # the test then fails as a hang, with this rank's traceback only here.
+        traceback.print_exc()
+        raise
     finally:
         dist.destroy_process_group()
 
@@ -103,13 +109,17 @@ class Reference:
         return [y.detach() for y in ys], grads
 
 
-def local_step(module, x, dy):
-    """y and the local gradients of one training step of `module` on this rank's rows."""
+def local_step(module, x, dy, none_is_zero=False):
+    """y and the local gradients of one training step of `module` on this rank's rows.
+
+    none_is_zero: nn.SyncBatchNorm leaves its input's, weight's and bias's gradients None on a
+    rank without rows (zeros, to autograd); ours must give the zeros themselves."""
     dev = next(module.parameters()).device
     x = x.to(dev).requires_grad_()
     y = module(x)
     (y * dy.to(dev)).sum().backward()
-    grads = {"x": x.grad, **{k: p.grad.clone() for k, p in module.named_parameters()}}
+    grad = lambda p: torch.zeros_like(p) if p.grad is None and none_is_zero else p.grad.clone()
+    grads = {"x": grad(x), **{k: grad(p) for k, p in module.named_parameters()}}
     module.zero_grad()
     return y.detach(), grads
 
@@ -142,7 +152,7 @@ def _layer_worker(rank, device, sizes, robust, bn, act=None):
         y64, g64 = (t[rank] for t in ref64.step(x, dy, sizes))
         y32, g32 = (t[rank] for t in ref32.step(x, dy, sizes))
         if nccl_ref:
-            y32, g32 = local_step(same, x[r], dy[r])
+            y32, g32 = local_step(same, x[r], dy[r], none_is_zero=True)
         assert_close_rule(y.cpu(), y32.cpu(), y64, "f32", f"step {step}: y")
         for name, g_ours in grads.items():
             assert g_ours.dtype == g32[name].dtype, name
