@@ -11,6 +11,13 @@
 // autograd records (this key sits above Autograd), so gradients reach fp32
 // parameters in fp32.
 //
+// The training op's fp32 weight and bias, where autograd records the call, are not cast here but
+// by its Autograd kernel (deferred_linear_cast, autograd.cpp), whose backward then gives their
+// gradients in fp32 directly: dW from the GEMM in fp32. Through autocast's recorded cast, dW came
+// out in 16 bits and then took an unvectorized 16 -> 32-bit copy, ~50 us a 4096 x 4096 weight, 4
+// of an AMP step's 11 such copies (H200, benchmarks/profile_mlp_step.py --ops copy). Without a
+// recording (no_grad, inference_mode, a frozen weight) the casts stay autocast's, cache and all.
+//
 // One boxed kernel serves both ops: it reads no signature but the schema's, so
 // the ops' signatures stay written once (csrc/ops.cpp, op_handles.h).
 #include <ATen/ATen.h>
@@ -18,35 +25,57 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include "op_handles.h"
+
 namespace cutlass_fused {
 namespace {
 
 constexpr size_t kCastArguments = 3;  // x, weight, bias
 
-template <c10::DeviceType device>
+}  // namespace
+
+c10::optional<at::ScalarType>& deferred_linear_cast() {
+  thread_local c10::optional<at::ScalarType> dtype;
+  return dtype;
+}
+
+namespace {
+
+// Clears the deferral however the call ends, so that it never reaches another call.
+struct DeferCast {
+  explicit DeferCast(c10::optional<at::ScalarType> dt) { deferred_linear_cast() = dt; }
+  ~DeferCast() { deferred_linear_cast() = c10::nullopt; }
+};
+
+// Deferrable: the training op, whose Autograd kernel takes the deferral.
+template <c10::DeviceType device, bool Deferrable>
 void autocast_linear_inputs(c10::OperatorHandle const& op, torch::jit::Stack* stack) {
   size_t n = op.schema().arguments().size();
   auto dt = at::autocast::get_autocast_dtype(device);
-  for (size_t i = 0; i < kCastArguments; ++i) {
+  c10::IValue const& weight = (*stack)[stack->size() - n + 1];
+  bool defer = Deferrable && at::GradMode::is_enabled() && !c10::InferenceMode::is_enabled() &&
+               weight.isTensor() && weight.toTensor().requires_grad() && weight.toTensor().scalar_type() == at::kFloat;
+  for (size_t i = 0; i < (defer ? 1 : kCastArguments); ++i) {
     c10::IValue& v = (*stack)[stack->size() - n + i];
     if (v.isTensor()) v = at::autocast::cached_cast(dt, v.toTensor(), device);
   }
   c10::impl::ExcludeDispatchKeyGuard no_autocast(at::autocast::get_autocast_dispatch_key_from_device_type(device));
+  DeferCast deferral(defer ? c10::optional<at::ScalarType>(dt) : c10::nullopt);
   op.callBoxed(stack);
+}
+
+template <c10::DeviceType device>
+void register_autocast(torch::Library& m) {
+  m.impl("linear_scale_batch_norm_train",
+         torch::CppFunction::makeFromBoxedFunction<&autocast_linear_inputs<device, true>>());
+  m.impl("linear_scale_batch_norm_eval",
+         torch::CppFunction::makeFromBoxedFunction<&autocast_linear_inputs<device, false>>());
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(cutlass_fused, AutocastCUDA, m) {
-  auto cast = [] { return torch::CppFunction::makeFromBoxedFunction<&autocast_linear_inputs<c10::DeviceType::CUDA>>(); };
-  m.impl("linear_scale_batch_norm_train", cast());
-  m.impl("linear_scale_batch_norm_eval", cast());
-}
+TORCH_LIBRARY_IMPL(cutlass_fused, AutocastCUDA, m) { register_autocast<c10::DeviceType::CUDA>(m); }
 
-TORCH_LIBRARY_IMPL(cutlass_fused, AutocastCPU, m) {
-  auto cast = [] { return torch::CppFunction::makeFromBoxedFunction<&autocast_linear_inputs<c10::DeviceType::CPU>>(); };
-  m.impl("linear_scale_batch_norm_train", cast());
-  m.impl("linear_scale_batch_norm_eval", cast());
-}
+TORCH_LIBRARY_IMPL(cutlass_fused, AutocastCPU, m) { register_autocast<c10::DeviceType::CPU>(m); }
 
 }  // namespace cutlass_fused

@@ -18,6 +18,9 @@
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/graph_task.h>
 #include <torch/library.h>
+#include <torch/version.h>
+
+#include <utility>
 
 #include "op_handles.h"
 
@@ -62,6 +65,22 @@ at::Tensor as_dtype(at::Tensor const& t, int64_t code) {
 
 int64_t dtype_of(OptTensor const& t) { return t.has_value() ? static_cast<int64_t>(t->scalar_type()) : -1; }
 
+// Whether the forward cast an fp32 weight itself (deferred_linear_cast): dW is then fp32.
+bool wide_dw(AutogradContext* ctx) {
+  auto it = ctx->saved_data.find("wide_dw");
+  return it != ctx->saved_data.end() && it->second.toBool();
+}
+
+// a b in fp32 from 16-bit a and b: cuBLAS's fp32 output (mm's out_dtype, CUDA, torch >= 2.8), so
+// the product is rounded once, to fp32, where the unfused model's went through 16 bits and then a
+// cast; elsewhere that same product and cast.
+at::Tensor mm_to_fp32(at::Tensor const& a, at::Tensor const& b) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 8)
+  if (a.is_cuda()) return at::mm(a, b, at::kFloat);
+#endif
+  return at::mm(a, b).to(at::kFloat);
+}
+
 // dX = dH W and dW = dH^T x, each only when needed: no dX GEMM for a first
 // layer, no dW GEMM for a frozen weight. fp32 goes through our matmul op, which
 // keeps the forward's precision (3xTF32 on sm90 without TF32); 16-bit dtypes
@@ -73,7 +92,7 @@ void linear_grads(at::Tensor const& dh, at::Tensor const& x, at::Tensor const& w
   auto family = ctx->saved_data["family"].toStringRef();
   auto mm = [&](at::Tensor const& a, at::Tensor const& b) { return fp32 ? op.call(a, b, family) : at::mm(a, b); };
   if (need_x) out[0] = mm(dh, weight);
-  if (need_w) out[1] = mm(dh.t(), x);
+  if (need_w) out[1] = wide_dw(ctx) ? mm_to_fp32(dh.t(), x) : mm(dh.t(), x);
 }
 
 struct TrainFunction : torch::autograd::Function<TrainFunction> {
@@ -86,12 +105,26 @@ struct TrainFunction : torch::autograd::Function<TrainFunction> {
     static auto op = op_handle<TrainSig>("cutlass_fused::linear_scale_batch_norm_train");
     save_needs(ctx, {x.requires_grad(), weight.requires_grad(), requires_grad(bias), scale.requires_grad(),
                      requires_grad(bn_weight), requires_grad(bn_bias)});
+    ctx->saved_data["dtypes"] = c10::List<int64_t>({dtype_of(bias), dtype_of(bn_bias)});
     // Below Autograd only, so that ADInplaceOrView (in_place below) counts the
     // running stats' update.
     at::AutoDispatchBelowAutograd below;
-    auto [y, h, stats, mean, invstd] = op.call(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var,
-                                               num_batches_tracked, momentum, eps, family, cache, activation,
-                                               negative_slope, output_dtype);
+    // Autocast's casts of the weight and bias, left to us (autocast.cpp), as cached_cast makes them;
+    // the backward gives their gradients in their own dtype, fp32.
+    at::Tensor gemm_weight = weight;
+    OptTensor gemm_bias = bias;
+    if (auto dt = std::exchange(deferred_linear_cast(), c10::nullopt)) {
+      auto cast = [&](at::Tensor const& t) {
+        bool eligible = t.is_floating_point() && t.scalar_type() != at::kDouble;
+        return eligible && t.scalar_type() != *dt ? t.to(*dt) : t;
+      };
+      gemm_weight = cast(weight);
+      if (bias.has_value()) gemm_bias = cast(*bias);
+      ctx->saved_data["wide_dw"] = true;
+    }
+    auto [y, h, stats, mean, invstd] = op.call(x, gemm_weight, gemm_bias, scale, bn_weight, bn_bias, running_mean,
+                                               running_var, num_batches_tracked, momentum, eps, family, cache,
+                                               activation, negative_slope, output_dtype);
     // The activation's derivative needs BN(z), recomputed from h with the BN bias.
     bool act = activation_of(activation) != Activation::none;
     // h, mean and invstd are held outside the saved variables, so that the backward
@@ -99,7 +132,7 @@ struct TrainFunction : torch::autograd::Function<TrainFunction> {
     // offload, checkpointing) are to see them.
     bool hooks = at::SavedTensorDefaultHooks::get_hooks().has_value();
     at::Tensor none;
-    ctx->save_for_backward({x, weight, hooks ? h : none, hooks ? mean : none, hooks ? invstd : none, scale,
+    ctx->save_for_backward({x, gemm_weight, hooks ? h : none, hooks ? mean : none, hooks ? invstd : none, scale,
                             saved(bn_weight), act ? saved(bn_bias) : none});
     auto keep = [&](std::string const& key, at::Tensor const& t) {
       ctx->saved_data[key] = t;
@@ -114,7 +147,6 @@ struct TrainFunction : torch::autograd::Function<TrainFunction> {
     ctx->saved_data["family"] = std::string(family);
     ctx->saved_data["activation"] = std::string(activation);
     ctx->saved_data["negative_slope"] = negative_slope;
-    ctx->saved_data["dtypes"] = c10::List<int64_t>({dtype_of(bias), dtype_of(bn_bias)});
     ctx->mark_non_differentiable({h, stats, mean, invstd});
     // Their gradients are always undefined; materializing them costs four fills a step.
     ctx->set_materialize_grads(false);

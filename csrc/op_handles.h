@@ -26,6 +26,11 @@ using EvalSig = at::Tensor(at::Tensor const&, at::Tensor const&, OptTensor const
                            c10::string_view, bool, c10::string_view, double, c10::optional<at::ScalarType>);
 using MatmulSig = at::Tensor(at::Tensor const&, at::Tensor const&, c10::string_view);
 
+// Set by the autocast kernel (autocast.cpp) for the length of its call of the training op: the
+// 16-bit dtype its Autograd kernel is to cast the fp32 weight and bias to, which autocast left
+// uncast. Taken (and cleared) by that kernel; empty everywhere else.
+c10::optional<at::ScalarType>& deferred_linear_cast();
+
 // Looked up on first use; callers keep the handle in a function-local static.
 template <class Sig>
 c10::TypedOperatorHandle<Sig> op_handle(char const* name) {

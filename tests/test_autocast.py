@@ -82,3 +82,53 @@ def test_grad_scaler_fp16_steps(family):
     for (name, p), q in zip(ours.named_parameters(), seed.parameters()):
         assert p.dtype == torch.float32
         assert (p - q).abs().max().item() <= 2e-2, name
+
+
+def _reaches(fn, target, seen=None):
+    """Whether autograd node `fn` leads to the AccumulateGrad of `target`, and through which nodes."""
+    seen = set() if seen is None else seen
+    for nxt, _ in fn.next_functions:
+        if nxt is None or nxt in seen:
+            continue
+        seen.add(nxt)
+        if getattr(nxt, "variable", None) is target:
+            return [type(fn).__name__]
+        path = _reaches(nxt, target, seen)
+        if path:
+            return [type(fn).__name__] + path
+    return None
+
+
+@pytest.mark.parametrize("device,family,dt", CASES)
+def test_training_weight_cast_is_the_layers_own(device, family, dt):
+    """Under autocast the training op casts its fp32 weight and bias itself (autocast.cpp): the
+    weight's gradient reaches it from the op's own node, fp32, with no recorded cast between
+    (whose backward was a 16 -> 32-bit copy of dW); x is still autocast's to cast. Without a graph
+    to record (no_grad, inference_mode, a frozen weight) autocast casts them, and the layer runs."""
+    _, ours, _ = models(device)
+    x = torch.randn(64, 96, device=device)
+    with cutlass_fused.use_kernel_family(family), torch.autocast(device, dtype=DT[dt]):
+        y = ours(x.requires_grad_())
+        for p in (ours.gemm.weight, ours.gemm.bias):
+            path = _reaches(y.grad_fn, p)
+            assert path is not None and not any("ToCopy" in n for n in path), path
+        assert any("ToCopy" in n for n in _reaches(y.grad_fn, x)), "x is autocast's to cast"
+        y.float().sum().backward()
+        assert ours.gemm.weight.grad.dtype == ours.gemm.bias.grad.dtype == torch.float32
+        with torch.no_grad():
+            a = ours(x)
+        with torch.inference_mode():
+            b = ours(x)
+        ours.gemm.weight.requires_grad_(False)
+        c = ours(x)
+        ours.gemm.weight.requires_grad_(True)
+    for t in (a, b, c):
+        assert t.shape == (64, 72) and torch.isfinite(t).all()
+
+
+def test_mixed_dtypes_outside_autocast_still_refused():
+    """The layer's own cast of the weight is autocast's alone: outside it, a 16-bit input with an
+    fp32 weight is refused as F.linear refuses it."""
+    _, ours, _ = models("cpu")
+    with pytest.raises(RuntimeError, match="expected input and weight to have the same dtype"):
+        ours(torch.randn(8, 96, dtype=torch.bfloat16, requires_grad=True))
