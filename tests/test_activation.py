@@ -106,9 +106,12 @@ def _bits(t):
 @pytest.mark.parametrize("act", ["none"] + ACTS)
 @pytest.mark.parametrize("dtype,scale_dtype", [(torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32),
                                                (torch.float16, torch.float16)], ids=["bf16", "amp", "f16"])
-def test_every_kernel_same_bits(override, act, dtype, scale_dtype):
-    """Each training tail writes y, and each backward kernel dh, with the same bits as the others."""
-    m, k, n = 128, 64, 512
+@pytest.mark.parametrize("n", [512, 1000])
+def test_every_kernel_same_bits(override, act, dtype, scale_dtype, n):
+    """Each training tail writes y, and each backward kernel dh, with the same bits as the others.
+    n = 1000: the cooperative tail's last warp of columns is partial, where an fp32 y is stored
+    without its whole warps' shuffles (store_warp_row)."""
+    m, k = 128, 64
     p = params(k, n, "cuda", dtype, param_dtype=scale_dtype, seed=3)
     x = torch.randn(m, k, device="cuda", dtype=dtype)
     args = (x, p["weight"], p["bias"], p["scale"], p["bn_weight"], p["bn_bias"], None, None, None, 0.1, 1e-5, "auto",

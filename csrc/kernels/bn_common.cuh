@@ -144,6 +144,55 @@ __device__ __forceinline__ void store_group_once(T* p, Group<T, V> const& g) {
   }
 }
 
+// A row's 32 groups of a warp, lane i (threadIdx.x, blockDim.x = 32) holding the row's group i of
+// the warp's 32 V columns, stored (Once: evict-first, as store_group_once). A 32-byte group (fp32
+// y beside 16-bit h) as two 16-byte stores a lane leaves each store instruction only half of
+// every 32-byte sector it touches: a probe writing fp32 from bf16 that way ran 158 us at 16384 x
+// 4096, against 112-114 us where each instruction covers 512 contiguous bytes (H200, 2026-11-26,
+// 8-byte loads with 16-byte stores or the shuffles below). So where the warp is whole (all 32
+// lanes live and converged: `whole`, uniform over the warp), store s writes elements [128 s,
+// 128 s + 128) of the warp's 256, lane t the 4 at 128 s + 4 t, which lane 16 s + t / 2 holds in
+// its half t % 2. Other groups go as they are.
+template <class T, int V, bool Once>
+__device__ __forceinline__ void store_warp_row(T* p, Group<T, V> const& g, bool whole) {
+  if constexpr (sizeof(T) == 4 && V == 8) {
+    if (whole) {
+      int lane = threadIdx.x;
+      T* warp_row = p - lane * V;
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {
+        int src = 16 * s + lane / 2;
+        Group<T, 4> lo, hi;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          lo.v[k] = __shfl_sync(0xffffffffu, g.v[k], src);
+          hi.v[k] = __shfl_sync(0xffffffffu, g.v[k + 4], src);
+        }
+        uint4 piece = reinterpret_cast<uint4 const&>(lane % 2 ? hi : lo);
+        auto* dst = reinterpret_cast<uint4*>(warp_row + 128 * s + 4 * lane);
+        if constexpr (Once) {
+          __stcs(dst, piece);
+        } else {
+          *dst = piece;
+        }
+      }
+      return;
+    }
+  }
+  if constexpr (Once) {
+    store_group_once<T, V>(p, g);
+  } else {
+    store_group<T, V>(p, g);
+  }
+}
+
+// Whether the warp of a thread whose group starts at column c0 (store_warp_row's layout) has all
+// 32 groups inside the n columns.
+template <int V>
+__device__ __forceinline__ bool whole_warp_row(int c0, int n) {
+  return c0 - static_cast<int>(threadIdx.x) * V + 32 * V <= n;
+}
+
 // 16 bytes from global to shared memory, bypassing L1 (cp.async.cg).
 __device__ __forceinline__ void copy_async(uint4* dst, void const* src) {
   unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
@@ -517,6 +566,7 @@ template <class T, class TO, bool Act, int V, int R, class A>
 __device__ void normalize_round(FinalizeArgs const& a, int c0, Column<A> const (&col)[V], int64_t r0, int64_t end) {
   auto const* h = static_cast<T const*>(a.h);
   auto* y = static_cast<TO*>(a.y);
+  bool whole = whole_warp_row<V>(c0, a.n);
   {
     Group<T, V> in[R];
 #pragma unroll
@@ -530,7 +580,7 @@ __device__ void normalize_round(FinalizeArgs const& a, int c0, Column<A> const (
 #pragma unroll
       for (int v = 0; v < V; ++v)
         out.v[v] = normalized<TO, Act>(col[v], in[i].v[v], a.act, a.slope);
-      store_group<TO, V>(y + (r0 + 8 * i) * a.n + c0, out);
+      store_warp_row<TO, V, false>(y + (r0 + 8 * i) * a.n + c0, out, whole);
     }
   }
 }
@@ -545,6 +595,7 @@ __device__ void normalize_rows_pipelined(FinalizeArgs const& a, int c0, Column<A
   int64_t first = begin + threadIdx.y;
   int count = first < end ? static_cast<int>((end - first + 7) / 8) : 0;
   auto row = [&](int j) { return first + 8 * static_cast<int64_t>(count - 1 - j); };
+  bool whole = whole_warp_row<V>(c0, a.n);
   pipelined_rows<S, 1>(
       count, stage, [&](int j, int) { return h + row(j) * a.ldh + c0; },
       [&](int j, auto piece) {
@@ -553,7 +604,7 @@ __device__ void normalize_rows_pipelined(FinalizeArgs const& a, int c0, Column<A
 #pragma unroll
         for (int v = 0; v < V; ++v)
           out.v[v] = normalized<TO, Act>(col[v], in.v[v], a.act, a.slope);
-        store_group_once<TO, V>(y + row(j) * a.n + c0, out);
+        store_warp_row<TO, V, true>(y + row(j) * a.n + c0, out, whole);
       });
 }
 
