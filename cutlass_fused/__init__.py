@@ -2,6 +2,7 @@
 __version__ = "0.2.0"
 
 from ._family import use_kernel_family
+from .fp8 import Float8Recipe
 from .frozen import frozen_weights
 from .functional import linear_scale_batch_norm
 from .fuse import fuse
@@ -16,4 +17,4 @@ def built_kernels() -> list[str]:
 
 
 __all__ = ["linear_scale_batch_norm", "LinearScaleBatchNorm1d", "convert_sync_batchnorm", "use_kernel_family",
-           "built_kernels", "fuse", "frozen_weights", "overrides", "plan"]
+           "built_kernels", "fuse", "frozen_weights", "overrides", "plan", "Float8Recipe"]

@@ -3,13 +3,14 @@ import torch
 import torch.nn.functional as F
 
 from . import _activation, _family
+from .fp8 import operands as fp8_operands
 from .frozen import may_cache
 from .ops import ops
 
 
 def linear_scale_batch_norm(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, training,
                             momentum=0.1, eps=1e-5, num_batches_tracked=None, activation=None, negative_slope=0.01,
-                            output_dtype=None):
+                            output_dtype=None, fp8=None):
     """`F.batch_norm(F.linear(x, weight, bias) * scale, running_mean, running_var, bn_weight, bn_bias,
     training, momentum, eps)`, as one GEMM with a fused epilogue plus one normalize kernel.
 
@@ -22,7 +23,11 @@ def linear_scale_batch_norm(x, weight, bias, scale, bn_weight, bn_bias, running_
     (+1) when given; `momentum=None` then means a cumulative average, momentum =
     1 / num_batches_tracked, as in nn.BatchNorm1d. In eval the batch norm folds
     into the GEMM's epilogue.
+
+    `fp8` (None or a cutlass_fused.Float8Recipe): x and weight rounded to e4m3 under per-tensor
+    scales before the GEMM (cutlass_fused/fp8.py; emulated: the e4m3 kernels are not built).
     """
+    x, weight = fp8_operands(x, weight, fp8)
     family = _family.current()
     activation, negative_slope = _activation.check(activation, negative_slope)
     # F.batch_norm's checks, in its order and words; the size is the batch norm's input's.

@@ -3,6 +3,8 @@ import torch
 from torch import nn
 
 from . import _activation
+from .fp8 import check as fp8_check
+from .fp8 import operands as fp8_operands
 from .functional import linear_scale_batch_norm
 from .sync_batch_norm import should_sync, sync_linear_scale_batch_norm
 
@@ -16,6 +18,10 @@ class LinearScaleBatchNorm1d(nn.Module):
     dtype; None keeps the unfused model's (h * scale's: fp32 under autocast with an fp32 scale),
     a 16-bit dtype rounds y once from that value (what the next Linear would cast it to).
 
+    `fp8`: None or a cutlass_fused.Float8Recipe: x and W rounded to e4m3 under per-tensor scales
+    before the GEMM (cutlass_fused/fp8.py; emulated on the 16-bit kernels, which CUDA runs only with
+    the recipe's emulate=True: the e4m3 kernels are not built). An attribute: set it on a fused layer.
+
     `process_group`: None (the default) normalizes each process's batch alone; a
     process group (e.g. `torch.distributed.group.WORLD`) makes training use the
     statistics of the group's whole batch, as nn.SyncBatchNorm does, when
@@ -25,9 +31,10 @@ class LinearScaleBatchNorm1d(nn.Module):
 
     def __init__(self, in_features, out_features, bias=True, eps=1e-5, momentum=0.1, affine=True,
                  track_running_stats=True, device=None, dtype=None, process_group=None, activation=None,
-                 negative_slope=0.01, output_dtype=None):
+                 negative_slope=0.01, output_dtype=None, fp8=None):
         super().__init__()
         self._set_output(activation, negative_slope, output_dtype)
+        self.fp8 = fp8_check(fp8, torch.device("cpu"))  # its type now; CUDA's refusal at the call
         kw = {"device": device, "dtype": dtype}
         self.gemm = nn.Linear(in_features, out_features, bias=bias, **kw)
         self.scale = nn.Parameter(torch.randn(out_features, **kw))
@@ -60,6 +67,7 @@ class LinearScaleBatchNorm1d(nn.Module):
         self._set_output(activation, negative_slope, output_dtype)
         self.gemm, self.scale, self.bn = linear, scale, bn
         self.process_group = process_group
+        self.fp8 = None
         return self
 
     def _output_dtype(self, x):
@@ -77,12 +85,13 @@ class LinearScaleBatchNorm1d(nn.Module):
         running_mean = bn.running_mean if keep_running else None
         running_var = bn.running_var if keep_running else None
         nbt = bn.num_batches_tracked if track else None
+        x, weight = fp8_operands(x, self.gemm.weight, self.fp8)
         if should_sync(self.process_group, bn.training):
-            return sync_linear_scale_batch_norm(x, self.gemm.weight, self.gemm.bias, self.scale, bn.weight, bn.bias,
+            return sync_linear_scale_batch_norm(x, weight, self.gemm.bias, self.scale, bn.weight, bn.bias,
                                                 running_mean, running_var, bn.momentum, bn.eps, nbt,
                                                 self.process_group, self.activation, self.negative_slope,
                                                 output_dtype)
-        return linear_scale_batch_norm(x, self.gemm.weight, self.gemm.bias, self.scale, bn.weight, bn.bias,
+        return linear_scale_batch_norm(x, weight, self.gemm.bias, self.scale, bn.weight, bn.bias,
                                        running_mean, running_var, use_batch_stats, bn.momentum, bn.eps, nbt,
                                        self.activation, self.negative_slope, output_dtype)
 
@@ -94,6 +103,8 @@ class LinearScaleBatchNorm1d(nn.Module):
                 out += f", negative_slope={self.negative_slope}"
         if self.output_dtype is not None:
             out += f", output_dtype={self.output_dtype}"
+        if self.fp8 is not None:
+            out += f", fp8={self.fp8}"
         return out
 
 
@@ -112,6 +123,7 @@ def convert_sync_batchnorm(module: nn.Module, process_group=None) -> nn.Module:
         out = LinearScaleBatchNorm1d.from_modules(module.gemm, module.scale, module.bn, process_group,
                                                   module.activation, module.negative_slope, module.output_dtype)
         out.autocast_output = module.autocast_output
+        out.fp8 = module.fp8
         out.train(module.training)
         return out  # its children are the shared Linear and BatchNorm: nothing to convert there
     for name, child in module.named_children():
