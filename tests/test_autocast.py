@@ -100,21 +100,26 @@ def _reaches(fn, target, seen=None):
 
 
 @pytest.mark.parametrize("device,family,dt", CASES)
-def test_training_weight_cast_is_the_layers_own(device, family, dt):
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+def test_training_weight_cast_is_the_layers_own(device, family, dt, bias):
     """Under autocast the training op casts its fp32 weight and bias itself (autocast.cpp): the
     weight's gradient reaches it from the op's own node, fp32, with no recorded cast between
     (whose backward was a 16 -> 32-bit copy of dW); x is still autocast's to cast. Without a graph
     to record (no_grad, inference_mode, a frozen weight) autocast casts them, and the layer runs."""
     _, ours, _ = models(device)
+    if not bias:
+        ours.gemm.bias = None
+    params = [p for p in (ours.gemm.weight, ours.gemm.bias) if p is not None]
     x = torch.randn(64, 96, device=device)
     with cutlass_fused.use_kernel_family(family), torch.autocast(device, dtype=DT[dt]):
         y = ours(x.requires_grad_())
-        for p in (ours.gemm.weight, ours.gemm.bias):
+        for p in params:
             path = _reaches(y.grad_fn, p)
             assert path is not None and not any("ToCopy" in n for n in path), path
         assert any("ToCopy" in n for n in _reaches(y.grad_fn, x)), "x is autocast's to cast"
-        y.float().sum().backward()
-        assert ours.gemm.weight.grad.dtype == ours.gemm.bias.grad.dtype == torch.float32
+        y.float().square().sum().backward()
+        assert all(p.grad.dtype == torch.float32 for p in params)
+        assert ours.gemm.weight.grad.abs().sum() > 0
         with torch.no_grad():
             a = ours(x)
         with torch.inference_mode():
