@@ -71,11 +71,13 @@ bool wide_dw(AutogradContext* ctx) {
   return it != ctx->saved_data.end() && it->second.toBool();
 }
 
-// a b in fp32 from 16-bit a and b: cuBLAS's fp32 output (mm's out_dtype, CUDA, torch >= 2.8), so
-// the product is rounded once, to fp32, where the unfused model's went through 16 bits and then a
-// cast; elsewhere that same product and cast.
+// a b in fp32 from 16-bit a and b: cuBLAS's fp32 output (mm's out_dtype, CUDA), so the product is
+// rounded once, to fp32, where the unfused model's went through 16 bits and then a cast; elsewhere
+// that same product and cast. torch >= 2.10: mm.dtype came in 2.8, but the meta kernel of 2.8 and
+// 2.9 (meta_mm in torch/_meta_registrations.py) takes no out_dtype, so torch.compile could not
+// trace this backward there (pytorch issues 159023, 163275).
 at::Tensor mm_to_fp32(at::Tensor const& a, at::Tensor const& b) {
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 8)
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 10)
   if (a.is_cuda()) return at::mm(a, b, at::kFloat);
 #endif
   return at::mm(a, b).to(at::kFloat);
