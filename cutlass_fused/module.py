@@ -29,6 +29,8 @@ class LinearScaleBatchNorm1d(nn.Module):
     (cutlass_fused/sync_batch_norm.py). `convert_sync_batchnorm` sets it on a model.
     """
 
+    fp8 = None  # also for layers pickled before the attribute existed
+
     def __init__(self, in_features, out_features, bias=True, eps=1e-5, momentum=0.1, affine=True,
                  track_running_stats=True, device=None, dtype=None, process_group=None, activation=None,
                  negative_slope=0.01, output_dtype=None, fp8=None):
