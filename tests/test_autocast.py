@@ -1,6 +1,8 @@
 """The layer under torch.autocast behaves like the unfused model under autocast: the GEMM in
 the autocast dtype, statistics and running stats in fp32, y and gradients in the same dtypes,
 and errors against float64 within 2x the unfused autocast model's plus the dtype's floor."""
+import copy
+
 import pytest
 import torch
 
@@ -137,3 +139,23 @@ def test_mixed_dtypes_outside_autocast_still_refused():
     _, ours, _ = models("cpu")
     with pytest.raises(RuntimeError, match="expected input and weight to have the same dtype"):
         ours(torch.randn(8, 96, dtype=torch.bfloat16, requires_grad=True))
+
+
+def test_deferred_cast_under_compile():
+    """torch.compile (aot_eager) traces the layer's own weight cast under autocast: y and every
+    gradient equal eager's (the CPU runs both through the same ops)."""
+    _, ours, _ = models("cpu")
+    twin = copy.deepcopy(ours)
+    compiled = torch.compile(twin, backend="aot_eager")
+    x = torch.randn(64, 96)
+    dy = torch.randn(64, 72)
+    outs = []
+    for m in (ours, compiled):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = m(x)
+        (y.float() * dy).sum().backward()
+        outs.append(y)
+    assert torch.equal(outs[0], outs[1])
+    for (name, p), q in zip(ours.named_parameters(), twin.parameters()):
+        assert q.grad is not None and q.grad.dtype == p.grad.dtype == torch.float32, name
+        assert torch.allclose(p.grad, q.grad, rtol=1e-5, atol=1e-6), name
