@@ -111,8 +111,11 @@ struct TrainFunction : torch::autograd::Function<TrainFunction> {
     // Below Autograd only, so that ADInplaceOrView (in_place below) counts the
     // running stats' update.
     at::AutoDispatchBelowAutograd below;
-    // Autocast's casts of the weight and bias, left to us (autocast.cpp), as cached_cast makes them;
-    // the backward gives their gradients in their own dtype, fp32.
+    // Autocast's casts of the weight and bias, left to us (autocast.cpp), by cached_cast's rule of
+    // which tensors it casts; the backward gives their gradients in their own dtype, fp32. Not
+    // cached_cast itself: it would cache this cast, made below Autograd with no history, for a
+    // leaf weight, and hand it to any other op on that weight in the same autocast region, whose
+    // gradient would then never reach the weight.
     at::Tensor gemm_weight = weight;
     OptTensor gemm_bias = bias;
     if (auto dt = std::exchange(deferred_linear_cast(), c10::nullopt)) {
