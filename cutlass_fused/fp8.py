@@ -83,7 +83,10 @@ class _RoundToE4M3(torch.autograd.Function):
     def forward(ctx, t, margin):
         scale = scale_of(t, margin)
         wide = torch.promote_types(t.dtype, torch.float32)
-        return (quantize(t, scale).to(wide) / scale).to(t.dtype)
+        out = quantize(t, scale).to(wide) / scale
+        # No .to() when the dtype is already t's: torch 2.11's torch.compile (aot_eager too) gives
+        # x a zero gradient through a Function whose forward ends in a no-op .to (2.13's does not).
+        return out if out.dtype == t.dtype else out.to(t.dtype)
 
     @staticmethod
     def backward(ctx, grad):
