@@ -178,11 +178,15 @@ struct TrainFunction : torch::autograd::Function<TrainFunction> {
     return t;
   }
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+  // grads by reference: CppNode::apply passes its own list (torch's custom_function.h), so that
+  // moving dy out of it leaves our local the only owner, and dy is freed once dh is made, before
+  // the dX and dW GEMMs allocate: one batch-by-features tensor off the step's peak (32 MiB of
+  // 528 at amp-bf16 4096x4096x4, where the peak is the last layer's fp32 dW GEMM).
+  static variable_list backward(AutogradContext* ctx, variable_list& grads) {
     no_double_backward();
     static auto op = op_handle<BackwardSig>("cutlass_fused::batch_norm_backward");
     variable_list out(16);  // one per forward argument
-    at::Tensor dy = grads[0];
+    at::Tensor dy = std::move(grads[0]);
     if (!dy.defined()) return out;  // y did not reach the loss
     auto s = ctx->get_saved_variables();
     auto const &x = s[0], &weight = s[1], &scale = s[5];
@@ -197,7 +201,7 @@ struct TrainFunction : torch::autograd::Function<TrainFunction> {
     auto [dh, dscale, dgamma, dbeta] = op.call(dy, h, mean, invstd, scale, optional(s[6]), eps, optional(s[7]),
                                                ctx->saved_data["activation"].toStringRef(),
                                                ctx->saved_data["negative_slope"].toDouble());
-    h = mean = invstd = at::Tensor();
+    h = mean = invstd = dy = at::Tensor();
     linear_grads(dh, x, weight, need[0], need[1], ctx, out);
     // Exactly zero, but NaN in a column whose statistics, scale, bn_weight or dy are not finite
     // (dscale, w invstd^3 eps sum dy (h - mean), then is NaN or Inf), where PyTorch's sum of dh is NaN.

@@ -322,6 +322,34 @@ def test_backward_frees_h_before_the_gemms(family):
     assert extra <= max(mn, xk + nk) + mn // 4, (extra, mn, xk, nk)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("family", [f for d, f in FAMILIES if d == "cuda"])
+def test_backward_frees_dy_before_the_gemms(family):
+    """As in a model, dy is made by the next node's backward (here a mul's) and nothing else holds
+    it: the backward lets go of it once dh exists, so the dX and dW GEMMs run with neither dy nor h
+    (keeping dy put one batch x features tensor on the step's peak)."""
+    m, k, n = 2048, 4096, 1024
+    layer, x, dy = _layer_and_input("cuda", m, k, n)
+    layer = layer.to(torch.bfloat16)
+    x = x.detach().to(torch.bfloat16).requires_grad_()
+    w = dy.to(torch.bfloat16)
+    mn, xk, nk = m * n * 2, m * k * 2, n * k * 2
+    with precision("cuda", family, "bf16"):
+        for _ in range(2):
+            x.grad = None
+            layer.zero_grad(set_to_none=True)
+            loss = (layer(x) * w).sum()
+            torch.cuda.synchronize()
+            after_forward = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            loss.backward()
+            torch.cuda.synchronize()
+            extra = torch.cuda.max_memory_allocated() - after_forward
+    # dh is made while dy and h are alive (+2 mn: dy and dh), then dX and dW with dh alone
+    # (+xk + nk); keeping dy would make the GEMMs' phase mn + xk + nk.
+    assert extra <= max(2 * mn, xk + nk) + mn // 4, (extra, mn, xk, nk)
+
+
 # The backward's two passes, its slab kernel and its cooperative kernel (CUTLASS_FUSED_BACKWARD)
 # must write the same bits: slab rows of 128, 64 and 32 bytes (two slabs, dy's and h's: at most
 # 256, 512 and 1024 rows), a last slab with some columns (1032), a slab wider than the layer (24),
