@@ -147,6 +147,8 @@ struct Epilogue {
   float const* a = nullptr;
   float const* c = nullptr;
   float const* s = nullptr;
+  Activation act = Activation::none;
+  float slope = 0.f;
 };
 
 // The call's one workspace, held until its kernels are queued: the CUTLASS kernel's own bytes,
@@ -188,6 +190,8 @@ Workspace run_gemm(Plan const& plan, at::Tensor const& x, at::Tensor const& weig
   p.a = e.a;
   p.c = e.c;
   p.s = e.s;
+  p.act = e.act;
+  p.slope = e.slope;
   p.swizzle = g.swizzle;
   p.raster = g.raster;
   p.device = x.get_device();
@@ -551,10 +555,10 @@ at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor con
   // not x's route: its fold rounds z to fp16 (fold_scale_apart), which an fp32 z never is.
   bool narrow = y_dt == x.scalar_type() && !(y_dt == at::kHalf && z != at::kHalf);
   auto out = narrow ? x.scalar_type() : z;
-  // After the epilogue: the activation on y in its dtype, as the unfused model applies it, then a
-  // requested dtype the epilogue does not write.
-  auto finish = [&](at::Tensor y) {
-    y = activated(y, act, negative_slope);
+  // After the epilogue: the activation where the epilogue did not apply it (on y in its dtype, as
+  // the unfused model applies it), then a requested dtype the epilogue does not write.
+  auto finish = [&](at::Tensor y, bool activation_done) {
+    if (!activation_done) y = activated(y, act, negative_slope);
     return y.scalar_type() == y_dt ? y : y.to(y_dt);
   };
   auto scale = *dense(scale_in), running_mean = *dense(running_mean_in), running_var = *dense(running_var_in);
@@ -574,14 +578,19 @@ at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor con
   if (plan.eval_in_fp32) {
     // y = h * a + c in one fp32 pass, which moves the bytes that widening a 16-bit y would.
     auto y = at::addcmul(ac[1].narrow(0, 0, n), linear_h(plan, x, weight, bias, cache).first, ac[0].narrow(0, 0, n));
-    return finish(y.scalar_type() == out ? y : y.to(out));
+    return finish(y.scalar_type() == out ? y : y.to(out), false);
   }
   auto y = empty_padded(m, n, x.options());
   poison(y);
+  // The epilogue applies the activation before y's one rounding, as the training tails do,
+  // except where sm80's 3xTF32 infinity fix rewrites outputs after it (inf_fix.h: it knows no
+  // activation; a rare family, whose y then takes the ATen op).
+  bool in_epilogue = !plan.gemm.inf_fix;
   Epilogue e{ac[0].data_ptr<float>(), ac[1].data_ptr<float>(),
-             plan.fold_scale_apart ? ac[2].data_ptr<float>() : nullptr};
+             plan.fold_scale_apart ? ac[2].data_ptr<float>() : nullptr, in_epilogue ? act : Activation::none,
+             static_cast<float>(negative_slope)};
   run_gemm(plan, x, weight, bias, e, y, cache);
-  return finish(y.is_contiguous() ? y : y.contiguous());
+  return finish(y.is_contiguous() ? y : y.contiguous(), in_epilogue);
 }
 
 // The backward's GEMMs in the forward's precision: fp32 without TF32 on the

@@ -193,11 +193,14 @@ def test_fused_train_matches_split_ops(shape, dtype, momentum, override):
 @pytest.mark.parametrize("family", [f for d, f in FAMILIES if d == "cuda"])
 @pytest.mark.parametrize("training,frozen,launches", [(True, False, 2), (False, False, 2), (False, True, 1)],
                          ids=["train", "eval", "eval-frozen"])
-def test_launches_per_forward(family, training, frozen, launches):
+@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+def test_launches_per_forward(family, training, frozen, launches, activation):
     """Training: the GEMM and one kernel for everything after it. Eval: the fold and the GEMM,
-    or inside frozen_weights(), where the fold is kept, the GEMM alone. (bf16, aligned: no
-    padding or casts.)"""
-    layer = cutlass_fused.LinearScaleBatchNorm1d(256, 512, device="cuda", dtype=torch.bfloat16).train(training)
+    or inside frozen_weights(), where the fold is kept, the GEMM alone. The activation adds no
+    launch: the tail, or the eval GEMM's epilogue, applies it. (bf16, aligned: no padding or
+    casts.)"""
+    layer = cutlass_fused.LinearScaleBatchNorm1d(256, 512, device="cuda", dtype=torch.bfloat16,
+                                                 activation=activation).train(training)
     x = torch.randn(128, 256, device="cuda", dtype=torch.bfloat16)
     scope = cutlass_fused.frozen_weights(layer) if frozen else contextlib.nullcontext()
     with cutlass_fused.use_kernel_family(family), torch.no_grad(), scope:

@@ -1,7 +1,7 @@
 // The fused GEMM's torch-free interface: raw pointers, sizes and a stream.
 //
-//   out = ((x @ w^T) + b) * a + c          per-column b (input dtype), a, c (fp32); null b, c read 0, null a 1
-//   f16 eval kernels: out = f16(f16((x @ w^T) + b) * s) * a + c, with s (fp32) null read as 1:
+//   out = act(((x @ w^T) + b) * a + c)     per-column b (input dtype), a, c (fp32); null b, c read 0, null a 1
+//   f16 eval kernels: out = act(f16(f16((x @ w^T) + b) * s) * a + c), with s (fp32) null read as 1:
 //   h and z = h * scale round (and overflow) as the unfused model's do
 //   stats kernels swap the operands (x is the weight, w the input: out is
 //   W x^T, column-major, i.e. h row-major with ldo its row stride) and leave
@@ -27,6 +27,8 @@ struct GemmEvtArgs {
   float const* a = nullptr;                   // N, or nullptr for one
   float const* c = nullptr;                   // N, or nullptr for zero
   float const* s = nullptr;                   // f16 eval kernels: N, or nullptr for one (see below)
+  Activation act = Activation::none;          // eval kernels: y = act(...) before y's rounding
+  float slope = 0.f;                          //   leaky_relu's negative slope
   void* out = nullptr;      int64_t ldo = 0;  // M x N, row-major
   float const* shift = nullptr;               // stats kernels: per feature, or nullptr for zero
   void* u_sum = nullptr;                      // stats kernels: (ceil(batch / tile_n), round_up(features, tile_m)),

@@ -1,5 +1,5 @@
 // The sm80 eval GEMM (mode "eval" of codegen/kernels.py, family sm80: mma.sync, runs on
-// sm80 and later): y = (x W^T + b) * a + c per column, as sm90_eval.cuh computes it
+// sm80 and later): y = act((x W^T + b) * a + c) per column, as sm90_eval.cuh computes it
 // (see there for the math and the fp16 variant), with CUTLASS 2.x's epilogue visitors.
 // Null b and c read 0, null a (and s) 1.
 //
@@ -30,6 +30,51 @@ using RowBroadcast = visitor::VisitorRowBroadcast<Map, T, cute::Stride<cute::_0,
 template <template <class> class Fn, class ElementOutput = float, class ElementCompute = float>
 using Sm80Op = visitor::VisitorCompute<Fn, ElementOutput, ElementCompute, cutlass::FloatRoundStyle::round_to_nearest>;
 
+// A compute node whose Fn takes Arguments (the activation), as sm90's Sm90Compute allows and 2.x's
+// VisitorCompute does not: Fn(inputs..., arguments) in ElementCompute, converted to ElementOutput.
+template <template <class> class Fn, class ElementOutput, class ElementCompute = float>
+struct VisitorComputeWithArgs : visitor::VisitorImpl2x<> {
+  using Arguments = typename Fn<ElementCompute>::Arguments;
+  using Params = Arguments;
+
+  template <class ProblemShape>
+  static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) {
+    return args;
+  }
+  template <class ProblemShape>
+  static size_t get_workspace_size(ProblemShape const&, Arguments const&) {
+    return 0;
+  }
+
+  CUTLASS_HOST_DEVICE VisitorComputeWithArgs() {}
+  CUTLASS_HOST_DEVICE VisitorComputeWithArgs(Params const& params, SharedStorage const&) : params(params) {}
+
+  Params params;
+
+  struct Callbacks : visitor::EmptyCallbacks {
+    Params const& params;
+    CUTLASS_DEVICE explicit Callbacks(Params const& params) : params(params) {}
+
+    template <typename ElementAccumulator, typename... ElementInputs, int FragmentSize>
+    CUTLASS_DEVICE cutlass::Array<ElementOutput, FragmentSize> visit(
+        int, int, int, int, cutlass::Array<ElementAccumulator, FragmentSize> const&,
+        cutlass::Array<ElementInputs, FragmentSize> const&... frg_inputs) {
+      using Compute = cutlass::Array<ElementCompute, FragmentSize>;
+      using ToOutput = cutlass::NumericArrayConverter<ElementOutput, ElementCompute, FragmentSize,
+                                                      cutlass::FloatRoundStyle::round_to_nearest>;
+      return ToOutput{}(Fn<Compute>{}(
+          cutlass::NumericArrayConverter<ElementCompute, ElementInputs, FragmentSize,
+                                         cutlass::FloatRoundStyle::round_to_nearest>{}(frg_inputs)...,
+          params));
+    }
+  };
+
+  template <class ProblemShape>
+  CUTLASS_DEVICE auto get_callbacks(cutlass::gemm::GemmCoord, int, ProblemShape) {
+    return Callbacks(params);
+  }
+};
+
 // Unlike sm90's collective epilogue, the 2.x kernel does not store D itself: the tree
 // ends in a store of y (row-major, stride ldo) to p.out.
 template <class Map, class Element, class Y>
@@ -38,7 +83,7 @@ using StoreY = visitor::Sm80EVT<
                              cute::Stride<int64_t, cute::_1, cute::_0>>,
     Y>;
 
-// y = (acc + b) * a + c in fp32, rounded once to the output type: bf16, TF32 and 3xTF32.
+// y = act((acc + b) * a + c) in fp32, rounded once to the output type: bf16, TF32 and 3xTF32.
 template <class Dtype, class Map>
 struct Evt {
   using Element = typename Dtype::Element;
@@ -48,18 +93,18 @@ struct Evt {
 
   using H = visitor::Sm80EVT<Sm80Op<cutlass::plus>, visitor::VisitorAccFetch, B>;  // acc + b
   using Z = visitor::Sm80EVT<Sm80Op<cutlass::multiplies>, H, A>;                  // h * a
-  using Y = visitor::Sm80EVT<Sm80Op<cutlass::plus, Element>, Z, C>;               // z + c
+  using Y = visitor::Sm80EVT<VisitorComputeWithArgs<plus_activated, Element>, Z, C>;  // act(z + c)
   using Tree = StoreY<Map, Element, Y>;
 
   // An EVT node's Arguments are {children..., its own}; compute nodes and the
-  // accumulator take {}.
+  // accumulator take {}, but Y its activation.
   static typename Tree::Arguments args(GemmEvtArgs const& p) {
-    return {{{{{}, {static_cast<Element const*>(p.b)}, {}}, {p.a, 1.f}, {}}, {p.c}, {}},
+    return {{{{{}, {static_cast<Element const*>(p.b)}, {}}, {p.a, 1.f}, {}}, {p.c}, {p.act, p.slope}},
             {static_cast<Element*>(p.out), {p.ldo, cute::_1{}, cute::_0{}}}};
   }
 };
 
-// fp16: y = f16(f16(acc + b) * s) * a + c, h and z rounded (and overflowing) as the
+// fp16: y = act(f16(f16(acc + b) * s) * a + c), h and z rounded (and overflowing) as the
 // unfused model's: see sm90_eval.cuh.
 template <class Map>
 struct Evt<dtype::f16, Map> {
@@ -71,11 +116,11 @@ struct Evt<dtype::f16, Map> {
 
   using H = visitor::Sm80EVT<Sm80Op<plus_rounded_to_f16>, visitor::VisitorAccFetch, B>;  // f16(acc + b)
   using Z = visitor::Sm80EVT<Sm80Op<multiplies_rounded_to_f16>, H, S>;                  // f16(h * s)
-  using Y = visitor::Sm80EVT<Sm80Op<cutlass::multiply_add, Element>, Z, A, C>;          // z * a + c
+  using Y = visitor::Sm80EVT<VisitorComputeWithArgs<multiply_add_activated, Element>, Z, A, C>;  // act(z * a + c)
   using Tree = StoreY<Map, Element, Y>;
 
   static typename Tree::Arguments args(GemmEvtArgs const& p) {
-    return {{{{{}, {static_cast<Element const*>(p.b)}, {}}, {p.s, 1.f}, {}}, {p.a, 1.f}, {p.c}, {}},
+    return {{{{{}, {static_cast<Element const*>(p.b)}, {}}, {p.s, 1.f}, {}}, {p.a, 1.f}, {p.c}, {p.act, p.slope}},
             {static_cast<Element*>(p.out), {p.ldo, cute::_1{}, cute::_0{}}}};
   }
 };

@@ -1,5 +1,5 @@
-// The sm90a eval GEMM (mode "eval" of codegen/kernels.py): inference's Linear and
-// BatchNorm in one kernel, y = (x W^T + b) * a + c per column, where the fold
+// The sm90a eval GEMM (mode "eval" of codegen/kernels.py): inference's Linear,
+// BatchNorm and activation in one kernel, y = act((x W^T + b) * a + c) per column, where the fold
 // (eval_fold_cuda.cpp) gives a = scale * gamma * invstd, c = beta - mean * a.
 // b is added before the scale, in PyTorch's order of operations, so that nothing
 // is ever divided by scale or gamma. Null b and c read 0, null a 1 (linear_h: b alone).
@@ -20,8 +20,9 @@ template <class TileShape, class T>
 using RowBroadcast =
     fusion::Sm90RowBroadcast<0 /* Stages */, TileShape, T, T, cute::Stride<cute::_0, cute::_1, cute::_0>>;
 
-// y = (acc + b) * a + c in fp32, rounded once to the output type: bf16, TF32 and 3xTF32.
-// b is in the input dtype, as the layer holds it (no cast per call); a and c are fp32.
+// y = act((acc + b) * a + c) in fp32, rounded once to the output type: bf16, TF32 and 3xTF32.
+// b is in the input dtype, as the layer holds it (no cast per call); a and c are fp32; the
+// activation is a runtime value (evt_extra.h's activated).
 template <class Dtype, class TileShape>
 struct Evt {
   using Element = typename Dtype::Element;
@@ -31,16 +32,16 @@ struct Evt {
 
   using H = fusion::Sm90EVT<Sm90Op<cutlass::plus>, fusion::Sm90AccFetch, B>;  // acc + b
   using Z = fusion::Sm90EVT<Sm90Op<cutlass::multiplies>, H, A>;              // h * a
-  using Y = fusion::Sm90EVT<Sm90Op<cutlass::plus, Element>, Z, C>;           // z + c, stored as D
+  using Y = fusion::Sm90EVT<Sm90Op<plus_activated, Element>, Z, C>;          // act(z + c), stored as D
 
   // An EVT node's Arguments are {children..., its own}; compute nodes and the
-  // accumulator take {}.
+  // accumulator take {}, but Y its activation.
   static typename Y::Arguments args(GemmEvtArgs const& p) {
-    return {{{{}, {static_cast<Element const*>(p.b)}, {}}, {p.a, 1.f}, {}}, {p.c}, {}};
+    return {{{{}, {static_cast<Element const*>(p.b)}, {}}, {p.a, 1.f}, {}}, {p.c}, {p.act, p.slope}};
   }
 };
 
-// fp16: y = f16(f16(acc + b) * s) * a + c. The unfused model rounds h = x W^T + b and
+// fp16: y = act(f16(f16(acc + b) * s) * a + c). The unfused model rounds h = x W^T + b and
 // then z = h * scale to fp16, and either can overflow to inf before the BatchNorm, so
 // this kernel rounds (and overflows) at the same two places; the fold then passes
 // s = scale and a = gamma * invstd (gemm_evt.h: GemmEvtArgs::s). With s and a null (1)
@@ -56,10 +57,10 @@ struct Evt<dtype::f16, TileShape> {
 
   using H = fusion::Sm90EVT<Sm90Op<plus_rounded_to_f16>, fusion::Sm90AccFetch, B>;  // f16(acc + b)
   using Z = fusion::Sm90EVT<Sm90Op<multiplies_rounded_to_f16>, H, S>;               // f16(h * s)
-  using Y = fusion::Sm90EVT<Sm90Op<cutlass::multiply_add, Element>, Z, A, C>;       // z * a + c
+  using Y = fusion::Sm90EVT<Sm90Op<multiply_add_activated, Element>, Z, A, C>;      // act(z * a + c)
 
   static typename Y::Arguments args(GemmEvtArgs const& p) {
-    return {{{{}, {static_cast<Element const*>(p.b)}, {}}, {p.s, 1.f}, {}}, {p.a, 1.f}, {p.c}, {}};
+    return {{{{}, {static_cast<Element const*>(p.b)}, {}}, {p.s, 1.f}, {}}, {p.a, 1.f}, {p.c}, {p.act, p.slope}};
   }
 };
 
