@@ -351,7 +351,8 @@ void batch_norm_train(TrainArgs const& a, cudaStream_t stream) {
       using TO = decltype(to);
       // A wider y (fp32 beside 16-bit h) always takes the activation's kernels, which write act = none's
       // bits too: without the activation's switch, nvcc's code for it ran 2.2x the bf16-y twin's time
-      // (165 us at bf16 16384 x 4096^2), with it and relu 1.54x (134 us; H200, tail_dtypes.py).
+      // (165 us at bf16 16384 x 4096^2), with it and relu 1.54x (134 us; H200, tail_dtypes.py; both
+      // before store_warp_row, whose times are in docs/decisions.md, "Training step").
       constexpr bool Act = decltype(act)::value || sizeof(TO) > sizeof(T);
       constexpr int V = 16 / sizeof(T);
       bool vec = can_vectorize<T>(f.n, f.ldh, {f.h, f.y});
