@@ -10,6 +10,14 @@ The statistics and the running stats are those of the quantized h (fp64 sums, as
 Gradients pass the rounding straight through (TransformerEngine's and torchao's convention); the
 backward runs in the layer's dtype.
 
+Delayed scaling (Float8Recipe(scaling="delayed")), in TransformerEngine's convention: each
+training forward records the amax of x and W in an amax history (rows are steps, row 0 the latest)
+and sets the scales that the next call uses from the history's max (or its latest row); a call
+quantizes with the scales it finds. So a kernel can measure the amax in the pass that casts.
+The state is the layer's buffers `fp8_amax_history` (history length x 2: x, W) and `fp8_scale`
+(2), in its state_dict. Before any step the scales are 1; an amax that is 0 or not finite keeps the
+scale it had (TransformerEngine's rule). Values past 448 / scale saturate, as there.
+
 Not built: e4m3 GEMM kernels. So on CUDA the layer refuses an FP8 recipe unless emulate=True,
 which runs the same rounding through the 16-bit kernels, for tests, without FP8's speed. On the
 CPU the rounding always runs that way (the layer's CPU path is PyTorch's ops).
@@ -34,12 +42,31 @@ class Float8Recipe:
 
     margin: int = 0
     emulate: bool = False
+    scaling: str = "current"
+    amax_history_len: int = 16
+    amax_compute_algo: str = "max"
 
     def __post_init__(self):
-        if isinstance(self.margin, bool) or not isinstance(self.margin, int) or self.margin < 0:
+        def is_int(v):
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        if not is_int(self.margin) or self.margin < 0:
             raise ValueError(f"cutlass_fused: expected Float8Recipe margin to be an int >= 0, but got {self.margin!r}")
         if not isinstance(self.emulate, bool):
             raise ValueError(f"cutlass_fused: expected Float8Recipe emulate to be a bool, but got {self.emulate!r}")
+        if self.scaling not in ("current", "delayed"):
+            raise ValueError(f"cutlass_fused: expected Float8Recipe scaling to be 'current' or 'delayed', but got "
+                             f"{self.scaling!r}")
+        if not is_int(self.amax_history_len) or self.amax_history_len < 1:
+            raise ValueError(f"cutlass_fused: expected Float8Recipe amax_history_len to be an int >= 1, but got "
+                             f"{self.amax_history_len!r}")
+        if self.amax_compute_algo not in ("max", "most_recent"):
+            raise ValueError(f"cutlass_fused: expected Float8Recipe amax_compute_algo to be 'max' or 'most_recent', "
+                             f"but got {self.amax_compute_algo!r}")
+
+    @property
+    def delayed(self):
+        return self.scaling == "delayed"
 
 
 def check(recipe, device):
@@ -59,12 +86,21 @@ def scale_of(t, margin=0):
     """The power-of-two scale that maps t's amax into (224, 448] (less `margin` powers of two), as
     a 0-dim fp32 tensor on t's device (no host sync). 1 where the amax is 0 or not finite (a NaN or
     an Inf in t, which quantize makes NaN)."""
+    return scale_from_amax(amax_of(t), margin, torch.ones((), device=t.device))
+
+
+def amax_of(t):
+    """max |t| as a 0-dim fp32 tensor on t's device (0 for an empty t; NaN where t holds one)."""
     if t.numel() == 0:
-        return torch.ones((), device=t.device)
-    amax = t.detach().abs().amax().float()
+        return torch.zeros((), device=t.device)
+    return t.detach().abs().amax().float()
+
+
+def scale_from_amax(amax, margin, fallback):
+    """2^(floor(log2(448 / amax)) - margin), elementwise; `fallback` where amax is 0 or not finite."""
     usable = torch.isfinite(amax) & (amax > 0)
     exponent = torch.floor(torch.log2(E4M3_MAX / torch.where(usable, amax, torch.ones_like(amax)))) - margin
-    return torch.where(usable, torch.exp2(exponent.clamp(-MAX_EXPONENT, MAX_EXPONENT)), torch.ones_like(amax))
+    return torch.where(usable, torch.exp2(exponent.clamp(-MAX_EXPONENT, MAX_EXPONENT)), fallback)
 
 
 def quantize(t, scale):
@@ -77,11 +113,10 @@ def quantize(t, scale):
 
 
 class _RoundToE4M3(torch.autograd.Function):
-    """x8 / s in t's dtype, with the gradient passed straight through."""
+    """x8 / s in t's dtype, with the gradient passed straight through (s: a 0-dim fp32 tensor)."""
 
     @staticmethod
-    def forward(ctx, t, margin):
-        scale = scale_of(t, margin)
+    def forward(ctx, t, scale):
         wide = torch.promote_types(t.dtype, torch.float32)
         out = quantize(t, scale).to(wide) / scale
         # No .to() when the dtype is already t's: torch 2.11's torch.compile (aot_eager too) gives
@@ -96,11 +131,49 @@ class _RoundToE4M3(torch.autograd.Function):
 def round_to_e4m3(t, margin=0):
     """t as the e4m3 GEMM sees it: rounded to e4m3 under its power-of-two scale, then divided by
     that scale (exact), in t's dtype; differentiable straight through."""
-    return _RoundToE4M3.apply(t, margin)
+    return _RoundToE4M3.apply(t, scale_of(t, margin))
 
 
-def operands(x, weight, recipe):
-    """(x, weight) as the layer's GEMM takes them under `recipe` (None: unchanged)."""
+def round_with_scale(t, scale):
+    """t as the e4m3 GEMM sees it under a given power-of-two scale (0-dim fp32): values past
+    448 / scale saturate; differentiable straight through."""
+    return _RoundToE4M3.apply(t, scale)
+
+
+def operands(x, weight, recipe, state=None, update=False):
+    """(x, weight) as the layer's GEMM takes them under `recipe` (None: unchanged). Delayed scaling
+    takes the layer's `state` (DelayedState) and, with `update`, records this call's amaxes."""
     if check(recipe, x.device) is None:
         return x, weight
-    return round_to_e4m3(x, recipe.margin), round_to_e4m3(weight, recipe.margin)
+    if not recipe.delayed:
+        return round_to_e4m3(x, recipe.margin), round_to_e4m3(weight, recipe.margin)
+    if state is None:
+        raise ValueError("cutlass_fused: delayed FP8 scaling keeps state between calls (an amax history); "
+                         "use LinearScaleBatchNorm1d(fp8=...), or scaling='current' in the functional form")
+    scale = state.scale.to(x.device)
+    out = round_with_scale(x, scale[0]), round_with_scale(weight, scale[1])
+    if update:
+        state.record(torch.stack([amax_of(x), amax_of(weight)]), recipe)
+    return out
+
+
+class DelayedState:
+    """A layer's delayed-scaling buffers: `history` (amax_history_len x 2, row 0 the latest step;
+    columns x, W) and `scale` (2), both fp32."""
+
+    def __init__(self, history, scale):
+        self.history, self.scale = history, scale
+
+    @staticmethod
+    def buffers(recipe, device):
+        return {"fp8_amax_history": torch.zeros(recipe.amax_history_len, 2, device=device),
+                "fp8_scale": torch.ones(2, device=device)}
+
+    @torch.no_grad()
+    def record(self, amax, recipe):
+        """Row 0 becomes this step's amaxes, the rest shift down one (the oldest drops); the scales
+        for the next call then come from the history, in place (no host sync)."""
+        amax = amax.to(self.history.device)
+        self.history.copy_(torch.cat([amax[None], self.history[:-1]]))
+        reduced = self.history.amax(0) if recipe.amax_compute_algo == "max" else self.history[0]
+        self.scale.copy_(scale_from_amax(reduced, recipe.margin, self.scale))

@@ -24,8 +24,9 @@ def linear_scale_batch_norm(x, weight, bias, scale, bn_weight, bn_bias, running_
     1 / num_batches_tracked, as in nn.BatchNorm1d. In eval the batch norm folds
     into the GEMM's epilogue.
 
-    `fp8` (None or a cutlass_fused.Float8Recipe): x and weight rounded to e4m3 under per-tensor
-    scales before the GEMM (cutlass_fused/fp8.py; emulated: the e4m3 kernels are not built).
+    `fp8` (None or a cutlass_fused.Float8Recipe with current scaling): x and weight rounded to e4m3
+    under per-tensor scales before the GEMM (cutlass_fused/fp8.py; emulated: the e4m3 kernels are not
+    built). Delayed scaling keeps an amax history between calls: the module holds it.
     """
     x, weight = fp8_operands(x, weight, fp8)
     family = _family.current()

@@ -3,6 +3,7 @@ import torch
 from torch import nn
 
 from . import _activation
+from .fp8 import DelayedState
 from .fp8 import check as fp8_check
 from .fp8 import operands as fp8_operands
 from .functional import linear_scale_batch_norm
@@ -21,6 +22,8 @@ class LinearScaleBatchNorm1d(nn.Module):
     `fp8`: None or a cutlass_fused.Float8Recipe: x and W rounded to e4m3 under per-tensor scales
     before the GEMM (cutlass_fused/fp8.py; emulated on the 16-bit kernels, which CUDA runs only with
     the recipe's emulate=True: the e4m3 kernels are not built). An attribute: set it on a fused layer.
+    A delayed-scaling recipe adds the buffers `fp8_amax_history` and `fp8_scale` (state_dict), which
+    training forwards update.
 
     `process_group`: None (the default) normalizes each process's batch alone; a
     process group (e.g. `torch.distributed.group.WORLD`) makes training use the
@@ -29,20 +32,43 @@ class LinearScaleBatchNorm1d(nn.Module):
     (cutlass_fused/sync_batch_norm.py). `convert_sync_batchnorm` sets it on a model.
     """
 
-    fp8 = None  # also for layers pickled before the attribute existed
+    @property
+    def fp8(self):
+        # "fp8": the plain attribute of layers pickled before it was a property
+        return self.__dict__.get("_fp8", self.__dict__.get("fp8"))
+
+    @fp8.setter
+    def fp8(self, recipe):
+        recipe = fp8_check(recipe, torch.device("cpu"))  # its type now; CUDA's refusal at the call
+        self.__dict__["_fp8"] = recipe
+        if recipe is not None and recipe.delayed:
+            # The state stays across a recipe of the same history length; another starts afresh.
+            old = self._buffers.get("fp8_amax_history")
+            if old is None or old.shape[0] != recipe.amax_history_len:
+                for name, t in DelayedState.buffers(recipe, self.gemm.weight.device).items():
+                    self.register_buffer(name, t)
+        else:
+            for name in ("fp8_amax_history", "fp8_scale"):
+                self._buffers.pop(name, None)
+
+    def _fp8_state(self):
+        if "fp8_scale" not in self._buffers:
+            return None
+        return DelayedState(self.fp8_amax_history, self.fp8_scale)
 
     def __init__(self, in_features, out_features, bias=True, eps=1e-5, momentum=0.1, affine=True,
                  track_running_stats=True, device=None, dtype=None, process_group=None, activation=None,
                  negative_slope=0.01, output_dtype=None, fp8=None):
         super().__init__()
         self._set_output(activation, negative_slope, output_dtype)
-        self.fp8 = fp8_check(fp8, torch.device("cpu"))  # its type now; CUDA's refusal at the call
+        fp8_check(fp8, torch.device("cpu"))  # a bad recipe fails before any allocation
         kw = {"device": device, "dtype": dtype}
         self.gemm = nn.Linear(in_features, out_features, bias=bias, **kw)
         self.scale = nn.Parameter(torch.randn(out_features, **kw))
         self.bn = nn.BatchNorm1d(out_features, eps=eps, momentum=momentum, affine=affine,
                                  track_running_stats=track_running_stats, **kw)
         self.process_group = process_group
+        self.fp8 = fp8
 
     def _set_output(self, activation, negative_slope, output_dtype):
         self.activation, self.negative_slope = _activation.check(activation, negative_slope)
@@ -87,7 +113,7 @@ class LinearScaleBatchNorm1d(nn.Module):
         running_mean = bn.running_mean if keep_running else None
         running_var = bn.running_var if keep_running else None
         nbt = bn.num_batches_tracked if track else None
-        x, weight = fp8_operands(x, self.gemm.weight, self.fp8)
+        x, weight = fp8_operands(x, self.gemm.weight, self.fp8, self._fp8_state(), update=self.training)
         if should_sync(self.process_group, bn.training):
             return sync_linear_scale_batch_norm(x, weight, self.gemm.bias, self.scale, bn.weight, bn.bias,
                                                 running_mean, running_var, bn.momentum, bn.eps, nbt,
@@ -126,6 +152,9 @@ def convert_sync_batchnorm(module: nn.Module, process_group=None) -> nn.Module:
                                                   module.activation, module.negative_slope, module.output_dtype)
         out.autocast_output = module.autocast_output
         out.fp8 = module.fp8
+        for name in ("fp8_amax_history", "fp8_scale"):  # one delayed-scaling state, shared
+            if name in module._buffers:
+                out._buffers[name] = module._buffers[name]
         out.train(module.training)
         return out  # its children are the shared Linear and BatchNorm: nothing to convert there
     for name, child in module.named_children():

@@ -149,7 +149,7 @@ def test_autocast_and_compile_take_the_rounding():
 
 
 def test_state_dict_and_recipe_checks():
-    """The recipe adds no state; bad recipes and types get clear errors."""
+    """Current scaling adds no state; bad recipes and types get clear errors."""
     plain = cutlass_fused.LinearScaleBatchNorm1d(8, 4)
     ours = cutlass_fused.LinearScaleBatchNorm1d(8, 4, fp8=cutlass_fused.Float8Recipe(margin=1))
     assert ours.state_dict().keys() == plain.state_dict().keys()
@@ -190,3 +190,128 @@ def test_functional_matches_module():
     assert torch.equal(y, layer(x))
     assert not torch.equal(y, F.batch_norm(F.linear(x, layer.gemm.weight, layer.gemm.bias) * layer.scale,
                                            bn.running_mean, bn.running_var, bn.weight, bn.bias, False))
+
+
+# Delayed scaling: the scales of a call come from the amax history of the training calls before it.
+def _delayed(length=3, algo="max", margin=0):
+    return cutlass_fused.Float8Recipe(scaling="delayed", amax_history_len=length, amax_compute_algo=algo,
+                                      margin=margin, emulate=True)
+
+
+def _expected_scale(amaxes, recipe):
+    """The scale a call uses: 1 before any step, else from the last amax_history_len steps' amaxes."""
+    scale = torch.tensor(1.0)
+    for t in range(len(amaxes)):  # as the layer updates it, step by step
+        window = amaxes[max(0, t + 1 - recipe.amax_history_len):t + 1]
+        reduced = max(window) if recipe.amax_compute_algo == "max" else window[-1]
+        scale = fp8.scale_from_amax(torch.tensor(reduced), recipe.margin, scale)
+    return scale
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA else []))
+@pytest.mark.parametrize("algo", ["max", "most_recent"])
+def test_delayed_scaling_takes_the_previous_steps_amaxes(device, algo):
+    """Each training call quantizes with the scales its predecessors' amaxes give (x's magnitude
+    jumps between calls, so that a scale from this call's own amax would differ), saturating what
+    exceeds them; y and the running stats equal the plain layer's fed the same quantized x and W."""
+    recipe = _delayed(algo=algo, margin=1)
+    torch.manual_seed(0)
+    plain = cutlass_fused.LinearScaleBatchNorm1d(64, 48, device=device)
+    ours = cutlass_fused.LinearScaleBatchNorm1d(64, 48, device=device, fp8=recipe)
+    ours.load_state_dict(plain.state_dict(), strict=False)
+    w = ours.gemm.weight.detach().clone()
+    x_amax, w_amax = [], []
+    saturated = False
+    for t, magnitude in enumerate([1.0, 50.0, 0.01, 3.0, 0.5, 2000.0]):
+        x = magnitude * torch.randn(32, 64, device=device)
+        sx, sw = _expected_scale(x_amax, recipe), _expected_scale(w_amax, recipe)
+        assert torch.equal(ours.fp8_scale.cpu(), torch.stack([sx, sw])), t
+        xq = fp8.round_with_scale(x, sx.to(device))
+        saturated |= bool((xq.abs() == fp8.E4M3_MAX / sx.item()).any())
+        with torch.no_grad():
+            plain.gemm.weight.copy_(fp8.round_with_scale(w, sw.to(device)))
+        y_plain = plain(xq)
+        y = ours(x)
+        assert torch.equal(y, y_plain), t
+        x_amax.append(x.abs().max().item())
+        w_amax.append(w.abs().max().item())
+        assert torch.equal(ours.fp8_amax_history[0].cpu(), torch.tensor([x_amax[-1], w_amax[-1]])), t
+    assert saturated, "x's jump past the delayed scale saturates at 448 / s"
+    assert torch.equal(ours.bn.running_mean, plain.bn.running_mean)
+    assert torch.equal(ours.bn.running_var, plain.bn.running_var)
+
+
+def test_delayed_scaling_state():
+    """Eval reads the scales and records nothing; an amax of 0 or Inf keeps the scale; the state is
+    in state_dict and loads; the functional form refuses a delayed recipe; a recipe set later adds or
+    drops the buffers; convert_sync_batchnorm shares them."""
+    torch.manual_seed(0)
+    layer = cutlass_fused.LinearScaleBatchNorm1d(16, 8, fp8=_delayed(length=4))
+    assert layer.fp8_amax_history.shape == (4, 2) and torch.equal(layer.fp8_scale, torch.ones(2))
+    layer(torch.randn(10, 16))
+    history, scale = layer.fp8_amax_history.clone(), layer.fp8_scale.clone()
+    assert not torch.equal(scale, torch.ones(2))
+    layer.eval()
+    x = torch.randn(10, 16)
+    y = layer(x)
+    assert torch.equal(layer.fp8_amax_history, history) and torch.equal(layer.fp8_scale, scale)
+
+    state = layer.state_dict()
+    assert {"fp8_amax_history", "fp8_scale"} <= state.keys()
+    other = cutlass_fused.LinearScaleBatchNorm1d(16, 8, fp8=_delayed(length=4))
+    other.load_state_dict(state)
+    assert torch.equal(other.eval()(x), y)
+
+    layer.train()
+    layer(torch.full((10, 16), float("inf")))  # (its running stats become NaN, as BatchNorm's would)
+    assert torch.equal(layer.fp8_scale, scale), "an Inf amax keeps the scale"
+    assert layer.fp8_amax_history[0, 0].item() == float("inf")
+    layer(torch.zeros(10, 16))
+    assert torch.equal(layer.fp8_scale, scale), "an Inf in the history's max keeps it too"
+
+    with pytest.raises(ValueError, match="delayed"):
+        cutlass_fused.linear_scale_batch_norm(x, layer.gemm.weight, None, layer.scale, None, None, None, None, True,
+                                              fp8=_delayed())
+    synced = cutlass_fused.convert_sync_batchnorm(layer, process_group="group")
+    assert synced.fp8_scale is layer.fp8_scale and synced.fp8_amax_history is layer.fp8_amax_history
+    layer.fp8 = _delayed(length=2)
+    assert layer.fp8_amax_history.shape == (2, 2) and torch.equal(layer.fp8_scale, torch.ones(2))
+    layer.fp8 = cutlass_fused.Float8Recipe()
+    assert "fp8_scale" not in layer.state_dict()
+    for bad in [dict(scaling="dynamic"), dict(amax_history_len=0), dict(amax_history_len=True),
+                dict(amax_compute_algo="mean")]:
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            cutlass_fused.Float8Recipe(**bad)
+
+
+def test_delayed_scaling_under_compile():
+    """torch.compile (aot_eager) of training calls updates the history and scales as eager does."""
+    torch.manual_seed(0)
+    eager = cutlass_fused.LinearScaleBatchNorm1d(32, 16, fp8=_delayed())
+    compiled_layer = cutlass_fused.LinearScaleBatchNorm1d(32, 16, fp8=_delayed())
+    compiled_layer.load_state_dict(eager.state_dict())
+    compiled = torch.compile(compiled_layer, backend="aot_eager")
+    for magnitude in (1.0, 10.0, 0.1):
+        x = magnitude * torch.randn(24, 32)
+        assert torch.equal(compiled(x), eager(x))
+    for name in ("fp8_amax_history", "fp8_scale"):
+        assert torch.equal(getattr(compiled_layer, name), getattr(eager, name)), name
+
+
+def test_teacher_task_runs(tmp_path):
+    """benchmarks/fp8_teacher.py (issue 33's accuracy run), short: every row learns the teacher's
+    labels, and FP8's final loss stays near the unquantized one's."""
+    import json
+    import pathlib
+    import subprocess
+    import sys
+    script = pathlib.Path(__file__).parents[1] / "benchmarks" / "fp8_teacher.py"
+    r = subprocess.run([sys.executable, str(script), "--case", "f32,128,64,1", "--steps", "60", "--out", str(tmp_path)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads((tmp_path / "fp8_teacher.json").read_text())
+    assert set(result["curves"]) == {"no fp8", "fp8 current", "fp8 delayed"}
+    for name, curve in result["curves"].items():
+        assert len(curve) == 60 and curve[-1] < curve[0] - 0.5, name
+        assert abs(result["final"][name] / result["final"]["no fp8"] - 1) < 0.05, name
+    assert "final loss fp8 delayed" in r.stdout
