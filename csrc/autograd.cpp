@@ -83,6 +83,17 @@ at::Tensor mm_to_fp32(at::Tensor const& a, at::Tensor const& b) {
   return at::mm(a, b).to(at::kFloat);
 }
 
+// Whether saved-tensor default hooks are in force: get_hooks() gives an optional from torch 2.5
+// on, a (pack, unpack) pair of Python objects, null when unset, in 2.4.
+template <class T>
+bool saved_tensor_hooks_set(std::optional<T> const& hooks) {
+  return hooks.has_value();
+}
+template <class A, class B>
+bool saved_tensor_hooks_set(std::pair<A, B> const& hooks) {
+  return hooks.first != nullptr;
+}
+
 // dX = dH W and dW = dH^T x, each only when needed: no dX GEMM for a first
 // layer, no dW GEMM for a frozen weight. fp32 goes through our matmul op, which
 // keeps the forward's precision (3xTF32 on sm90 without TF32); 16-bit dtypes
@@ -135,7 +146,7 @@ struct TrainFunction : torch::autograd::Function<TrainFunction> {
     // h, mean and invstd are held outside the saved variables, so that the backward
     // can free them once dh exists (see take), unless saved-tensor hooks (activation
     // offload, checkpointing) are to see them.
-    bool hooks = at::SavedTensorDefaultHooks::get_hooks().has_value();
+    bool hooks = saved_tensor_hooks_set(at::SavedTensorDefaultHooks::get_hooks());
     at::Tensor none;
     ctx->save_for_backward({x, gemm_weight, hooks ? h : none, hooks ? mean : none, hooks ? invstd : none, scale,
                             saved(bn_weight), act ? saved(bn_bias) : none});

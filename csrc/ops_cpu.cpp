@@ -80,7 +80,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> normalize(at::Tensor const& h, at
   check_vector(weight, "bn_weight", n);
   check_vector(bias, "bn_bias", n);
   auto mo = moments(with_overflow(stats, h, scale), scale, count);
-  auto invstd = (mo.var_z + eps).rsqrt();
+  // PyTorch's InvStd: 0 where the variance and eps are both 0 (torch versions that take eps = 0
+  // in training), so that a constant column normalizes to the BN bias, not to 0 * inf = NaN.
+  auto invstd = eps == 0.0 ? at::where(mo.var_z == 0, at::zeros_like(mo.var_z), mo.var_z.rsqrt())
+                           : (mo.var_z + eps).rsqrt();
   auto y = activated(pre_activation(h, mo.mean_h, invstd, scale, weight, bias), act, slope);
   return {y.to(y_dt).contiguous(), mo.mean_h, invstd};
 }

@@ -415,8 +415,12 @@ __device__ Moments moments(double sum, double sumsq, double s, double count) {
   return {mean_h, __dmul_rn(s, mean_h), __dmul_rn(__dmul_rn(s, s), var_h)};
 }
 
-// 1 / sqrt(var_z + eps), the same bits in every kernel (see moments).
-__device__ double inverse_std(double var_z, double eps) { return __ddiv_rn(1.0, __dsqrt_rn(__dadd_rn(var_z, eps))); }
+// 1 / sqrt(var_z + eps), the same bits in every kernel (see moments); 0 where var_z and eps are
+// both 0, as PyTorch's InvStd (torch versions that take eps = 0 in training).
+__device__ double inverse_std(double var_z, double eps) {
+  if (var_z == 0.0 && eps == 0.0) return 0.0;
+  return __ddiv_rn(1.0, __dsqrt_rn(__dadd_rn(var_z, eps)));
+}
 
 // Per-column constants of y = (h - mean_h) * mul + b, rounded once to A.
 template <class A>
