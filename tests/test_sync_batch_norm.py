@@ -287,6 +287,8 @@ def _fsdp_worker(rank, device, sizes):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_fsdp2_trains_like_unfused(backend):
     """FSDP2 (fully_shard) shards the fused layer's parameters and trains it as the unfused model."""
+    if backend == "gloo" and torch.__version__ < "2.5":
+        pytest.skip("torch 2.4's fully_shard makes CUDA streams: FSDP2 does not run on the CPU there")
     run(_fsdp_worker, backend, [6, 4])
 
 
