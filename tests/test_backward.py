@@ -294,29 +294,36 @@ def test_changed_h_output_refuses_backward(device, family):
             y.backward(dy)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("family", [f for d, f in FAMILIES if d == "cuda"])
-def test_backward_frees_h_before_the_gemms(family):
-    """Peak memory of the backward: h is freed once dh exists, so the dX and dW
-    GEMMs run without it (one batch x features tensor less than before, which
-    brought the step's peak to torch.compile's; issue 7, target 8)."""
-    m, k, n = 2048, 4096, 1024  # dX and dW outweigh dh, so the GEMMs' phase is the peak
+def _backward_peak(family, backward):
+    """The peak memory a bf16 backward adds over what the forward left (m, k, n = 2048, 4096, 1024:
+    dX and dW outweigh dh, so the GEMMs' phase is the peak), and the bytes of an m x n, an m x k and
+    an n x k tensor. backward(y, dy) runs it; the second of two steps is measured, the allocator warm."""
+    m, k, n = 2048, 4096, 1024
     layer, x, dy = _layer_and_input("cuda", m, k, n)
     layer = layer.to(torch.bfloat16)
     x = x.detach().to(torch.bfloat16).requires_grad_()
     dy = dy.to(torch.bfloat16)
-    mn, xk, nk = m * n * 2, m * k * 2, n * k * 2
     with precision("cuda", family, "bf16"):
-        for _ in range(2):  # the second step runs with the allocator warm
+        for _ in range(2):
             x.grad = None
             layer.zero_grad(set_to_none=True)
             y = layer(x)
             torch.cuda.synchronize()
             after_forward = torch.cuda.memory_allocated()
             torch.cuda.reset_peak_memory_stats()
-            y.backward(dy)
+            backward(y, dy)
             torch.cuda.synchronize()
             extra = torch.cuda.max_memory_allocated() - after_forward
+    return extra, m * n * 2, m * k * 2, n * k * 2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("family", [f for d, f in FAMILIES if d == "cuda"])
+def test_backward_frees_h_before_the_gemms(family):
+    """Peak memory of the backward: h is freed once dh exists, so the dX and dW
+    GEMMs run without it (one batch x features tensor less than before, which
+    brought the step's peak to torch.compile's; issue 7, target 8)."""
+    extra, mn, xk, nk = _backward_peak(family, lambda y, dy: y.backward(dy))
     # dh is made while h is alive (+mn), then dX and dW while dh is and h is not (+xk + nk):
     # keeping h would make that mn + xk + nk. Slack for the small vectors and workspaces.
     assert extra <= max(mn, xk + nk) + mn // 4, (extra, mn, xk, nk)
@@ -328,23 +335,8 @@ def test_backward_frees_dy_before_the_gemms(family):
     """As in a model, dy is made by the next node's backward (here a mul's) and nothing else holds
     it: the backward lets go of it once dh exists, so the dX and dW GEMMs run with neither dy nor h
     (keeping dy put one batch x features tensor on the step's peak)."""
-    m, k, n = 2048, 4096, 1024
-    layer, x, dy = _layer_and_input("cuda", m, k, n)
-    layer = layer.to(torch.bfloat16)
-    x = x.detach().to(torch.bfloat16).requires_grad_()
-    w = dy.to(torch.bfloat16)
-    mn, xk, nk = m * n * 2, m * k * 2, n * k * 2
-    with precision("cuda", family, "bf16"):
-        for _ in range(2):
-            x.grad = None
-            layer.zero_grad(set_to_none=True)
-            loss = (layer(x) * w).sum()
-            torch.cuda.synchronize()
-            after_forward = torch.cuda.memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
-            loss.backward()
-            torch.cuda.synchronize()
-            extra = torch.cuda.max_memory_allocated() - after_forward
+    # The mul's backward makes dy (its factor w, times the sum's ones), a tensor only the engine holds.
+    extra, mn, xk, nk = _backward_peak(family, lambda y, w: (y * w).sum().backward())
     # dh is made while dy and h are alive (+2 mn: dy and dh), then dX and dW with dh alone
     # (+xk + nk); keeping dy would make the GEMMs' phase mn + xk + nk.
     assert extra <= max(2 * mn, xk + nk) + mn // 4, (extra, mn, xk, nk)
