@@ -69,16 +69,11 @@ struct ActivationArgs {
 // act(Op(inputs)) in fp32, before y's one rounding: the value the training tails write
 // (bn_common.cuh's normalized), so that eval and training round an activated y alike.
 // Without an activation the node costs one uniform branch a fragment.
+// The scalar form is only asked for its Arguments (Sm90Compute and VisitorComputeWithArgs take
+// them from Fn<ElementCompute>); the nodes compute on fragments, the Array form below.
 template <template <class> class Op, class T>
 struct activated {
   using Arguments = ActivationArgs;
-  CUTLASS_DEVICE T operator()(T const& a, T const& b, Arguments const& p) const {
-    return apply(Op<T>{}(a, b), p);
-  }
-  CUTLASS_DEVICE T operator()(T const& a, T const& b, T const& c, Arguments const& p) const {
-    return apply(Op<T>{}(a, b, c), p);
-  }
-  CUTLASS_DEVICE static T apply(T v, Arguments const& p) { return activate(v, p.act, p.slope); }
 };
 
 template <template <class> class Op, class E, int N>
