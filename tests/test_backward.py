@@ -280,6 +280,36 @@ def test_saved_tensor_hooks_see_h(device, family):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("frozen", ["x", "weight"])
+@pytest.mark.parametrize("device,family", FAMILIES, ids=FAMILY_IDS)
+def test_saves_only_what_the_gradients_need(device, family, frozen):
+    """As torch's linear: the weight is saved only for dX and x only for dW. A first layer's
+    input needs no gradient, so its (autocast-cast) weight is not kept for the backward; the
+    gradients that are asked for are the same bits as when both are."""
+    layer, x, dy = _layer_and_input(device)
+    with precision(device, family, "f32"):
+        layer(x).backward(dy)
+        full = {"x": x.grad.clone(), "weight": layer.gemm.weight.grad.clone()}
+        x.grad = None
+        layer.zero_grad(set_to_none=True)
+        (x if frozen == "x" else layer.gemm.weight).requires_grad_(False)
+        packed = []
+
+        def pack(t):
+            packed.append(t.data_ptr())
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            y = layer(x)
+        y.backward(dy)
+    unneeded = layer.gemm.weight if frozen == "x" else x
+    assert unneeded.data_ptr() not in packed
+    assert (x.data_ptr() if frozen == "x" else layer.gemm.weight.data_ptr()) in packed
+    if frozen == "x":
+        assert x.grad is None and torch.equal(layer.gemm.weight.grad, full["weight"])
+    else:
+        assert layer.gemm.weight.grad is None and torch.equal(x.grad, full["x"])
+
+
 @pytest.mark.parametrize("device,family", FAMILIES, ids=FAMILY_IDS)
 def test_changed_h_output_refuses_backward(device, family):
     """h, an output of the op that the backward needs, changed in place: the
