@@ -4,7 +4,8 @@ kernels a call launches (torch.profiler, 20 calls a round, median of rounds), th
 in turn, the order reversed every other round.
 
     python benchmarks/backward_time.py [--dtype bf16 --dtype f16 ...] [--shape B,N ...] [--rounds 3]
-                                       [--kernels passes --kernels cooperative ...]
+                                       [--kernels passes --kernels cooperative ...] [--act relu ...]
+                                       [--by-kernel]
 """
 import argparse
 import statistics
@@ -26,23 +27,35 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--kernels", action="append", choices=["passes", "slab", "cooperative"],
                     help="repeatable; default: passes and slab")
+    ap.add_argument("--act", action="append", choices=["none", "relu", "gelu", "silu"],
+                    help="the activation whose derivative the backward folds in; repeatable, default none")
+    ap.add_argument("--by-kernel", action="store_true", help="also each kernel's median µs")
     args = ap.parse_args()
     choices = args.kernels or ["passes", "slab"]
-    for dtype in args.dtype or ["bf16"]:
+    for dtype, act in ((d, a) for d in args.dtype or ["bf16"] for a in args.act or ["none"]):
         for m, n in args.shape or SHAPES:
             h = torch.randn(m, n, device="cuda").to(DTYPES[dtype])
             scale, gamma = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
             stats = torch.stack([h.double().sum(0), (h.double() ** 2).sum(0)])
             _, mean, invstd = ops.batch_norm_finalize(h, stats, scale, m, gamma, None, 1e-5)
             dy = torch.randn_like(h)
-            call = lambda: ops.batch_norm_backward(dy, h, mean, invstd, scale, gamma, 1e-5)
+            beta = torch.randn(n, device="cuda")
+            call = lambda: ops.batch_norm_backward(dy, h, mean, invstd, scale, gamma, 1e-5, beta, act)
             us = {c: [] for c in choices}
+            per_kernel = {c: {} for c in choices}
             for c in alternating(choices, args.rounds):
                 with cutlass_fused.overrides(backward=c):
-                    us[c].append(sum(profile(call, calls=20)[1].values()))
-            print(f"{dtype} {m}x{n}: " + ", ".join(
+                    kernels = profile(call, calls=20)[1]
+                us[c].append(sum(kernels.values()))
+                for name, t in kernels.items():
+                    per_kernel[c].setdefault(name, []).append(t)
+            print(f"{dtype} {act} {m}x{n}: " + ", ".join(
                 f"{c} {statistics.median(v):6.1f} us (rounds {', '.join(f'{t:.1f}' for t in v)})"
                 for c, v in us.items()), flush=True)
+            if args.by_kernel:
+                for c, kernels in per_kernel.items():
+                    for name, v in kernels.items():
+                        print(f"    {c}: {statistics.median(v):7.1f} us  {name[:110]}")
 
 
 if __name__ == "__main__":

@@ -163,7 +163,7 @@ void set_overrides(std::string const& kernel, std::string const& tail, std::stri
 // compute capability and SM count, with the overrides in force; "key=value" lines.
 std::string plan_op(std::string const& op, int64_t m, int64_t n, int64_t k, at::ScalarType dtype, bool y_wider,
                     bool allow_tf32, std::string const& family, int64_t capability, int64_t sm_count,
-                    bool cumulative, bool groups16) {
+                    bool cumulative, bool groups16, c10::string_view activation) {
   Problem p;
   try {
     p.op = parse_op(op);
@@ -182,6 +182,7 @@ std::string plan_op(std::string const& op, int64_t m, int64_t n, int64_t k, at::
   p.sm_count = static_cast<int>(sm_count);
   p.cumulative = cumulative;
   p.groups16 = groups16;
+  p.act = activation_of(activation);
   p.overrides = current_overrides();
   try {
     return describe(make_plan(p));
@@ -306,7 +307,7 @@ TORCH_LIBRARY(cutlass_fused, m) {
         &set_overrides);
   // What the plan chooses for a problem (cutlass_fused.plan()), on any device.
   m.def("plan(str op, int m, int n, int k, ScalarType dtype, bool y_wider, bool allow_tf32, str family,"
-        " int capability, int sm_count, bool cumulative, bool groups16) -> str",
+        " int capability, int sm_count, bool cumulative, bool groups16, str activation=\"none\") -> str",
         &plan_op);
   // Drops every value kept under `cache` (frozen_weights' exit).
   m.def("clear_cache() -> ()", &clear_cache);

@@ -488,6 +488,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_c
                        h.device());
   pr.groups16 = limits::groups16(static_cast<int>(c10::elementSize(h.scalar_type())), n, h.stride(0),
                                  {b.dy.data_ptr(), h.data_ptr(), b.dh.data_ptr()});
+  pr.act = g.act;
   Plan plan = planned(pr);
   auto ws = at::empty({static_cast<int64_t>(plan.workspace)}, h.options().dtype(at::kByte));
   g.dscale = col_out(dscale, "dscale", n, h.device());

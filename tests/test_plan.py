@@ -147,6 +147,16 @@ def test_backward_kernels_by_shape(shape, dtype, kernels):
     assert plan(*shape, 0, dtype=dtype, mode="backward", **H100)["backward"] == kernels
 
 
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_backward_with_an_activation_keeps_the_passes(activation):
+    """With an activation the cooperative backward lost to the passes (its 80 registers spill
+    more); the slab kernel stays."""
+    assert plan(768, 8192, 0, mode="backward", activation=activation, **H100)["backward"] == "passes"
+    assert plan(256, 8192, 0, mode="backward", activation=activation, **H100)["backward"] == "slab"
+    with pytest.raises(ValueError, match="activation"):
+        plan(768, 8192, 0, mode="backward", activation="tanh", **H100)
+
+
 def test_backward_with_an_fp32_dy_or_unaligned_data():
     """dy in fp32 (y's dtype under autocast) or an unaligned dy: the two passes, and neither one-pass
     kernel can be forced."""

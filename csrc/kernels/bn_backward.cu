@@ -22,25 +22,55 @@ __device__ Column<A> forward_column(BackwardArgs const& g, int c) {
           static_cast<A>(double{static_cast<float>(load(g.bias, c, 0.0))})};
 }
 
-// The gradient of BN(z) at one element: dy, times the activation's derivative there. Act: whether
-// there is an activation (a template flag, so that the kernels without one hold no forward
-// constants in registers: the cooperative kernel already spills under its 80).
-template <bool Act, class T, class TY, class A>
-__device__ __forceinline__ A bn_grad(BackwardArgs const& g, Column<A> const& fwd, TY dy, T h) {
+// The gradient of BN(z) at one element: dy, times the activation K's derivative there.
+template <Activation K, class T, class TY, class A>
+__device__ __forceinline__ A bn_grad(Column<A> const& fwd, TY dy, T h, float slope) {
   A d = A(to_float(dy));
-  if constexpr (!Act) return d;
-  return d * activation_grad(pre_activation(fwd, h), g.act, g.slope);
+  if constexpr (K == Activation::none) return d;
+  return d * activation_grad(pre_activation(fwd, h), K, slope);
+}
+
+// Which activations a kernel takes: none; relu and leaky_relu, whose derivative is a select; or
+// gelu, gelu_tanh and silu. A template value, so that the kernels without an activation hold no
+// forward constants in registers (the cooperative kernel already spills under its 80), and relu's
+// kernels are not sized by the transcendental arms: with all five in one kernel, each chosen once
+// a group, the column partials took 168 registers (1 block an SM; relu 4096^2 bf16 42.0 -> 46.3 us)
+// and the cooperative kernel's spills doubled (768 x 8192 48.0 -> 89.0 us; H200).
+enum class ActSet { none, select, smooth };
+
+template <class F>
+void dispatch_act_set(Activation act, F&& f) {
+  if (act == Activation::none) f(std::integral_constant<ActSet, ActSet::none>{});
+  else if (act == Activation::relu || act == Activation::leaky_relu) f(std::integral_constant<ActSet, ActSet::select>{});
+  else f(std::integral_constant<ActSet, ActSet::smooth>{});
+}
+
+// f(K) for g's activation K, chosen once a group of elements by uniform ifs (with_activation's
+// reason: a runtime act tested per element compiled to jump tables), among Set's.
+template <ActSet Set, class F>
+__device__ __forceinline__ decltype(auto) per_activation(BackwardArgs const& g, F&& f) {
+  using K = Activation;
+  if constexpr (Set == ActSet::none) {
+    return f(std::integral_constant<K, K::none>{});
+  } else if constexpr (Set == ActSet::select) {
+    if (g.act == K::relu) return f(std::integral_constant<K, K::relu>{});
+    return f(std::integral_constant<K, K::leaky_relu>{});
+  } else {
+    if (g.act == K::gelu) return f(std::integral_constant<K, K::gelu>{});
+    if (g.act == K::gelu_tanh) return f(std::integral_constant<K, K::gelu_tanh>{});
+    return f(std::integral_constant<K, K::silu>{});
+  }
 }
 
 // (dy, h) -> (g, g (h - mean_h)): the backward's sums, g = bn_grad(dy).
-template <class T, class TY, bool Act>
+template <class T, class TY, ActSet Act>
 struct GradSums {
   using A = Acc<T>;
   using Center = GradCenter<A>;
   BackwardArgs args;  // a copy: the two-pass path hands GradSums to a kernel by value
   TY const* dy; T const* h;
   __device__ Center center(int c) const {
-    return {args.mean_h[c], Act ? forward_column<A>(args, c) : Column<A>{}};
+    return {args.mean_h[c], Act != ActSet::none ? forward_column<A>(args, c) : Column<A>{}};
   }
   static constexpr bool kPipelined = sizeof(TY) == sizeof(T);  // dy's groups are 16 bytes too
   static constexpr int kInputs = 2;
@@ -51,12 +81,14 @@ struct GradSums {
   __device__ void add(int64_t r, int c0, Center const (&mu)[V], double (&a)[V], double (&b)[V], Load const& load) const {
     auto d = load(0, dy + r * args.n + c0);
     auto x = load(1, h + r * args.ldh + c0);
+    per_activation<Act>(args, [&](auto k) {
 #pragma unroll
-    for (int v = 0; v < V; ++v) {
-      double e = bn_grad<Act>(args, mu[v].fwd, d.v[v], x.v[v]);
-      a[v] += e;
-      b[v] += e * (static_cast<double>(to_float(x.v[v])) - mu[v].mean_h);
-    }
+      for (int v = 0; v < V; ++v) {
+        double e = bn_grad<decltype(k)::value>(mu[v].fwd, d.v[v], x.v[v], args.slope);
+        a[v] += e;
+        b[v] += e * (static_cast<double>(to_float(x.v[v])) - mu[v].mean_h);
+      }
+    });
   }
 };
 
@@ -69,7 +101,7 @@ struct GradColumn {
 
 // From column c's sums of g and g (h - mean_h) over `count` rows; with `outputs` (one thread a
 // column), also its dscale, dweight and dbias.
-template <class A, bool Act>
+template <class A, ActSet Act>
 __device__ GradColumn<A> grad_column(BackwardArgs const& g, double sdy, double q, double count, int c, bool outputs) {
   double s = load(g.scale, c, 1.0), istd = g.invstd[c];
   double w = load(g.weight, c, 1.0);
@@ -82,23 +114,26 @@ __device__ GradColumn<A> grad_column(BackwardArgs const& g, double sdy, double q
     store(g.dscale, c, w * istd * q * g.eps * istd * istd);
   }
   return {static_cast<A>(g.mean_h[c]), static_cast<A>(a), static_cast<A>(-a * s * s * istd * istd * q / count),
-          static_cast<A>(-a * sdy / count), Act ? forward_column<A>(g, c) : Column<A>{}};
+          static_cast<A>(-a * sdy / count), Act != ActSet::none ? forward_column<A>(g, c) : Column<A>{}};
 }
 
-template <class T, class TY, int V, bool Act, class A>
+template <class T, class TY, int V, ActSet Act, class A>
 __device__ __forceinline__ Group<T, V> grad_input(BackwardArgs const& g, GradColumn<A> const (&col)[V],
                                                   Group<TY, V> const& dy, Group<T, V> const& h) {
-  Group<T, V> out;
+  return per_activation<Act>(g, [&](auto act) {
+    Group<T, V> out;
 #pragma unroll
-  for (int v = 0; v < V; ++v) {
-    GradColumn<A> const& k = col[v];
-    out.v[v] = from_float<T>(k.a * bn_grad<Act>(g, k.fwd, dy.v[v], h.v[v]) + k.b * (A(to_float(h.v[v])) - k.mean_h) + k.c);
-  }
-  return out;
+    for (int v = 0; v < V; ++v) {
+      GradColumn<A> const& k = col[v];
+      A d = bn_grad<decltype(act)::value>(k.fwd, dy.v[v], h.v[v], g.slope);
+      out.v[v] = from_float<T>(k.a * d + k.b * (A(to_float(h.v[v])) - k.mean_h) + k.c);
+    }
+    return out;
+  });
 }
 
 // The unpipelined rows: R at a time in registers (single columns, or a wider dy).
-template <class T, class TY, int V, int R, bool Act, class A>
+template <class T, class TY, int V, int R, ActSet Act, class A>
 __device__ void grad_input_rows(BackwardArgs const& g, GradColumn<A> const (&col)[V], int c0, TY const* dy, T const* h,
                                 T* dh) {
   for (int64_t r0 = blockIdx.y * 8 * R + threadIdx.y; r0 < g.m; r0 += int64_t{gridDim.y} * 8 * R) {
@@ -122,7 +157,7 @@ __device__ void grad_input_rows(BackwardArgs const& g, GradColumn<A> const (&col
 
 // count: the batch the sums are over, on the device (SyncBatchNorm's group), or null for this m
 // rows, whose dscale, dweight and dbias it then writes too.
-template <class T, class TY, int V, int R, bool Act>
+template <class T, class TY, int V, int R, ActSet Act>
 __global__ void grad_input_kernel(BackwardArgs g, double const* __restrict__ sums, double const* __restrict__ count) {
   using A = Acc<T>;
   // dy and h of kSumStages rows a thread in flight (pipelined_rows), read as the column sums
@@ -164,7 +199,7 @@ __global__ void grad_input_kernel(BackwardArgs g, double const* __restrict__ sum
 // (limits::kBackwardBlocksPerSm blocks an SM; ptxas: 72-92 bytes of spill stores for 16-bit h on sm_90).
 using limits::kBackwardBlocksPerSm;
 
-template <class T, int V, bool Act>
+template <class T, int V, ActSet Act>
 __global__ void __launch_bounds__(256, kBackwardBlocksPerSm) batch_norm_backward_kernel(BackwardArgs g, int rows,
                                                                                         int chunks, int groups) {
   using A = Acc<T>;
@@ -209,7 +244,7 @@ __global__ void __launch_bounds__(256, kBackwardBlocksPerSm) batch_norm_backward
 // (two slabs, as batch_norm_train_slab_kernel holds h): the sums in chunk_partials' and
 // reduce_partials' orders, so the two passes' bits, then dh, dscale, dweight and dbias, in one
 // launch instead of three. dy in h's dtype. Shared memory: slab_smem.
-template <class T, int V, bool Act>
+template <class T, int V, ActSet Act>
 __global__ void __launch_bounds__(256, 3) batch_norm_backward_slab_kernel(BackwardArgs g, int rows, int chunks,
                                                                           int pieces) {
   using A = Acc<T>;
@@ -253,13 +288,13 @@ __global__ void __launch_bounds__(256, 3) batch_norm_backward_slab_kernel(Backwa
 
 // The two passes: the sums of g and g (h - mean_h) (partials: the column pass's workspace),
 // then dh from sums over `count` rows (grad_input_kernel).
-template <class T, class TY, bool Act>
+template <class T, class TY, ActSet Act>
 void sum_pass(BackwardArgs const& g, double* sums, double* partials, cudaStream_t stream) {
   GradSums<T, TY, Act> terms{g, static_cast<TY const*>(g.dy), static_cast<T const*>(g.h)};
   column_sums<T>(terms, g.m, g.n, g.ldh, {g.dy, g.h}, sums, partials, stream);
 }
 
-template <class T, class TY, bool Act>
+template <class T, class TY, ActSet Act>
 void input_pass(BackwardArgs const& g, double const* sums, double const* count, cudaStream_t stream) {
   launch_rows<T, 1>(g.m, g.n, g.ldh, {g.h, g.dy, g.dh}, 1024, [&](auto v, dim3 grid) {
     grad_input_kernel<T, TY, decltype(v)::value, 1, Act><<<grid, dim3(32, 8), 0, stream>>>(g, sums, count);
@@ -276,7 +311,7 @@ void batch_norm_backward(BackwardArgs const& g, BackwardKernels kernels, int pie
   auto run = [&](auto t, auto ty, auto act) {
     using T = decltype(t);
     using TY = decltype(ty);
-    constexpr bool Act = decltype(act)::value;
+    constexpr ActSet Act = decltype(act)::value;
     constexpr int V = 16 / sizeof(T);
     if constexpr (std::is_same_v<T, TY>) {
       if (kernels == BackwardKernels::slab) {
@@ -296,13 +331,13 @@ void batch_norm_backward(BackwardArgs const& g, BackwardKernels kernels, int pie
     sum_pass<T, TY, Act>(g, sums, partials, stream);
     input_pass<T, TY, Act>(g, sums, nullptr, stream);
   };
-  dispatch_pair(g.dt, g.dt_dy, [&](auto t, auto ty) { dispatch_act(g.act, [&](auto act) { run(t, ty, act); }); });
+  dispatch_pair(g.dt, g.dt_dy, [&](auto t, auto ty) { dispatch_act_set(g.act, [&](auto act) { run(t, ty, act); }); });
   check_cuda(cudaGetLastError(), "batch_norm_backward");
 }
 
 void batch_norm_backward_reduce(BackwardArgs const& g, double* sums, cudaStream_t stream) {
   dispatch_pair(g.dt, g.dt_dy, [&](auto t, auto ty) {
-    dispatch_act(g.act, [&](auto act) {
+    dispatch_act_set(g.act, [&](auto act) {
       sum_pass<decltype(t), decltype(ty), decltype(act)::value>(g, sums, static_cast<double*>(g.workspace), stream);
     });
   });
@@ -310,7 +345,7 @@ void batch_norm_backward_reduce(BackwardArgs const& g, double* sums, cudaStream_
 
 void batch_norm_backward_elemt(BackwardArgs const& g, double const* sums, double const* count, cudaStream_t stream) {
   dispatch_pair(g.dt, g.dt_dy, [&](auto t, auto ty) {
-    dispatch_act(g.act, [&](auto act) {
+    dispatch_act_set(g.act, [&](auto act) {
       input_pass<decltype(t), decltype(ty), decltype(act)::value>(g, sums, count, stream);
     });
   });

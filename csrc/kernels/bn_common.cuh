@@ -435,14 +435,21 @@ __device__ __forceinline__ A pre_activation(Column<A> const& col, T h) {
   return (A(to_float(h)) - col.mean_h) * col.mul + col.b;
 }
 
-// One element of y: every training tail and finalize writes y through this, so all get the same bits.
-// Act: whether an activation may be set. The kernels without one compile without its switch: inside
-// the element loop, its gelu and silu arms left the fp32 -> fp32 tail 10/20 spilled STL/LDL (2/2
-// without; sm_90). A wider y beside 16-bit h runs the Act kernel all the same (batch_norm_train).
-template <class TO, bool Act, class T, class A>
-__device__ __forceinline__ TO normalized(Column<A> const& col, T h, Activation act, float slope) {
-  if constexpr (!Act) return from_float<TO>(pre_activation(col, h));
-  return from_float<TO>(activate(pre_activation(col, h), act, slope));
+// A group of y from h's group and its columns (col[v]): every training tail and finalize writes y
+// through this, so all get the same bits. Act: whether an activation may be set. The kernels
+// without one compile without it: inside the element loop, its gelu and silu arms left the
+// fp32 -> fp32 tail 10/20 spilled STL/LDL (2/2 without; sm_90). With one, it is chosen once a group
+// (with_activation). A wider y beside 16-bit h runs the Act kernel all the same (batch_norm_train).
+template <class TO, bool Act, int V, class T, class Cols>
+__device__ __forceinline__ Group<TO, V> normalized(Cols const& col, Group<T, V> const& h, Activation act, float slope) {
+  auto each = [&](auto k) {
+    Group<TO, V> out;
+#pragma unroll
+    for (int v = 0; v < V; ++v) out.v[v] = from_float<TO>(activate(pre_activation(col[v], h.v[v]), decltype(k)::value, slope));
+    return out;
+  };
+  if constexpr (Act) return with_activation(act, each);
+  else return each(std::integral_constant<Activation, Activation::none>{});
 }
 
 // Column c's constants from its moments and 1 / std: finalize and both training tails build
@@ -534,11 +541,7 @@ __device__ void normalize_round(FinalizeArgs const& a, int c0, Column<A> const (
 #pragma unroll
     for (int i = 0; i < R; ++i) {
       if (r0 + 8 * i >= end) break;
-      Group<TO, V> out;
-#pragma unroll
-      for (int v = 0; v < V; ++v)
-        out.v[v] = normalized<TO, Act>(col[v], in[i].v[v], a.act, a.slope);
-      store_warp_row<TO, V, false>(y + (r0 + 8 * i) * a.n + c0, out, whole);
+      store_warp_row<TO, V, false>(y + (r0 + 8 * i) * a.n + c0, normalized<TO, Act>(col, in[i], a.act, a.slope), whole);
     }
   }
 }
@@ -558,11 +561,7 @@ __device__ void normalize_rows_pipelined(FinalizeArgs const& a, int c0, Column<A
       count, stage, [&](int j, int) { return h + row(j) * a.ldh + c0; },
       [&](int j, auto piece) {
         auto in = *reinterpret_cast<Group<T, V> const*>(piece(0));
-        Group<TO, V> out;
-#pragma unroll
-        for (int v = 0; v < V; ++v)
-          out.v[v] = normalized<TO, Act>(col[v], in.v[v], a.act, a.slope);
-        store_warp_row<TO, V, true>(y + row(j) * a.n + c0, out, whole);
+        store_warp_row<TO, V, true>(y + row(j) * a.n + c0, normalized<TO, Act>(col, in, a.act, a.slope), whole);
       });
 }
 

@@ -240,10 +240,7 @@ __global__ void __launch_bounds__(256) batch_norm_train_small_kernel(TrainArgs a
 #pragma unroll
   for (int k = 0; k < K; ++k) {
     if (r0 + 8 * k >= r1) break;
-    Group<TO, V> out;
-#pragma unroll
-    for (int v = 0; v < V; ++v) out.v[v] = normalized<TO, Act>(cols[g * V + v], held[k].v[v], f.act, f.slope);
-    store_group_once<TO, V>(y + (r0 + 8 * k) * f.n + c0, out);
+    store_group_once<TO, V>(y + (r0 + 8 * k) * f.n + c0, normalized<TO, Act>(cols + g * V, held[k], f.act, f.slope));
   }
 }
 
@@ -332,10 +329,7 @@ __global__ void __launch_bounds__(256, 3) batch_norm_train_slab_kernel(TrainArgs
     wait_async_groups(kSlabGroups - 1 - g);  // this thread's own pieces: no barrier
     slab_rows(g, f.m, pieces, [&](int r) {
       auto const& in = *reinterpret_cast<Group<T, V> const*>(slab + r * pieces + piece);
-      Group<TO, V> out;
-#pragma unroll
-      for (int v = 0; v < V; ++v) out.v[v] = normalized<TO, Act>(col[v], in.v[v], f.act, f.slope);
-      store_group_once<TO, V>(y + static_cast<int64_t>(r) * f.n + c0, out);
+      store_group_once<TO, V>(y + static_cast<int64_t>(r) * f.n + c0, normalized<TO, Act>(col, in, f.act, f.slope));
     });
   }
 }

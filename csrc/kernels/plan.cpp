@@ -230,7 +230,9 @@ Tail pick_tail(Problem const& p, int* pieces) {
 // where every block takes one item a phase. GPU us, passes -> cooperative (H100): bf16 768 x
 // 8192 34.8 -> 27.3, fp16 32.5 -> 23.8; with two items a block or more it lost: bf16 1024 x 8192
 // 43.7 -> 54.2, 2048 x 8192 80.3 -> 92.5, 4096 x 4096 76.3 -> 92.3, 16384 x 4096 246.3 -> 306.1
-// (docs/decisions.md, "Backward").
+// (docs/decisions.md, "Backward"). Only without an activation: with one, the kernel's 80 registers
+// spill more, and bf16 768 x 8192 relu took 55.8 us against the passes' 45.0, gelu 89.2 against
+// 61.4 (H200, once the activation was chosen once a group in both).
 BackwardKernels pick_backward(Problem const& p, int* pieces) {
   BackwardKernels forced = p.overrides.backward;
   int bytes = bytes_of(p.x), m = static_cast<int>(p.m), n = static_cast<int>(p.n);
@@ -241,7 +243,8 @@ BackwardKernels pick_backward(Problem const& p, int* pieces) {
     case BackwardKernels::automatic:
       if (bytes != 2) return BackwardKernels::passes;
       if (m <= limits::kSlabRows && *pieces >= 4) return BackwardKernels::slab;
-      return streams && m > limits::kSlabRows && items <= int64_t{limits::kBackwardBlocksPerSm} * p.sm_count
+      return streams && m > limits::kSlabRows && p.act == Activation::none &&
+                     items <= int64_t{limits::kBackwardBlocksPerSm} * p.sm_count
                  ? BackwardKernels::cooperative
                  : BackwardKernels::passes;
     case BackwardKernels::slab:

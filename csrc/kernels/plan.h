@@ -56,6 +56,7 @@ struct Problem {
   int capability = 90;             // the GPU's compute capability, major * 10 + minor
   int sm_count = 132;
   bool cumulative = false;         // momentum=None
+  Activation act = Activation::none;  // backward: the activation whose derivative it folds in
   // The call's data (train: h and y; backward: dy, h and dh) can be read in 16-byte groups:
   // n, the row strides and the base pointers allow it. The binding says so from its tensors;
   // fresh allocations allow it wherever n does.
