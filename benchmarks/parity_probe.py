@@ -1,0 +1,85 @@
+"""How far the step benchmark's losses part from eager's by rounding alone (issue 31's loss parity:
+the largest relative difference from eager's loss over the first 30 steps, same weights and data).
+
+    python benchmarks/parity_probe.py [--case amp-bf16,256,2048,6]   (CPU: --case f32,64,64,2)
+
+Beside the benchmark's rows (compile, fused) it runs eager variants that differ from eager only in
+rounding: eager again (is eager deterministic), eager with BatchNorm computed in float64 (as our
+kernels take the statistics), and eager from weights moved by one fp32 ulp (how much 30 steps
+amplify a difference of that size). Each line: a row's parity against eager, and the step where it
+peaked.
+"""
+import argparse
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from cutlass_fused import bench_step
+from cutlass_fused.seed import SeedModel
+
+
+class Float64BatchNorm(nn.Module):
+    """nn.BatchNorm1d's forward with its arithmetic in float64, its buffers kept in their dtype."""
+
+    def __init__(self, bn):
+        super().__init__()
+        self.bn = bn
+
+    def forward(self, z):
+        bn = self.bn
+        rm, rv = bn.running_mean.double(), bn.running_var.double()
+        with torch.autocast(z.device.type, enabled=False):
+            y = F.batch_norm(z.double(), rm, rv, bn.weight.double(), bn.bias.double(), self.training, bn.momentum,
+                             bn.eps)
+        if self.training:
+            with torch.no_grad():
+                bn.running_mean.copy_(rm)
+                bn.running_var.copy_(rv)
+                bn.num_batches_tracked.add_(1)
+        return y.to(z.dtype)
+
+
+def float64_bn(model):
+    model = copy.deepcopy(model)
+    for m in model.modules():
+        if isinstance(m, SeedModel):
+            m.bn = Float64BatchNorm(m.bn)
+    return model
+
+
+def one_ulp(model):
+    model = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.nextafter(p, torch.full_like(p, float("inf"))))
+    return model
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--case", type=bench_step.parse_case, default=bench_step.Case("amp-bf16", 256, 2048, 6, "relu"))
+    args = ap.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    base = bench_step.mlp(args.case, device)
+    reports = []
+    with bench_step.precision_flags(args.case.precision):
+        eager = bench_step.Row("eager", base, args.case, device, reports).losses
+        rows = {
+            "eager again": bench_step.Row("eager", base, args.case, device, reports).losses,
+            "eager, BN in float64": bench_step.Row("eager", float64_bn(base), args.case, device, reports).losses,
+            "eager, weights +1 ulp": bench_step.Row("eager", one_ulp(base), args.case, device, reports).losses,
+            "fused": bench_step.Row("fused", base, args.case, device, reports).losses,
+        }
+        if device.type == "cuda":  # no triton on the CPU
+            rows["compile"] = bench_step.Row("compile", base, args.case, device, reports).losses
+    print(f"{bench_step.label(args.case)}: loss parity against eager over {len(eager)} steps")
+    for name, losses in rows.items():
+        rel = [abs(a - e) / abs(e) for a, e in zip(losses, eager)]
+        worst = max(range(len(rel)), key=rel.__getitem__)
+        print(f"  {name:24s} {max(rel):.1e} (step {worst}); last step {rel[-1]:.1e}")
+
+
+if __name__ == "__main__":
+    main()
