@@ -576,6 +576,10 @@ def main(argv=None):
                          "eager and fused on the CPU) instead of the layer alone; writes step.json and step.png")
     ap.add_argument("--step-case", type=bench_step.parse_case, action="append", metavar="CASE",
                     help=bench_step.CASE_HELP)
+    ap.add_argument("--step-row", choices=bench_step.ALL_ROWS, action="append",
+                    help="a training-step row (repeatable; implies --step); default: the first four on a GPU, "
+                         "eager and fused on the CPU. The torchao rows (issue 33's anchors) need torchao; the "
+                         "compile rows a GPU")
     ap.add_argument("--out", default=os.environ.get("OUT", "bench_out"),
                     help="output folder for results.json (sweep.json, step.json) and the PNGs (default: $OUT, "
                          "else bench_out)")
@@ -588,7 +592,7 @@ def main(argv=None):
         result = json.loads(Path(args.report).read_text())
         print((bench_step.table if result.get("mode") == "step" else table)(result, markdown=True))
         return 0
-    if args.step or args.step_case:
+    if args.step or args.step_case or args.step_row:
         return bench_step.run(args, argv)
     # The default run (the README's main job) times the training steps too; a run that picks the
     # layer's shapes, precision, modes or implementations is about the layer alone.

@@ -4,7 +4,9 @@ The model is BLOCKS x [Linear(width, width) -> * scale -> BatchNorm1d -> activat
 an nn activation), then a head Linear(width, 1000); cross-entropy on random targets; AdamW (fused on
 CUDA) steps it and zero_grad(set_to_none=True) ends the step. The rows, each on its own deep copy of
 one initial model: eager, compile (torch.compile of the model), fused (cutlass_fused.fuse of the
-model) and fused+compile; the optimizer is never compiled. A row's first PARITY_STEPS steps run on
+model) and fused+compile; the optimizer is never compiled. `--step-row` picks rows, also issue 33's
+anchors: torchao-float8 (torchao's float8 training of the blocks' Linears, tensorwise scaling; BatchNorm
+stays PyTorch's), and it or its rowwise recipe under torch.compile. A row's first PARITY_STEPS steps run on
 a data stream shared by all rows, and its loss parity is the largest relative difference of those
 losses from eager's. Then the step on one fixed batch is timed (bench.median_ms), the rows in
 --rounds, and its peak memory taken (bench.peak_extra_mib). x mm: a row's step time over its GEMMs'
@@ -14,6 +16,7 @@ import argparse
 import collections
 import contextlib
 import copy
+import dataclasses
 import json
 import statistics
 import sys
@@ -31,6 +34,8 @@ Case = collections.namedtuple("Case", "precision batch width blocks activation")
 PRECISIONS = ("amp-bf16", "bf16", "tf32", "f32")
 ACTIVATIONS = {"none": nn.Identity, "relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU, "leaky_relu": nn.LeakyReLU}
 ROWS = ("eager", "compile", "fused", "fused+compile")
+TORCHAO_ROWS = ("torchao-float8", "torchao-float8+compile", "torchao-float8-rowwise+compile")
+ALL_ROWS = ROWS + TORCHAO_ROWS
 CASES = [Case("amp-bf16", 4096, 4096, 4, "relu"), Case("amp-bf16", 1024, 8192, 4, "relu"),
          Case("bf16", 4096, 4096, 4, "relu"), Case("amp-bf16", 256, 2048, 6, "relu")]
 # The CPU runs the layer's PyTorch path and has no triton for torch.compile: one tiny case, in
@@ -85,6 +90,23 @@ def batch(case, device, i):
     return x.to(torch.bfloat16) if case.precision == "bf16" else x, target
 
 
+def torchao_float8(model, recipe, device):
+    """model with its blocks' Linears in torchao's float8 training (recipe: tensorwise or rowwise;
+    emulated off CUDA). The head stays as it is: its 1000 outputs are not a multiple of 16, which
+    torch._scaled_mm needs."""
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    except ImportError as e:
+        raise RuntimeError("the torchao rows need torchao (pip install torchao)") from e
+    config = Float8LinearConfig.from_recipe_name(recipe)
+    if device.type != "cuda":
+        config = dataclasses.replace(config, emulate=True)
+
+    def eligible(module, fqn):
+        return isinstance(module, nn.Linear) and module.in_features % 16 == 0 and module.out_features % 16 == 0
+    return convert_to_float8_training(model, config=config, module_filter_fn=eligible)
+
+
 @contextlib.contextmanager
 def precision_flags(precision):
     """TF32 on for tf32 alone, and the global flags as they were afterwards."""
@@ -109,6 +131,8 @@ class Row:
             if not reports:
                 print(report)
             reports.append(report)
+        if name.startswith("torchao"):
+            module = torchao_float8(module, "rowwise" if "rowwise" in name else "tensorwise", device)
         self.call = torch.compile(module) if name.endswith("compile") else module
         self.opt = torch.optim.AdamW(module.parameters(), fused=device.type == "cuda")
         losses = [self.step(*batch(case, device, i)).detach() for i in range(PARITY_STEPS)]
@@ -222,9 +246,12 @@ def run(args, argv):
     cases = args.step_case or (CASES if cuda else [CPU_CASE])
     if not cuda and any(c.precision == "tf32" for c in cases):
         raise SystemExit("cutlass_fused.bench: --step-case tf32 needs a GPU; the CPU runs amp-bf16, bf16 and f32")
+    rows = tuple(dict.fromkeys(args.step_row)) if args.step_row else (ROWS if cuda else CPU_ROWS)
+    if not cuda and any(r.endswith("compile") for r in rows):
+        raise SystemExit("cutlass_fused.bench: the --step-row compile rows need a GPU (no torch.compile on the CPU)")
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    result = measure(cases, ROWS if cuda else CPU_ROWS, device, args.rounds, argv, out_dir)
+    result = measure(cases, rows, device, args.rounds, argv, out_dir)
     print(table(result))
     if not cuda:
         print("On the CPU the fused layer runs PyTorch ops and torch.compile is not run: the rows check that "
@@ -260,7 +287,7 @@ def plot(result, path):
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, case in zip(axes[0], cases):
         sel = [r for r in rows if case_of(r) == case]
-        bars = ax.bar(range(len(sel)), [r["ms"] for r in sel], color=[colors[ROWS.index(r["impl"])] for r in sel])
+        bars = ax.bar(range(len(sel)), [r["ms"] for r in sel], color=[colors[ALL_ROWS.index(r["impl"]) % len(colors)] for r in sel])
         ax.bar_label(bars, labels=[f"{r['ms']:.2f}" + (f"\n{r['vs_eager']:.2f}x" if r["vs_eager"] else "")
                                    for r in sel], fontsize=6)
         ax.set_ylim(0, 1.25 * max(r["ms"] for r in sel))

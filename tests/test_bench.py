@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from torch import nn
 
 import cutlass_fused
 from cutlass_fused import bench
@@ -194,6 +195,40 @@ def test_bench_step_fails_when_the_fused_row_fails(tmp_path, monkeypatch):
     rows = json.loads((tmp_path / "step.json").read_text())["rows"]
     assert [(r["impl"], r["error"]) for r in rows] == [("eager", None), ("fused", "RuntimeError: cannot fuse")]
     assert rows[0]["ms"] > 0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchao") is not None, reason="torchao is installed here")
+def test_bench_step_torchao_row_without_torchao(tmp_path):
+    """Issue 33's anchor rows where torchao is missing: a row with an error saying what to install;
+    the other rows are measured."""
+    assert bench.main(["--step-case", "f32,16,32,1", "--step-row", "eager", "--step-row", "torchao-float8",
+                       "--out", str(tmp_path)]) == 0
+    rows = {r["impl"]: r for r in json.loads((tmp_path / "step.json").read_text())["rows"]}
+    assert list(rows) == ["eager", "torchao-float8"] and rows["eager"]["ms"] > 0
+    assert rows["torchao-float8"]["error"] == "RuntimeError: the torchao rows need torchao (pip install torchao)"
+
+
+def test_bench_step_torchao_row(tmp_path):
+    """torchao's float8 training of the blocks' Linears (emulated off CUDA) trains like eager to FP8's
+    rounding, and leaves the head (1000 outputs: not a multiple of 16) alone."""
+    pytest.importorskip("torchao.float8")
+    from cutlass_fused import bench_step
+    from torchao.float8.float8_linear import Float8Linear
+    device = torch.device("cuda" if CUDA else "cpu")
+    case = bench_step.Case("f32", 16, 32, 2, "relu")
+    model = bench_step.torchao_float8(bench_step.mlp(case, device), "tensorwise", device)
+    assert [type(m) for m in model.modules() if isinstance(m, nn.Linear)] == [Float8Linear] * 2 + [nn.Linear]
+    assert bench.main(["--step-case", "f32,16,32,2", "--step-row", "eager", "--step-row", "torchao-float8",
+                       "--out", str(tmp_path)]) == 0
+    rows = {r["impl"]: r for r in json.loads((tmp_path / "step.json").read_text())["rows"]}
+    assert rows["torchao-float8"]["error"] is None and rows["torchao-float8"]["ms"] > 0
+    assert 0 < rows["torchao-float8"]["loss_parity"] < 5e-2  # e4m3's rounding, not a different model
+
+
+@pytest.mark.skipif(CUDA, reason="the CPU refusal of compile rows")
+def test_bench_step_cpu_refuses_compile_rows(tmp_path):
+    with pytest.raises(SystemExit, match="compile rows need a GPU"):
+        bench.main(["--step-row", "torchao-float8+compile", "--out", str(tmp_path)])
 
 
 @pytest.mark.parametrize("bad", ["f32,64,64", "f16,64,64,2", "f32,64,64,2,tanh", "f32,1,64,2", "f32,64,0,2",
