@@ -19,6 +19,7 @@ eager on the CPU, and exits 0. The default run (no --shape, --sweep, --dtype, --
 import argparse
 import contextlib
 import copy
+import dataclasses
 import datetime
 import json
 import os
@@ -29,6 +30,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch import nn
 
 import cutlass_fused
 from cutlass_fused.seed import SeedModel
@@ -37,10 +39,13 @@ DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "tf32": torch.float32, "
 SHAPES = [(128, 1024, 512), (1024, 8192, 8192), (16384, 4096, 4096), (4096, 4096, 4096)]
 SWEEP = [128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 MODES = ("train", "eval", "fwdbwd")
-IMPLS = ("torch.mm", "eager", "compile", "compile-max-autotune", "cutlass_fused", "cutlass_fused-frozen")
+IMPLS = ("torch.mm", "eager", "compile", "compile-max-autotune", "cutlass_fused", "cutlass_fused-frozen",
+         "torchao-float8", "torchao-float8+compile")
 # cutlass_fused-frozen: ours inside cutlass_fused.frozen_weights() (the eval fold and fp32's weight
-# split kept between calls), on a copy of the layer of its own; asked for by --impl only.
-DEFAULT_IMPLS = IMPLS[:-1]
+# split kept between calls), on a copy of the layer of its own; the torchao rows: the unfused model
+# with torchao's float8 training of its Linear (issue 33's anchor; torchao is not a dependency).
+# Asked for by --impl only.
+DEFAULT_IMPLS = IMPLS[:5]
 GEMMS = {"train": 1, "eval": 1, "fwdbwd": 3}
 # Error floor of the correctness check: one output rounding step of an O(1) value.
 FLOOR = {"bf16": 2e-2, "f16": 3e-3, "tf32": 2e-3, "f32": 1e-5}
@@ -137,6 +142,27 @@ def graphed(fn):
     return g.replay
 
 
+def torchao_float8(model, recipe, device):
+    """model with its Linears in torchao's float8 training (issue 33's anchor; recipe: tensorwise or
+    rowwise; emulated off CUDA), those whose sizes are multiples of 16, as torch._scaled_mm needs:
+    the step benchmark's 1000-way head stays as it is. Raises where none is."""
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+        from torchao.float8.float8_linear import Float8Linear
+    except ImportError as e:
+        raise RuntimeError("the torchao rows need torchao (pip install torchao)") from e
+    config = Float8LinearConfig.from_recipe_name(recipe)
+    if device.type != "cuda":
+        config = dataclasses.replace(config, emulate=True)
+
+    def eligible(module, fqn):
+        return isinstance(module, nn.Linear) and module.in_features % 16 == 0 and module.out_features % 16 == 0
+    model = convert_to_float8_training(model, config=config, module_filter_fn=eligible)
+    if not any(isinstance(m, Float8Linear) for m in model.modules()):
+        raise RuntimeError("torchao's float8 training needs Linear sizes that are multiples of 16; none is here")
+    return model
+
+
 class Case:
     """One shape and precision: the models, the inputs and a callable per (impl, mode)."""
 
@@ -173,7 +199,10 @@ class Case:
             mode = "max-autotune-no-cudagraphs" if impl == "compile-max-autotune" else "default"
             model = SeedModel(*self.shape[1:]).to(self.device, self.seed.gemm.weight.dtype)
             model.load_state_dict(self.seed.state_dict())
-            self.compiled[impl] = (model, torch.compile(model, mode=mode, dynamic=False))
+            if impl.startswith("torchao"):
+                model = torchao_float8(model, "tensorwise", self.device)
+            call = torch.compile(model, mode=mode, dynamic=False) if impl.endswith("compile") else model
+            self.compiled[impl] = (model, call)
         return self.compiled[impl]
 
     def fn(self, impl, mode):

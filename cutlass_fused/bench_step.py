@@ -16,7 +16,6 @@ import argparse
 import collections
 import contextlib
 import copy
-import dataclasses
 import json
 import statistics
 import sys
@@ -90,23 +89,6 @@ def batch(case, device, i):
     return x.to(torch.bfloat16) if case.precision == "bf16" else x, target
 
 
-def torchao_float8(model, recipe, device):
-    """model with its blocks' Linears in torchao's float8 training (recipe: tensorwise or rowwise;
-    emulated off CUDA). The head stays as it is: its 1000 outputs are not a multiple of 16, which
-    torch._scaled_mm needs."""
-    try:
-        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-    except ImportError as e:
-        raise RuntimeError("the torchao rows need torchao (pip install torchao)") from e
-    config = Float8LinearConfig.from_recipe_name(recipe)
-    if device.type != "cuda":
-        config = dataclasses.replace(config, emulate=True)
-
-    def eligible(module, fqn):
-        return isinstance(module, nn.Linear) and module.in_features % 16 == 0 and module.out_features % 16 == 0
-    return convert_to_float8_training(model, config=config, module_filter_fn=eligible)
-
-
 @contextlib.contextmanager
 def precision_flags(precision):
     """TF32 on for tf32 alone, and the global flags as they were afterwards."""
@@ -132,7 +114,7 @@ class Row:
                 print(report)
             reports.append(report)
         if name.startswith("torchao"):
-            module = torchao_float8(module, "rowwise" if "rowwise" in name else "tensorwise", device)
+            module = bench.torchao_float8(module, "rowwise" if "rowwise" in name else "tensorwise", device)
         self.call = torch.compile(module) if name.endswith("compile") else module
         self.opt = torch.optim.AdamW(module.parameters(), fused=device.type == "cuda")
         losses = [self.step(*batch(case, device, i)).detach() for i in range(PARITY_STEPS)]

@@ -216,13 +216,24 @@ def test_bench_step_torchao_row(tmp_path):
     from torchao.float8.float8_linear import Float8Linear
     device = torch.device("cuda" if CUDA else "cpu")
     case = bench_step.Case("f32", 16, 32, 2, "relu")
-    model = bench_step.torchao_float8(bench_step.mlp(case, device), "tensorwise", device)
+    model = bench.torchao_float8(bench_step.mlp(case, device), "tensorwise", device)
     assert [type(m) for m in model.modules() if isinstance(m, nn.Linear)] == [Float8Linear] * 2 + [nn.Linear]
     assert bench.main(["--step-case", "f32,16,32,2", "--step-row", "eager", "--step-row", "torchao-float8",
                        "--out", str(tmp_path)]) == 0
     rows = {r["impl"]: r for r in json.loads((tmp_path / "step.json").read_text())["rows"]}
     assert rows["torchao-float8"]["error"] is None and rows["torchao-float8"]["ms"] > 0
     assert 0 < rows["torchao-float8"]["loss_parity"] < 5e-2  # e4m3's rounding, not a different model
+
+
+def test_bench_torchao_layer_rows(tmp_path):
+    """The layer benchmark's torchao rows: the unfused model with torchao's float8 Linear; a shape
+    it cannot take (features not a multiple of 16) is a skipped row, not a bf16 one."""
+    pytest.importorskip("torchao.float8")
+    args = ["--shape", "64,32,48", "--shape", "64,32,40", "--mode", "train", "--impl", "torch.mm", "--impl",
+            "torchao-float8", "--out", str(tmp_path)] + ([] if CUDA else ["--dtype", "f32"])
+    assert bench.main(args) == 0
+    rows = [r for r in json.loads((tmp_path / "results.json").read_text())["rows"] if r["impl"] == "torchao-float8"]
+    assert [r["shape"] for r in rows] == [[64, 32, 48]] and rows[0]["ms"] > 0
 
 
 @pytest.mark.skipif(CUDA, reason="the CPU refusal of compile rows")
