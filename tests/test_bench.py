@@ -215,10 +215,10 @@ def test_bench_step_torchao_row(tmp_path):
     from cutlass_fused import bench_step
     from torchao.float8.float8_linear import Float8Linear
     device = torch.device("cuda" if CUDA else "cpu")
-    case = bench_step.Case("f32", 16, 32, 2, "relu")
+    case = bench_step.Case("bf16", 16, 32, 2, "relu")  # bf16: what torchao's float8 GEMMs take on a GPU
     model = bench.torchao_float8(bench_step.mlp(case, device), "tensorwise", device)
     assert [type(m) for m in model.modules() if isinstance(m, nn.Linear)] == [Float8Linear] * 2 + [nn.Linear]
-    assert bench.main(["--step-case", "f32,16,32,2", "--step-row", "eager", "--step-row", "torchao-float8",
+    assert bench.main(["--step-case", "bf16,16,32,2", "--step-row", "eager", "--step-row", "torchao-float8",
                        "--out", str(tmp_path)]) == 0
     rows = {r["impl"]: r for r in json.loads((tmp_path / "step.json").read_text())["rows"]}
     assert rows["torchao-float8"]["error"] is None and rows["torchao-float8"]["ms"] > 0
