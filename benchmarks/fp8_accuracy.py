@@ -13,12 +13,13 @@ Rows, each y = BatchNorm1d((x W^T + b) * scale) in training mode from the same b
 Each line: max and rms |y - y64| over the seeds' outputs, and the max against torchao tensorwise's.
 """
 import argparse
-import dataclasses
+import importlib.util
 import math
 
 import torch
 
 import cutlass_fused
+from cutlass_fused import bench
 from cutlass_fused.seed import SeedModel
 
 CPU_SHAPES = [(512, 256, 128)]
@@ -26,19 +27,11 @@ GPU_SHAPES = [(4096, 4096, 4096), (16384, 4096, 4096)]
 
 
 def torchao_row(recipe, device):
-    """A function (seed model in bf16, x) -> y through torchao's float8 Linear, or None without torchao."""
-    try:
-        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-    except ImportError:
+    """A function (seed model in bf16, x) -> y through torchao's float8 Linear (the bench's anchor,
+    cutlass_fused.bench.torchao_float8), or None without torchao."""
+    if importlib.util.find_spec("torchao") is None:
         return None
-    config = Float8LinearConfig.from_recipe_name(recipe)
-    if device.type != "cuda":
-        config = dataclasses.replace(config, emulate=True)
-
-    def run(seed, x):
-        convert_to_float8_training(seed, config=config)
-        return seed(x)
-    return run
+    return lambda seed, x: bench.torchao_float8(seed, recipe, device)(x)
 
 
 def main():
