@@ -23,9 +23,10 @@ from codegen.kernels import KERNELS, Kernel
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "csrc" / "generated"
-_DTYPES = ("bf16", "f16", "tf32", "f32x3")  # the structs of csrc/kernels/gemm/dtype.cuh
+_DTYPES = ("bf16", "f16", "tf32", "f32x3", "e4m3")  # the structs of csrc/kernels/gemm/dtype.cuh
 _SCHEDULES = {"TmaWarpSpecializedCooperative": "gemm::Cooperative",  # csrc/kernels/gemm/sm90_kernel.cuh
-              "TmaWarpSpecializedPingpong": "gemm::Pingpong"}
+              "TmaWarpSpecializedPingpong": "gemm::Pingpong",
+              "TmaWarpSpecializedCooperativeFP8FastAccum": "gemm::CooperativeFP8FastAccum"}
 
 
 def _shape(kind: str, dims) -> str:
@@ -46,6 +47,10 @@ def check_row(k: Kernel) -> None:
         bad(f"no template csrc/{k.header} for family {k.family}, mode {k.mode}")
     if k.promote and not (k.family == "sm90" and k.dtype == "f32x3"):
         bad("promote is for the sm90 f32x3 mainloop only")
+    if k.schedule.endswith("FP8FastAccum") and k.dtype != "e4m3":
+        bad("the FP8 fast-accumulation schedule is for e4m3 rows only")
+    if k.dtype == "e4m3" and (k.family, k.mode) != ("sm90", "stats"):
+        bad("e4m3 rows are sm90 statistics kernels (the training forward) only")
     if k.family == "sm90":
         if k.schedule not in _SCHEDULES:
             bad(f"schedule {k.schedule!r} is none of {', '.join(_SCHEDULES)}")

@@ -11,7 +11,8 @@ tile, warp tile, stages), and a line of csrc/generated/kernels.inc.
 Fields
   family   "sm90" (TMA warp-specialized, sm90a) or "sm80" (mma.sync, runs on sm80+)
   dtype    "bf16", "f16", "tf32" (fp32 in/out, TF32 math), "f32x3" (fp32, 3xTF32 math:
-           in-kernel on sm80; on sm90 TF32 math over split operands, with promotion)
+           in-kernel on sm80; on sm90 TF32 math over split operands, with promotion),
+           "e4m3" (FP8 operands, bf16 bias and h; sm90 stats only)
   mode     "eval"   y = (acc + b)*a + c, nothing else (fp16: h and z = h*s rounded
                     to fp16 on the way, as the unfused model rounds them; also the
                     sm80 training GEMM, followed by our column-statistics kernel)
@@ -23,8 +24,9 @@ Fields
                     (features, batch, K)
   tile     CTA tile (M, N, K)
   cluster  sm90 cluster shape
-  schedule sm90 kernel schedule: "TmaWarpSpecializedCooperative" or
-           "TmaWarpSpecializedPingpong" (csrc/kernels/gemm/sm90_kernel.cuh)
+  schedule sm90 kernel schedule: "TmaWarpSpecializedCooperative",
+           "TmaWarpSpecializedPingpong" or, for e4m3, "TmaWarpSpecializedCooperativeFP8FastAccum"
+           (csrc/kernels/gemm/sm90_kernel.cuh)
   warps    sm80 warp count (M, N, K)
   stages   sm80 mainloop stages (sm90 carves out what the epilogue leaves)
   epi_tile sm90 epilogue tile (M, N); None is EpilogueTileAuto
@@ -62,6 +64,8 @@ class Kernel:
         tail = f"c{c}" if self.family == "sm90" else f"s{self.stages}"
         if self.schedule == "TmaWarpSpecializedPingpong":
             tail += "_pingpong"
+        if self.schedule.endswith("FP8FastAccum"):
+            tail += "_fastacc"
         if self.promote:
             tail += f"_p{self.promote}"
         return f"{self.family}_{self.dtype}_{self.mode}_{t}_{tail}"
@@ -162,6 +166,14 @@ _SM90 += [Kernel("sm90", "f32x3", "eval", (128, 128, 32), (1, 2, 1), promote=p) 
 # the pair sharing the x tile (kept as a candidate) and 1293 / 8645 for no
 # cluster (H100, benchmarks/stats_ab.py; NOTES.md v0.12).
 _SM90 += [Kernel("sm90", "f32x3", "stats", (128, 128, 32), c, promote=8) for c in ((1, 2, 1), (2, 1, 1))]
+
+# FP8 (issue 33): the training GEMM over e4m3 x and W. The promoted mainloop keeps a second
+# accumulator: a compile probe (docs/decisions.md, "FP8") saw it spill at 128x256 cooperative and
+# at 128x128 ping-pong, not at 128x128 cooperative, the default here; fast accumulation at bf16's
+# statistics tile and cluster is the candidate to measure against it. K tiles of 128 bytes, as
+# bf16's 64.
+_SM90 += [Kernel("sm90", "e4m3", "stats", (128, 128, 128), (1, 1, 1)),
+          Kernel("sm90", "e4m3", "stats", (128, 256, 128), (2, 1, 1), "TmaWarpSpecializedCooperativeFP8FastAccum")]
 
 # sm80: the tile cutlass_cppgen picks by default for bf16 (256x128x64, 4 warps
 # of 64x64, 3 stages), known to run correctly on Hopper too. fp32 kernels use

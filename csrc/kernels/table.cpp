@@ -43,6 +43,7 @@ char const* to_string(KernelDtype d) {
     case KernelDtype::f16: return "f16";
     case KernelDtype::tf32: return "tf32";
     case KernelDtype::f32x3: return "f32x3";
+    case KernelDtype::e4m3: return "e4m3";
   }
   return "?";
 }

@@ -11,7 +11,7 @@ enum class DType { bf16, f16, f32 };
 // (so the enumerators are the generator's words).
 enum class Family { sm90, sm80 };
 // The GEMM's math: tf32 is fp32 data with TF32 math; f32x3 is fp32 without TF32 (3xTF32).
-enum class KernelDtype { bf16, f16, tf32, f32x3 };
+enum class KernelDtype { bf16, f16, tf32, f32x3, e4m3 };
 // eval: out = ((x W^T) + b) * a + c. stats: the operands swapped (W x^T, i.e. h row-major),
 // plus per-CTA sums of h and h^2 for the training tail.
 enum class Mode { eval, stats };

@@ -33,6 +33,14 @@ struct Pingpong {
   using Kernel = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
   using Epilogue = cutlass::epilogue::TmaWarpSpecialized;
 };
+// FP8 operands: Cooperative's schedule builds CUTLASS's promoted FP8 mainloop (a second fp32
+// accumulator the MMAs' sums are added into every mma_promotion_interval k-steps); this one
+// accumulates in the tensor cores alone (fast accumulation), which the issue takes only where
+// measured safe.
+struct CooperativeFP8FastAccum {
+  using Kernel = cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8FastAccum;
+  using Epilogue = cutlass::epilogue::TmaWarpSpecializedCooperative;
+};
 
 // The mainloop CollectiveBuilder chose, as the kernel runs it. 3xTF32 runs the TF32
 // mainloop (over operands the binding split, K tripled) with accumulator promotion:
@@ -55,7 +63,9 @@ template <class Dtype, class TileShape, class ClusterShape, class EpilogueTile, 
           class Evt>
 struct Sm90Kernel {
   using Element = typename Dtype::Element;
+  using Operand = typename Dtype::Operand;
   static constexpr int Alignment = kAlignment<Dtype>;
+  static constexpr int OperandAlignment = kOperandAlignment<Dtype>;
 
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
@@ -70,8 +80,8 @@ struct Sm90Kernel {
   using CollectiveMainloop = typename Sm90Mainloop<
       Dtype, typename cutlass::gemm::collective::CollectiveBuilder<
                  cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
-                 Element, cutlass::layout::RowMajor, Alignment,
-                 Element, cutlass::layout::ColumnMajor, Alignment,
+                 Operand, cutlass::layout::RowMajor, OperandAlignment,
+                 Operand, cutlass::layout::ColumnMajor, OperandAlignment,
                  float,
                  TileShape, ClusterShape,
                  cutlass::gemm::collective::StageCountAutoCarveout<
