@@ -273,6 +273,17 @@ TORCH_LIBRARY(cutlass_fused, m) {
       " float? momentum, float eps, str family, bool cache=False, str activation=\"none\","
       " float negative_slope=0.01, ScalarType? output_dtype=None)"
       " -> (Tensor y, Tensor h, Tensor stats, Tensor mean, Tensor invstd)");
+  // FP8 (issue 33): the training op over e4m3 x and W that the caller scaled and rounded (x8 = x s_x,
+  // W8 = W s_w, powers of two), given bias / alpha and scale * alpha (alpha = 1 / (s_x s_w)): h =
+  // x8 W8^T + bias in bf16, then as the training op with a bf16 x, so y, the statistics and the
+  // running stats are the layer's (BN cancels alpha but in eps, which scale * alpha carries). No
+  // autograd: its caller differentiates around it. A separate op, so that the training op's
+  // contract (autocast, autograd, h in x's dtype) stays as it is.
+  m.def(
+      "linear_scale_batch_norm_train_fp8(Tensor x, Tensor weight, Tensor? bias, Tensor scale, Tensor? bn_weight,"
+      " Tensor? bn_bias, Tensor(a!)? running_mean, Tensor(b!)? running_var, Tensor(c!)? num_batches_tracked,"
+      " float? momentum, float eps, str family, str activation=\"none\", float negative_slope=0.01)"
+      " -> (Tensor y, Tensor h, Tensor stats, Tensor mean, Tensor invstd)");
   m.def(
       "update_running_stats(Tensor stats, Tensor scale, SymInt count, Tensor(a!) running_mean, Tensor(b!) running_var,"
       " Tensor? num_batches_tracked, float? momentum) -> ()");

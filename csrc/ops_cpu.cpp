@@ -247,10 +247,31 @@ at::Tensor matmul_cpu(at::Tensor const& a, at::Tensor const& b, c10::string_view
 
 }  // namespace
 
+// The FP8 training op on the CPU: e4m3 values are exact in bfloat16, so the training op over
+// their bf16 copies computes what the e4m3 GEMM does, to its accumulation order.
+TrainOut linear_scale_batch_norm_train_fp8_cpu(at::Tensor const& x, at::Tensor const& weight,
+                                               c10::optional<at::Tensor> const& bias, at::Tensor const& scale,
+                                               c10::optional<at::Tensor> const& bn_weight,
+                                               c10::optional<at::Tensor> const& bn_bias,
+                                               c10::optional<at::Tensor> const& running_mean,
+                                               c10::optional<at::Tensor> const& running_var,
+                                               c10::optional<at::Tensor> const& num_batches_tracked,
+                                               c10::optional<double> momentum, double eps, c10::string_view family,
+                                               c10::string_view activation, double negative_slope) {
+  check_linear_args(x, weight, bias, scale);
+  TORCH_CHECK(x.scalar_type() == at::kFloat8_e4m3fn, "cutlass_fused: expected input and weight to be float8_e4m3fn, ",
+              "but got ", x.scalar_type());
+  auto b = bias.has_value() ? c10::optional<at::Tensor>(bias->to(at::kBFloat16)) : c10::nullopt;
+  return linear_scale_batch_norm_train_cpu(x.to(at::kBFloat16), weight.to(at::kBFloat16), b, scale, bn_weight, bn_bias,
+                                           running_mean, running_var, num_batches_tracked, momentum, eps, family,
+                                           false, activation, negative_slope, c10::nullopt);
+}
+
 TORCH_LIBRARY_IMPL(cutlass_fused, CPU, m) {
   m.impl("matmul", &matmul_cpu);
   m.impl("linear_stats", &linear_stats_cpu);
   m.impl("linear_scale_batch_norm_train", &linear_scale_batch_norm_train_cpu);
+  m.impl("linear_scale_batch_norm_train_fp8", &linear_scale_batch_norm_train_fp8_cpu);
   m.impl("batch_norm_finalize", &batch_norm_finalize_cpu);
   m.impl("update_running_stats", &update_running_stats_cpu);
   m.impl("batch_norm_backward", &batch_norm_backward_cpu);

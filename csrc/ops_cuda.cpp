@@ -130,10 +130,21 @@ void check_device(at::Tensor const& t, at::Device d, char const* name) {
   TORCH_CHECK(t.device() == d, "cutlass_fused: expected ", name, " to be on ", d, " like input, but got ", t.device());
 }
 
+// The GEMM's Element (of the bias and h): x's dtype, or bf16 beside e4m3 operands (gemm/dtype.cuh).
+at::ScalarType element_dtype(at::Tensor const& x) {
+  return x.scalar_type() == at::kFloat8_e4m3fn ? at::kBFloat16 : x.scalar_type();
+}
+
+// fp8: x and W in e4m3 (linear_scale_batch_norm_train_fp8), h and the rest in bf16.
 void check_gemm_inputs(at::Tensor const& x, at::Tensor const& weight, c10::optional<at::Tensor> const& bias,
-                       c10::optional<at::Tensor> const& scale) {
+                       c10::optional<at::Tensor> const& scale, bool fp8 = false) {
   check_linear_args(x, weight, bias, scale);
-  dtype_of(x.scalar_type(), "input");
+  if (fp8) {
+    TORCH_CHECK(x.scalar_type() == at::kFloat8_e4m3fn, "cutlass_fused: expected input and weight to be float8_e4m3fn, ",
+                "but got ", x.scalar_type());
+  } else {
+    dtype_of(x.scalar_type(), "input");
+  }
   // An empty batch is PyTorch's to run (the ops that take one return early); empty features are not.
   TORCH_CHECK(x.size(1) > 0 && weight.size(0) > 0,
               "cutlass_fused: expected non-empty input rows and weight, but got ", x.sizes(), " and ", weight.sizes());
@@ -171,7 +182,7 @@ Workspace run_gemm(Plan const& plan, at::Tensor const& x, at::Tensor const& weig
               to_string(info.dtype), " ", to_string(info.mode),
               " kernel; rebuild with that architecture in CUTLASS_FUSED_CUDA_ARCHS");
   auto ops = operands(x, weight, g.kn, g.split, cache);
-  auto b = bias_vector(bias, x.scalar_type(), g.kn);
+  auto b = bias_vector(bias, element_dtype(x), g.kn);
   GemmEvtArgs p;
   // Swapped (stats kernels): the weight is the A operand (kn rows), x the B operand, h^T the
   // column-major D.
@@ -217,8 +228,9 @@ Workspace run_gemm(Plan const& plan, at::Tensor const& x, at::Tensor const& weig
 
 // h = x W^T + b, padded rows (ops.h), through the plan's GEMM with no epilogue vectors.
 std::pair<at::Tensor, Workspace> linear_h(Plan const& plan, at::Tensor const& x, at::Tensor const& weight,
-                                          c10::optional<at::Tensor> const& bias, bool cache) {
-  auto h = empty_padded(x.size(0), weight.size(0), x.options());
+                                          c10::optional<at::Tensor> const& bias, bool cache,
+                                          c10::optional<at::ScalarType> h_dt = c10::nullopt) {
+  auto h = empty_padded(x.size(0), weight.size(0), x.options().dtype(h_dt.value_or(x.scalar_type())));
   poison(h);
   auto ws = run_gemm(plan, x, weight, bias, {}, h, cache);
   return {h, ws};
@@ -359,27 +371,26 @@ void update_running_stats_cuda(at::Tensor const& stats, at::Tensor const& scale,
 
 // The training forward: the plan's GEMM (the statistics GEMM where it fills the GPU), then one
 // kernel for everything after it (csrc/kernels/batch_norm.h, batch_norm_train).
-TrainOut linear_scale_batch_norm_train_cuda(at::Tensor const& x, at::Tensor const& weight,
-                                            c10::optional<at::Tensor> const& bias, at::Tensor const& scale,
-                                            c10::optional<at::Tensor> const& bn_weight,
-                                            c10::optional<at::Tensor> const& bn_bias,
-                                            c10::optional<at::Tensor> const& running_mean,
-                                            c10::optional<at::Tensor> const& running_var,
-                                            c10::optional<at::Tensor> const& num_batches_tracked,
-                                            c10::optional<double> momentum, double eps, c10::string_view family,
-                                            bool cache, c10::string_view activation, double negative_slope,
-                                            c10::optional<at::ScalarType> output_dtype_) {
-  check_gemm_inputs(x, weight, bias, scale);
+// fp8: x and W in e4m3 (linear_scale_batch_norm_train_fp8), h, y and the BN part as bf16's.
+TrainOut train_cuda(at::Tensor const& x, at::Tensor const& weight, c10::optional<at::Tensor> const& bias,
+                    at::Tensor const& scale, c10::optional<at::Tensor> const& bn_weight,
+                    c10::optional<at::Tensor> const& bn_bias, c10::optional<at::Tensor> const& running_mean,
+                    c10::optional<at::Tensor> const& running_var,
+                    c10::optional<at::Tensor> const& num_batches_tracked, c10::optional<double> momentum,
+                    double eps, c10::string_view family, bool cache, c10::string_view activation,
+                    double negative_slope, c10::optional<at::ScalarType> output_dtype_, bool fp8) {
+  check_gemm_inputs(x, weight, bias, scale, fp8);
+  auto xt = element_dtype(x);  // h's dtype
   int64_t m = x.size(0), n = weight.size(0);
   check_batch(m, n);
   Activation act = activation_of(activation);
-  auto y_dt = y_dtype(x.scalar_type(), scale.scalar_type(), output_dtype_);
+  auto y_dt = y_dtype(xt, scale.scalar_type(), output_dtype_);
   auto dev = x.device();
   check_running_args(running_mean, running_var, num_batches_tracked, momentum);
   // Every device checked before the guard, which refuses a CPU device in its own words.
   if (bn_weight.has_value()) check_device(*bn_weight, dev, "bn_weight");
   if (bn_bias.has_value()) check_device(*bn_bias, dev, "bn_bias");
-  auto out_dtype = output_dtype(x.scalar_type(), scale.scalar_type());
+  auto out_dtype = output_dtype(xt, scale.scalar_type());
   auto rm_d = dense(running_mean), rv_d = dense(running_var);
   TrainArgs t{};
   if (running_mean.has_value()) {
@@ -389,15 +400,16 @@ TrainOut linear_scale_batch_norm_train_cuda(at::Tensor const& x, at::Tensor cons
   }
   check_num_batches_tracked(num_batches_tracked, dev);
   c10::cuda::CUDAGuard guard(dev);
-  Problem pr = problem(Op::train, m, n, x.size(1), x.scalar_type(), out_dtype != x.scalar_type(), family, dev);
+  Problem pr = problem(Op::train, m, n, x.size(1), xt, out_dtype != xt, family, dev);
   pr.cumulative = !momentum.has_value();
+  pr.fp8 = fp8;
   // h (padded rows) and y (contiguous) are fresh: 16-byte groups wherever n allows them.
-  pr.groups16 = n % (16 / static_cast<int64_t>(c10::elementSize(x.scalar_type()))) == 0;
+  pr.groups16 = n % (16 / static_cast<int64_t>(c10::elementSize(xt))) == 0;
   Plan plan = planned(pr);
-  auto [h, ws] = linear_h(plan, x, weight, bias, cache);
+  auto [h, ws] = linear_h(plan, x, weight, bias, cache, xt);
   auto scale_d = dense(scale), bn_weight_d = dense(bn_weight), bn_bias_d = dense(bn_bias);  // alive until the launch
   // The kernels write y in h's dtype or fp32; another requested dtype is a cast of h * scale's.
-  bool direct = y_dt == x.scalar_type() || y_dt == at::kFloat;
+  bool direct = y_dt == xt || y_dt == at::kFloat;
   auto out = normalized(h, *scale_d, m, bn_weight_d, bn_bias_d, eps, direct ? y_dt : out_dtype);
   out.a.act = act;
   out.a.slope = static_cast<float>(negative_slope);
@@ -424,6 +436,33 @@ TrainOut linear_scale_batch_norm_train_cuda(at::Tensor const& x, at::Tensor cons
   write_back(running_mean, rm_d);
   write_back(running_var, rv_d);
   return {direct ? out.y : out.y.to(y_dt), h, stats, out.mean, out.invstd};
+}
+
+TrainOut linear_scale_batch_norm_train_cuda(at::Tensor const& x, at::Tensor const& weight,
+                                            c10::optional<at::Tensor> const& bias, at::Tensor const& scale,
+                                            c10::optional<at::Tensor> const& bn_weight,
+                                            c10::optional<at::Tensor> const& bn_bias,
+                                            c10::optional<at::Tensor> const& running_mean,
+                                            c10::optional<at::Tensor> const& running_var,
+                                            c10::optional<at::Tensor> const& num_batches_tracked,
+                                            c10::optional<double> momentum, double eps, c10::string_view family,
+                                            bool cache, c10::string_view activation, double negative_slope,
+                                            c10::optional<at::ScalarType> output_dtype_) {
+  return train_cuda(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked,
+                    momentum, eps, family, cache, activation, negative_slope, output_dtype_, false);
+}
+
+TrainOut linear_scale_batch_norm_train_fp8_cuda(at::Tensor const& x, at::Tensor const& weight,
+                                                c10::optional<at::Tensor> const& bias, at::Tensor const& scale,
+                                                c10::optional<at::Tensor> const& bn_weight,
+                                                c10::optional<at::Tensor> const& bn_bias,
+                                                c10::optional<at::Tensor> const& running_mean,
+                                                c10::optional<at::Tensor> const& running_var,
+                                                c10::optional<at::Tensor> const& num_batches_tracked,
+                                                c10::optional<double> momentum, double eps, c10::string_view family,
+                                                c10::string_view activation, double negative_slope) {
+  return train_cuda(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked,
+                    momentum, eps, family, false, activation, negative_slope, c10::nullopt, true);
 }
 
 // The backward's kernel arguments for dy and h, with the tensors they point into (dense copies
@@ -621,6 +660,7 @@ TORCH_LIBRARY_IMPL(cutlass_fused, CUDA, m) {
   m.impl("matmul", &matmul_cuda);
   m.impl("linear_stats", &linear_stats_cuda);
   m.impl("linear_scale_batch_norm_train", &linear_scale_batch_norm_train_cuda);
+  m.impl("linear_scale_batch_norm_train_fp8", &linear_scale_batch_norm_train_fp8_cuda);
   m.impl("batch_norm_finalize", &batch_norm_finalize_cuda);
   m.impl("update_running_stats", &update_running_stats_cuda);
   m.impl("batch_norm_backward", &batch_norm_backward_cuda);

@@ -335,3 +335,47 @@ def test_accuracy_script_runs():
         assert "torchao tensorwise   skipped (torchao is not installed)" in r.stdout
     else:
         assert rms["ours fp8"] < 2 * rms["torchao tensorwise"], r.stdout
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+def test_fp8_op_folds_the_scales(device):
+    """linear_scale_batch_norm_train_fp8 over e4m3 x8 = x s_x and W8 = W s_w, given bias / alpha
+    and scale * alpha (alpha = 1 / (s_x s_w), a power of two), computes the emulated FP8 layer's y,
+    running stats and alpha h: BatchNorm cancels alpha but in eps, which scale * alpha carries
+    (issue 33). Bit for bit on the CPU; on a GPU with the e4m3 kernels, within the accumulation
+    order's rounding of h."""
+    from cutlass_fused import fp8
+    from cutlass_fused.ops import ops
+    if device == "cuda":
+        from codegen.kernels import KERNELS
+        if torch.cuda.get_device_capability() != (9, 0) or not any(k.dtype == "e4m3" for k in KERNELS):
+            pytest.skip("the e4m3 kernels: an sm90 GPU and a build with the e4m3 rows")
+    torch.manual_seed(0)
+    m, k, n = 64, 48, 40
+    x = (4 * torch.randn(m, k)).to(device, torch.bfloat16)
+    w = (torch.randn(n, k) / 7).to(device, torch.bfloat16)
+    b, scale = torch.randn(n, device=device).bfloat16(), torch.empty(n, device=device).uniform_(0.5, 2).bfloat16()
+    bn_w, bn_b = torch.randn(n, device=device), torch.randn(n, device=device)
+    s_x, s_w = fp8.scale_of(x), fp8.scale_of(w)
+    alpha = 1 / (s_x * s_w)
+    stats = lambda: (torch.zeros(n, device=device), torch.ones(n, device=device), torch.tensor(0, device=device))
+    rm_e, rv_e, nbt_e = stats()
+    y_e, h_e, st_e, mean_e, inv_e = ops.linear_scale_batch_norm_train(
+        fp8.round_with_scale(x, s_x), fp8.round_with_scale(w, s_w), b, scale, bn_w, bn_b, rm_e, rv_e, nbt_e, 0.1,
+        1e-5, "auto")
+    rm_8, rv_8, nbt_8 = stats()
+    y_8, h_8, st_8, mean_8, inv_8 = ops.linear_scale_batch_norm_train_fp8(
+        fp8.quantize(x, s_x), fp8.quantize(w, s_w), (b / alpha).bfloat16(), (scale * alpha).bfloat16(), bn_w, bn_b,
+        rm_8, rv_8, nbt_8, 0.1, 1e-5, "auto")
+    assert h_8.dtype == torch.bfloat16 and y_8.dtype == y_e.dtype and int(nbt_8) == 1
+    if device == "cpu":
+        assert torch.equal(y_8, y_e)
+        assert torch.equal(h_8.float() * alpha, h_e.float())
+        assert torch.equal(st_8 * torch.stack([alpha, alpha * alpha]).double()[:, None], st_e)
+        assert torch.equal(mean_8 * alpha.double(), mean_e) and torch.equal(inv_8, inv_e)
+        assert torch.equal(rm_8, rm_e) and torch.equal(rv_8, rv_e)
+    else:
+        # One bf16 rounding of h apart at most: y by BN's gain times h's step.
+        torch.testing.assert_close(h_8.float() * alpha, h_e.float(), rtol=2 ** -7, atol=1e-3)
+        torch.testing.assert_close(y_8, y_e, rtol=2e-2, atol=5e-2)
+        torch.testing.assert_close(rm_8, rm_e, rtol=1e-2, atol=1e-3)

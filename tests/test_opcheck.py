@@ -123,3 +123,32 @@ def test_kernel_names_are_the_tables_rows():
     assert sorted(names) == sorted(k.name for k in KERNELS if k.family in families)
     if CUDA:
         assert "sm80" in families
+
+
+def fp8_devices():
+    """The FP8 op's devices: the CPU, and a GPU of the sm90 family in a build with the e4m3 rows."""
+    if not CUDA or torch.cuda.get_device_capability() != (9, 0):
+        return ["cpu"]
+    return ["cpu"] + (["cuda"] if any(k.dtype == "e4m3" for k in KERNELS) else [])
+
+
+@pytest.mark.parametrize("device", fp8_devices())
+def test_linear_scale_batch_norm_train_fp8(device):
+    # K a multiple of 16 (e4m3's 16-byte rows) and M, N of 8: no padding of the operands.
+    x, w, v = samples(device, torch.float32, m=8, k=16, n=16)
+    x8, w8 = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
+    rm, rv = v(), v().abs() + 1
+    args = (x8, w8, v(), v(), v(), v(), rm, rv, torch.tensor(3, device=device), 0.1, 1e-5, "auto")
+    # Not test_schema: it multiplies the inputs, which float8 tensors do not support; the schema's
+    # mutations are checked below instead.
+    torch.library.opcheck(ops.linear_scale_batch_norm_train_fp8, args,
+                          test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_static",
+                                      "test_aot_dispatch_dynamic"))
+    before = [t.clone() for t in args[:8]]
+    versions = [rm._version, rv._version]
+    ops.linear_scale_batch_norm_train_fp8(*args)
+    assert rm._version > versions[0] and rv._version > versions[1]
+    assert not torch.equal(rm, before[6]) and not torch.equal(rv, before[7])
+    for t, b in zip(args[:6], before[:6]):  # the inputs the schema says are read only
+        assert torch.equal(t.view(torch.uint8), b.view(torch.uint8)) if t.dtype == torch.float8_e4m3fn \
+            else torch.equal(t, b)

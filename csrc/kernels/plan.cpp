@@ -184,7 +184,9 @@ bool stats_gemm(Problem const& p, Family family, KernelDtype math, int64_t kn, G
   if (!p.overrides.stats_gemm) return false;
   // Features are the kernel's M, the batch its N.
   auto const* info = find_kernel(family, math, Mode::stats, kn, p.m, p.k, p.sm_count, p.overrides.kernel);
-  if (info == nullptr || cta_count(*info, kn, p.m) < std::max(1, p.sm_count / 2)) return false;
+  // e4m3 has no eval kernel to fall back on: its statistics GEMM runs whatever the grid.
+  if (info == nullptr || (math != KernelDtype::e4m3 && cta_count(*info, kn, p.m) < std::max(1, p.sm_count / 2)))
+    return false;
   g.kernel = info;
   g.kn = kn;
   g.swapped = true;
@@ -339,13 +341,26 @@ Plan make_plan(Problem const& p) {
               : p.x == DType::f16 ? KernelDtype::f16
               : p.allow_tf32      ? KernelDtype::tf32
                                   : KernelDtype::f32x3;
+  if (p.fp8) {
+    // e4m3 operands (issue 33): the sm90 statistics GEMMs only, with h and the tail in bf16.
+    if (p.op != Op::train || p.x != DType::bf16)
+      throw std::runtime_error("cutlass_fused: e4m3 operands are taken by the training op only, with h in bfloat16");
+    if (plan.family != Family::sm90)
+      throw std::runtime_error("cutlass_fused: e4m3 operands need the sm90 family (Hopper's FP8 tensor cores)");
+    plan.math = KernelDtype::e4m3;
+  }
   // Both families need N to be a multiple of 16 bytes (sm80 stores whole vectors, sm90's
   // can_implement rejects D otherwise): the kernel computes kn columns, from zero weight rows,
   // into the padded rows of h.
   int64_t kn = round_up(p.n, 16 / bytes_of(p.x));
   switch (p.op) {
     case Op::train:
-      if (!stats_gemm(p, plan.family, plan.math, kn, plan.gemm)) plan.gemm = eval_gemm(p, plan.family, plan.math, kn);
+      if (!stats_gemm(p, plan.family, plan.math, kn, plan.gemm)) {
+        if (p.fp8)
+          throw std::runtime_error("cutlass_fused: e4m3 operands need the statistics GEMM (no eval kernel takes them): "
+                                   "stats_gemm may not be overridden off, and this build must have an sm90 e4m3 row");
+        plan.gemm = eval_gemm(p, plan.family, plan.math, kn);
+      }
       plan.tail = pick_tail(p, &plan.pieces);
       if (plan.tail != Tail::slab) plan.pieces = 0;
       break;
