@@ -177,3 +177,58 @@ class DelayedState:
         self.history.copy_(torch.cat([amax[None], self.history[:-1]]))
         reduced = self.history.amax(0) if recipe.amax_compute_algo == "max" else self.history[0]
         self.scale.copy_(scale_from_amax(reduced, recipe.margin, self.scale))
+
+
+class _TrainE4M3(torch.autograd.Function):
+    """The training op over e4m3 operands (ops.linear_scale_batch_norm_train_fp8), differentiated
+    as the emulated path is: x and W straight through their rounding, the backward in h's bf16 over
+    the dequantized operands. The op computes h' = h / alpha (alpha = 1 / (s_x s_w)) and normalizes
+    with scale * alpha, so its BN backward's dh' is alpha dh and its dscale' is dscale / alpha, both
+    exact (powers of two): the gradients are the emulated path's."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, scale, bn_weight, bn_bias, s_x, s_w, rest):
+        from .ops import ops
+        running_mean, running_var, num_batches_tracked, momentum, eps, family, activation, slope = rest
+        alpha = 1 / (s_x * s_w)
+        x8, w8 = quantize(x, s_x), quantize(weight, s_w)
+        b = None if bias is None else (bias / alpha).to(torch.bfloat16)
+        sc = (scale * alpha).to(scale.dtype)
+        y, h, _, mean, invstd = ops.linear_scale_batch_norm_train_fp8(
+            x8, w8, b, sc, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, momentum, eps, family,
+            activation, slope)
+        ctx.save_for_backward(x8, w8, h, mean, invstd, sc, bn_weight, bn_bias, s_x, s_w)
+        ctx.eps, ctx.activation, ctx.slope = eps, activation, slope
+        ctx.dtypes = x.dtype, weight.dtype, None if bias is None else bias.dtype, scale.dtype
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        from .ops import ops
+        x8, w8, h, mean, invstd, sc, bn_weight, bn_bias, s_x, s_w = ctx.saved_tensors
+        alpha = 1 / (s_x * s_w)
+        if dy.dtype not in (h.dtype, torch.float32):
+            dy = dy.float()
+        dh, dsc, dgamma, dbeta = ops.batch_norm_backward(dy.contiguous(), h, mean, invstd, sc, bn_weight, ctx.eps, bn_bias,
+                                                         ctx.activation, ctx.slope)
+        dh = (dh.float() / alpha).to(h.dtype)  # exact: a power of two
+        x_dt, w_dt, b_dt, s_dt = ctx.dtypes
+        dx = dw = db = None
+        if ctx.needs_input_grad[0]:
+            dx = (dh @ (w8.to(h.dtype) / s_w.to(h.dtype))).to(x_dt)
+        if ctx.needs_input_grad[1]:
+            dw = (dh.t() @ (x8.to(h.dtype) / s_x.to(h.dtype))).to(w_dt)
+        if ctx.needs_input_grad[2]:
+            db = (dsc * 0).to(b_dt)  # exactly zero, NaN where the column's statistics are not finite
+        dscale = (dsc * alpha).to(s_dt) if ctx.needs_input_grad[3] else None
+        return dx, dw, db, dscale, dgamma, dbeta, None, None, None
+
+
+def train_e4m3(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, momentum,
+               eps, family, activation="none", negative_slope=0.01, margin=0):
+    """y of the training op with x and W rounded to e4m3 under current scaling, through the e4m3
+    kernels (on the CPU, the op's bf16 reference): the emulated path's values and gradients
+    (tests/test_fp8.py). bf16 x and W; no autocast, output_dtype or delayed scaling yet."""
+    s_x, s_w = scale_of(x, margin), scale_of(weight, margin)
+    rest = (running_mean, running_var, num_batches_tracked, momentum, eps, family, activation, negative_slope)
+    return _TrainE4M3.apply(x, weight, bias, scale, bn_weight, bn_bias, s_x, s_w, rest)

@@ -379,3 +379,42 @@ def test_fp8_op_folds_the_scales(device):
         torch.testing.assert_close(h_8.float() * alpha, h_e.float(), rtol=2 ** -7, atol=1e-3)
         torch.testing.assert_close(y_8, y_e, rtol=2e-2, atol=5e-2)
         torch.testing.assert_close(rm_8, rm_e, rtol=1e-2, atol=1e-3)
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+@pytest.mark.parametrize("activation", ["none", "relu"])
+def test_train_e4m3_is_the_emulated_path(device, activation):
+    """fp8.train_e4m3 (the e4m3 op, with the autograd around it) against the emulated FP8 path
+    (cutlass_fused.linear_scale_batch_norm with fp8=Float8Recipe()): y, the running stats and every
+    gradient bit for bit on the CPU; on a GPU with the e4m3 kernels, within h's accumulation order."""
+    from cutlass_fused import fp8
+    if device == "cuda":
+        from codegen.kernels import KERNELS
+        if torch.cuda.get_device_capability() != (9, 0) or not any(k.dtype == "e4m3" for k in KERNELS):
+            pytest.skip("the e4m3 kernels: an sm90 GPU and a build with the e4m3 rows")
+    torch.manual_seed(1)
+    m, k, n = 96, 64, 48
+    base = {"x": 3 * torch.randn(m, k), "weight": torch.randn(n, k) / 8, "bias": torch.randn(n),
+            "scale": torch.empty(n).uniform_(0.5, 2), "bn_weight": torch.randn(n), "bn_bias": torch.randn(n)}
+    dy = torch.randn(m, n).to(device, torch.bfloat16)
+    runs = {}
+    for path in ("emulated", "e4m3"):
+        t = {name: v.to(device, torch.bfloat16).requires_grad_() for name, v in base.items()}
+        rm, rv = torch.zeros(n, device=device, dtype=torch.bfloat16), torch.ones(n, device=device, dtype=torch.bfloat16)
+        if path == "emulated":
+            y = cutlass_fused.linear_scale_batch_norm(t["x"], t["weight"], t["bias"], t["scale"], t["bn_weight"],
+                                                      t["bn_bias"], rm, rv, True, 0.1, 1e-5,
+                                                      activation=None if activation == "none" else activation,
+                                                      fp8=cutlass_fused.Float8Recipe(emulate=True))
+        else:
+            y = fp8.train_e4m3(t["x"], t["weight"], t["bias"], t["scale"], t["bn_weight"], t["bn_bias"], rm, rv,
+                               None, 0.1, 1e-5, "auto", activation)
+        y.backward(dy)
+        runs[path] = {"y": y.detach(), "running_mean": rm, "running_var": rv,
+                      **{f"d{name}": v.grad for name, v in t.items()}}
+    for key, want in runs["emulated"].items():
+        got = runs["e4m3"][key]
+        if device == "cpu":
+            assert torch.equal(got, want), key
+        else:
+            torch.testing.assert_close(got.float(), want.float(), rtol=3e-2, atol=5e-2, msg=key)
