@@ -69,13 +69,22 @@ class Float8Recipe:
         return self.scaling == "delayed"
 
 
+def e4m3_kernels(device):
+    """Whether this build runs e4m3 GEMMs on `device`: the sm90 family's e4m3 rows, on compute
+    capability 9.0 (the kernels are built for sm_90a)."""
+    from .ops import ops
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) != (9, 0):
+        return False
+    return any("_e4m3_" in name for name in ops.kernel_names())
+
+
 def check(recipe, device):
     """`recipe` as the layer takes it (None or a Float8Recipe), refused where it cannot run."""
     if recipe is None:
         return None
     if not isinstance(recipe, Float8Recipe):
         raise TypeError(f"cutlass_fused: expected fp8 to be None or a cutlass_fused.Float8Recipe, but got {recipe!r}")
-    if device.type == "cuda" and not recipe.emulate:
+    if device.type == "cuda" and not recipe.emulate and not e4m3_kernels(device):
         raise RuntimeError("cutlass_fused: fp8 needs e4m3 GEMM kernels, which this build does not have (issue 33); "
                            "Float8Recipe(emulate=True) runs the same rounding through the 16-bit kernels, without "
                            "FP8's speed")
@@ -217,7 +226,11 @@ class _TrainE4M3(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             dx = (dh @ (w8.to(h.dtype) / s_w.to(h.dtype))).to(x_dt)
         if ctx.needs_input_grad[1]:
-            dw = (dh.t() @ (x8.to(h.dtype) / s_x.to(h.dtype))).to(w_dt)
+            xq = x8.to(h.dtype) / s_x.to(h.dtype)
+            # A wider weight (fp32 under autocast): the product rounded once to it on CUDA, as the
+            # training op's backward makes it (autograd.cpp, mm_to_fp32); elsewhere a cast.
+            wide = w_dt != h.dtype and dh.is_cuda and hasattr(torch.ops.aten.mm, "dtype")
+            dw = torch.ops.aten.mm.dtype(dh.t(), xq, w_dt) if wide else (dh.t() @ xq).to(w_dt)
         if ctx.needs_input_grad[2]:
             db = (dsc * 0).to(b_dt)  # exactly zero, NaN where the column's statistics are not finite
         dscale = (dsc * alpha).to(s_dt) if ctx.needs_input_grad[3] else None
@@ -228,7 +241,10 @@ def train_e4m3(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running
                eps, family, activation="none", negative_slope=0.01, margin=0):
     """y of the training op with x and W rounded to e4m3 under current scaling, through the e4m3
     kernels (on the CPU, the op's bf16 reference): the emulated path's values and gradients
-    (tests/test_fp8.py). bf16 x and W; no autocast, output_dtype or delayed scaling yet."""
+    (tests/test_fp8.py). x and W in bf16, or fp32 under bf16 autocast; y in h * scale's dtype."""
     s_x, s_w = scale_of(x, margin), scale_of(weight, margin)
     rest = (running_mean, running_var, num_batches_tracked, momentum, eps, family, activation, negative_slope)
-    return _TrainE4M3.apply(x, weight, bias, scale, bn_weight, bn_bias, s_x, s_w, rest)
+    # Under autocast the op runs below it: e4m3 x and W are autocast's, and the emulated path's
+    # bf16 casts of x, W and the bias are exact there too (e4m3 values, a bf16 bias / alpha).
+    with torch.autocast(x.device.type, enabled=False):
+        return _TrainE4M3.apply(x, weight, bias, scale, bn_weight, bn_bias, s_x, s_w, rest)

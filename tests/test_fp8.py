@@ -418,3 +418,45 @@ def test_train_e4m3_is_the_emulated_path(device, activation):
             assert torch.equal(got, want), key
         else:
             torch.testing.assert_close(got.float(), want.float(), rtol=3e-2, atol=5e-2, msg=key)
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+@pytest.mark.parametrize("amp", [False, True], ids=["bf16", "autocast"])
+def test_module_e4m3_path_is_the_emulated_one(device, amp):
+    """LinearScaleBatchNorm1d(fp8=Float8Recipe()) in training runs the e4m3 op (fp8.train_e4m3; on
+    the CPU its bf16 reference) and gives what fp8=Float8Recipe(emulate=True) gives: y, the running
+    stats and the gradients, bit for bit on the CPU; in bf16 and under bf16 autocast."""
+    from cutlass_fused import fp8
+    if device == "cuda" and not fp8.e4m3_kernels(torch.device("cuda")):
+        pytest.skip("the e4m3 kernels: an sm90 GPU and a build with the e4m3 rows")
+    torch.manual_seed(2)
+    dtype = torch.float32 if amp else torch.bfloat16
+    layers = {}
+    for emulate in (True, False):
+        torch.manual_seed(2)
+        layer = cutlass_fused.LinearScaleBatchNorm1d(64, 48, activation="relu", device=device, dtype=dtype,
+                                                     fp8=cutlass_fused.Float8Recipe(emulate=emulate))
+        with torch.no_grad():
+            layer.scale.uniform_(0.5, 2)
+        layers[emulate] = layer
+    x = (3 * torch.randn(96, 64)).to(device, dtype)
+    calls = []
+    orig = fp8._TrainE4M3.apply
+    out = {}
+    for emulate, layer in layers.items():
+        xs = x.clone().requires_grad_()
+        fp8._TrainE4M3.apply = lambda *a: (calls.append(emulate), orig(*a))[1]
+        try:
+            with torch.autocast(device, dtype=torch.bfloat16, enabled=amp):
+                y = layer(xs)
+        finally:
+            fp8._TrainE4M3.apply = orig
+        y.float().square().sum().backward()
+        out[emulate] = [y.detach(), layer.bn.running_mean, layer.bn.running_var, xs.grad,
+                        *[p.grad for p in layer.parameters()]]
+    assert calls == [False]  # the e4m3 op ran for emulate=False alone
+    for got, want in zip(out[False], out[True]):
+        if device == "cpu":
+            assert torch.equal(got, want)
+        else:
+            torch.testing.assert_close(got.float(), want.float(), rtol=3e-2, atol=5e-2)
