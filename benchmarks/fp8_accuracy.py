@@ -5,8 +5,8 @@ torchao float8's), against the unquantized float64 model on the same inputs.
 
 Rows, each y = BatchNorm1d((x W^T + b) * scale) in training mode from the same bf16 weights and x:
 - bf16: our layer in bf16 (no FP8);
-- ours fp8: our layer with Float8Recipe() (per-tensor current scaling, power-of-two scales; emulated
-  on the 16-bit kernels, as the e4m3 kernels are not built);
+- ours fp8: our layer with Float8Recipe() (per-tensor current scaling, power-of-two scales): the
+  e4m3 kernels where fp8.e4m3_kernels finds them, else emulated on the 16-bit kernels;
 - torchao tensorwise / rowwise: the unfused model in bf16 with its Linear converted by
   torchao.float8.convert_to_float8_training (emulate=True off CUDA), BatchNorm as PyTorch's.
   Skipped where torchao is not installed (pip install torchao; on the GPU machine, carry its wheel).
@@ -40,7 +40,7 @@ def main():
     ap.add_argument("--seeds", type=int, default=3)
     args = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    emulate = device.type == "cuda"
+    emulate = device.type == "cuda" and not cutlass_fused.fp8.e4m3_kernels(device)
     rows = {"bf16": None, "ours fp8": None, "torchao tensorwise": torchao_row("tensorwise", device),
             "torchao rowwise": torchao_row("rowwise", device)}
     for m, k, n in args.shape or (GPU_SHAPES if device.type == "cuda" else CPU_SHAPES):

@@ -284,6 +284,11 @@ TORCH_LIBRARY(cutlass_fused, m) {
       " Tensor? bn_bias, Tensor(a!)? running_mean, Tensor(b!)? running_var, Tensor(c!)? num_batches_tracked,"
       " float? momentum, float eps, str family, str activation=\"none\", float negative_slope=0.01)"
       " -> (Tensor y, Tensor h, Tensor stats, Tensor mean, Tensor invstd)");
+  // FP8 current scaling (issue 33): t rounded to e4m3 under the power-of-two scale that maps its
+  // amax into (224, 448] (less `margin` powers of two; 1 where the amax is 0 or not finite), and
+  // that scale (0-dim fp32), as cutlass_fused/fp8.py's scale_of and quantize compute them: one op,
+  // so that CUDA measures the amax and casts in two passes with no host sync.
+  m.def("quantize_e4m3(Tensor t, int margin=0) -> (Tensor t8, Tensor scale)");
   m.def(
       "update_running_stats(Tensor stats, Tensor scale, SymInt count, Tensor(a!) running_mean, Tensor(b!) running_var,"
       " Tensor? num_batches_tracked, float? momentum) -> ()");

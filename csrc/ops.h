@@ -1,6 +1,8 @@
 // Shared by the binding files: argument checks and the padded-row contract.
 #pragma once
 
+#include <limits>
+
 #include <ATen/ATen.h>
 
 #include "kernels/plan.h"
@@ -56,6 +58,13 @@ DType dtype_of(at::ScalarType t, char const* name);
 // start as NaN (tests).
 Overrides current_overrides();
 bool poison_outputs();
+
+// Tests turn poisoning on (cutlass_fused.overrides(poison=True), or $CUTLASS_FUSED_POISON=1 at
+// import) so that every output of a CUDA kernel starts as NaN and an element it forgot to write
+// cannot pass as a plausible value.
+inline void poison(at::Tensor& t) {
+  if (poison_outputs()) t.fill_(std::numeric_limits<double>::quiet_NaN());
+}
 
 // "auto", "sm90" or "sm80": checked on every device, so that the CPU path refuses what CUDA does.
 void check_family(c10::string_view family);

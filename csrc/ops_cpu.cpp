@@ -267,11 +267,28 @@ TrainOut linear_scale_batch_norm_train_fp8_cpu(at::Tensor const& x, at::Tensor c
                                            false, activation, negative_slope, c10::nullopt);
 }
 
+// FP8 current scaling on the CPU: cutlass_fused/fp8.py's scale_of and quantize, op for op (its
+// 448 / amax is torch's amax.reciprocal() * 448), so that both backends and the emulated path
+// round alike.
+std::tuple<at::Tensor, at::Tensor> quantize_e4m3_cpu(at::Tensor const& t, int64_t margin) {
+  TORCH_CHECK(at::isFloatingType(t.scalar_type()) && c10::elementSize(t.scalar_type()) > 1,
+              "cutlass_fused: expected t to be a 16-, 32- or 64-bit floating-point tensor, but got ", t.scalar_type());
+  auto amax = t.numel() == 0 ? at::zeros({}, t.options().dtype(at::kFloat)) : t.abs().amax().to(at::kFloat);
+  auto usable = at::isfinite(amax).logical_and(amax.gt(0));
+  auto ratio = at::where(usable, amax, at::ones_like(amax)).reciprocal().mul(448.0);
+  auto exponent = at::floor(at::log2(ratio)).sub(margin).clamp(-126, 126);
+  auto scale = at::where(usable, at::exp2(exponent), at::ones({}, amax.options()));
+  auto v = t.to(at::promote_types(t.scalar_type(), at::kFloat)).mul(scale);
+  v = at::where(at::isfinite(v), v.clamp(-448, 448), at::full_like(v, std::numeric_limits<double>::quiet_NaN()));
+  return {v.to(at::kFloat8_e4m3fn).contiguous(), scale};
+}
+
 TORCH_LIBRARY_IMPL(cutlass_fused, CPU, m) {
   m.impl("matmul", &matmul_cpu);
   m.impl("linear_stats", &linear_stats_cpu);
   m.impl("linear_scale_batch_norm_train", &linear_scale_batch_norm_train_cpu);
   m.impl("linear_scale_batch_norm_train_fp8", &linear_scale_batch_norm_train_fp8_cpu);
+  m.impl("quantize_e4m3", &quantize_e4m3_cpu);
   m.impl("batch_norm_finalize", &batch_norm_finalize_cpu);
   m.impl("update_running_stats", &update_running_stats_cpu);
   m.impl("batch_norm_backward", &batch_norm_backward_cpu);

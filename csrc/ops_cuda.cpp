@@ -17,6 +17,7 @@
 #include "kernels/limits.h"
 #include "kernels/plan.h"
 #include "eval_fold_cuda.h"
+#include "fp8_cuda.h"
 #include "ops.h"
 #include "tf32x3_cuda.h"
 
@@ -50,13 +51,6 @@ Plan planned(Problem const& p) {
   } catch (std::exception const& e) {
     TORCH_CHECK(false, e.what());
   }
-}
-
-// Tests turn poisoning on (cutlass_fused.overrides(poison=True), or $CUTLASS_FUSED_POISON=1 at
-// import) so that every output starts as NaN and an element a kernel forgot to write cannot
-// pass as a plausible value.
-void poison(at::Tensor& t) {
-  if (poison_outputs()) t.fill_(std::numeric_limits<double>::quiet_NaN());
 }
 
 // A 16-byte aligned, unit-stride operand whose row length is a multiple of 16
@@ -661,6 +655,7 @@ TORCH_LIBRARY_IMPL(cutlass_fused, CUDA, m) {
   m.impl("linear_stats", &linear_stats_cuda);
   m.impl("linear_scale_batch_norm_train", &linear_scale_batch_norm_train_cuda);
   m.impl("linear_scale_batch_norm_train_fp8", &linear_scale_batch_norm_train_fp8_cuda);
+  m.impl("quantize_e4m3", &quantize_e4m3_cuda);
   m.impl("batch_norm_finalize", &batch_norm_finalize_cuda);
   m.impl("update_running_stats", &update_running_stats_cuda);
   m.impl("batch_norm_backward", &batch_norm_backward_cuda);

@@ -69,13 +69,20 @@ class Float8Recipe:
         return self.scaling == "delayed"
 
 
+_E4M3_KERNELS = {}  # device index -> e4m3_kernels' answer (a layer asks on every training call)
+
+
 def e4m3_kernels(device):
     """Whether this build runs e4m3 GEMMs on `device`: the sm90 family's e4m3 rows, on compute
     capability 9.0 (the kernels are built for sm_90a)."""
     from .ops import ops
-    if device.type != "cuda" or torch.cuda.get_device_capability(device) != (9, 0):
+    if device.type != "cuda":
         return False
-    return any("_e4m3_" in name for name in ops.kernel_names())
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _E4M3_KERNELS:
+        _E4M3_KERNELS[index] = (torch.cuda.get_device_capability(index) == (9, 0)
+                                and any("_e4m3_" in name for name in ops.kernel_names()))
+    return _E4M3_KERNELS[index]
 
 
 def check(recipe, device):
@@ -192,15 +199,18 @@ class _TrainE4M3(torch.autograd.Function):
     """The training op over e4m3 operands (ops.linear_scale_batch_norm_train_fp8), differentiated
     as the emulated path is: x and W straight through their rounding, the backward in h's bf16 over
     the dequantized operands. The op computes h' = h / alpha (alpha = 1 / (s_x s_w)) and normalizes
-    with scale * alpha, so its BN backward's dh' is alpha dh and its dscale' is dscale / alpha, both
-    exact (powers of two): the gradients are the emulated path's."""
+    with scale * alpha, so its BN backward's dh' is alpha dh and its dscale' is dscale / alpha.
+    The powers of two then move onto the small operands: dX = dh Wq = dh' (W8 s_x) and
+    dW = dh^T xq = s_w (dh'^T x8), exact as long as nothing leaves fp32's and bf16's normal range,
+    so the gradients are the emulated path's with no pass over dh or a dequantized x."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, scale, bn_weight, bn_bias, s_x, s_w, rest):
+    def forward(ctx, x, weight, bias, scale, bn_weight, bn_bias, margin, rest):
         from .ops import ops
         running_mean, running_var, num_batches_tracked, momentum, eps, family, activation, slope = rest
+        x8, s_x = ops.quantize_e4m3(x, margin)
+        w8, s_w = ops.quantize_e4m3(weight, margin)
         alpha = 1 / (s_x * s_w)
-        x8, w8 = quantize(x, s_x), quantize(weight, s_w)
         b = None if bias is None else (bias / alpha).to(torch.bfloat16)
         sc = (scale * alpha).to(scale.dtype)
         y, h, _, mean, invstd = ops.linear_scale_batch_norm_train_fp8(
@@ -215,36 +225,35 @@ class _TrainE4M3(torch.autograd.Function):
     def backward(ctx, dy):
         from .ops import ops
         x8, w8, h, mean, invstd, sc, bn_weight, bn_bias, s_x, s_w = ctx.saved_tensors
-        alpha = 1 / (s_x * s_w)
         if dy.dtype not in (h.dtype, torch.float32):
             dy = dy.float()
         dh, dsc, dgamma, dbeta = ops.batch_norm_backward(dy.contiguous(), h, mean, invstd, sc, bn_weight, ctx.eps, bn_bias,
-                                                         ctx.activation, ctx.slope)
-        dh = (dh.float() / alpha).to(h.dtype)  # exact: a power of two
+                                                         ctx.activation, ctx.slope)  # dh' = alpha dh
         x_dt, w_dt, b_dt, s_dt = ctx.dtypes
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
-            dx = (dh @ (w8.to(h.dtype) / s_w.to(h.dtype))).to(x_dt)
+            dx = (dh @ (w8.to(h.dtype) * s_x.to(h.dtype))).to(x_dt)
         if ctx.needs_input_grad[1]:
-            xq = x8.to(h.dtype) / s_x.to(h.dtype)
+            x16 = x8.to(h.dtype)
             # A wider weight (fp32 under autocast): the product rounded once to it on CUDA, as the
             # training op's backward makes it (autograd.cpp, mm_to_fp32); elsewhere a cast.
             wide = w_dt != h.dtype and dh.is_cuda and hasattr(torch.ops.aten.mm, "dtype")
-            dw = torch.ops.aten.mm.dtype(dh.t(), xq, w_dt) if wide else (dh.t() @ xq).to(w_dt)
+            dw = torch.ops.aten.mm.dtype(dh.t(), x16, w_dt) if wide else (dh.t() @ x16).to(w_dt)
+            dw = dw * s_w.to(w_dt)
         if ctx.needs_input_grad[2]:
             db = (dsc * 0).to(b_dt)  # exactly zero, NaN where the column's statistics are not finite
-        dscale = (dsc * alpha).to(s_dt) if ctx.needs_input_grad[3] else None
-        return dx, dw, db, dscale, dgamma, dbeta, None, None, None
+        dscale = (dsc / (s_x * s_w)).to(s_dt) if ctx.needs_input_grad[3] else None
+        return dx, dw, db, dscale, dgamma, dbeta, None, None
 
 
 def train_e4m3(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, momentum,
                eps, family, activation="none", negative_slope=0.01, margin=0):
     """y of the training op with x and W rounded to e4m3 under current scaling, through the e4m3
     kernels (on the CPU, the op's bf16 reference): the emulated path's values and gradients
-    (tests/test_fp8.py). x and W in bf16, or fp32 under bf16 autocast; y in h * scale's dtype."""
-    s_x, s_w = scale_of(x, margin), scale_of(weight, margin)
+    (tests/test_fp8.py). x and W in bf16, or fp32 under bf16 autocast; y in h * scale's dtype.
+    ops.quantize_e4m3 measures each amax and casts (two passes over x, no host sync)."""
     rest = (running_mean, running_var, num_batches_tracked, momentum, eps, family, activation, negative_slope)
     # Under autocast the op runs below it: e4m3 x and W are autocast's, and the emulated path's
     # bf16 casts of x, W and the bias are exact there too (e4m3 values, a bf16 bias / alpha).
     with torch.autocast(x.device.type, enabled=False):
-        return _TrainE4M3.apply(x, weight, bias, scale, bn_weight, bn_bias, s_x, s_w, rest)
+        return _TrainE4M3.apply(x, weight, bias, scale, bn_weight, bn_bias, margin, rest)

@@ -236,17 +236,20 @@ def test_bench_torchao_layer_rows(tmp_path):
     assert [r["shape"] for r in rows] == [[64, 32, 48]] and rows[0]["ms"] > 0
 
 
-def test_bench_fp8_rows(tmp_path):
+def test_bench_fp8_rows(tmp_path, monkeypatch):
     """Our FP8 rows: fuse(model) with Float8Recipe() on every fused layer (step), ours with it (layer).
     On the CPU the e4m3 op's bf16 reference; on a GPU they need the e4m3 kernels."""
     from cutlass_fused import fp8
     if CUDA and not fp8.e4m3_kernels(torch.device("cuda")):
         pytest.skip("the e4m3 kernels: an sm90 GPU and a build with the e4m3 rows")
+    calls = []
+    orig = fp8._TrainE4M3.apply
+    monkeypatch.setattr(fp8._TrainE4M3, "apply", lambda *a: (calls.append(1), orig(*a))[1])
     assert bench.main(["--step-case", "bf16,32,48,2", "--step-row", "eager", "--step-row", "fused", "--step-row",
                        "fused-fp8", "--out", str(tmp_path)]) == 0
     rows = {r["impl"]: r for r in json.loads((tmp_path / "step.json").read_text())["rows"]}
     assert rows["fused-fp8"]["error"] is None and rows["fused-fp8"]["fused_layers"] == 2
-    assert rows["fused-fp8"]["loss_last"] != rows["fused"]["loss_last"]  # e4m3's rounding shows
+    assert calls, "the fused-fp8 row ran the e4m3 op"  # (its bf16 loss may round to fused's)
     assert rows["fused-fp8"]["loss_parity"] < 5e-2
     assert bench.main(["--shape", "64,32,48", "--dtype", "bf16", "--mode", "train", "--impl", "torch.mm", "--impl",
                        "cutlass_fused-fp8", "--out", str(tmp_path)]) == 0

@@ -152,3 +152,10 @@ def test_linear_scale_batch_norm_train_fp8(device):
     for t, b in zip(args[:6], before[:6]):  # the inputs the schema says are read only
         assert torch.equal(t.view(torch.uint8), b.view(torch.uint8)) if t.dtype == torch.float8_e4m3fn \
             else torch.equal(t, b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_quantize_e4m3(device, dtype):
+    t = 5 * torch.randn(7, 13, device=device, dtype=dtype)
+    torch.library.opcheck(ops.quantize_e4m3, (t, 1))

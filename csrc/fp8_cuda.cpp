@@ -1,0 +1,32 @@
+// FP8 current scaling on CUDA: one amax pass and one cast pass over t, no host sync.
+#include "fp8_cuda.h"
+
+#include <algorithm>
+
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "kernels/fp8_cast.h"
+#include "ops.h"
+
+namespace cutlass_fused {
+
+std::tuple<at::Tensor, at::Tensor> quantize_e4m3_cuda(at::Tensor const& t, int64_t margin) {
+  DType dt = dtype_of(t.scalar_type(), "t");
+  c10::cuda::CUDAGuard guard(t.device());
+  auto src = t.contiguous();
+  auto out = at::empty(src.sizes(), src.options().dtype(at::kFloat8_e4m3fn));
+  auto scale = at::empty({}, src.options().dtype(at::kFloat));
+  poison(out);
+  poison(scale);
+  auto amax = at::empty({}, src.options().dtype(at::kInt));
+  // Past +-252 the exponent saturates at +-126 whatever the margin (fp8.scale_from_amax's clamp),
+  // so a clamped margin gives the same scale and fits the kernel's int.
+  int m = static_cast<int>(std::clamp<int64_t>(margin, -1000, 1000));
+  quantize_e4m3(src.data_ptr(), dt, src.numel(), m, reinterpret_cast<unsigned*>(amax.data_ptr<int>()),
+                scale.data_ptr<float>(), reinterpret_cast<uint8_t*>(out.data_ptr()),
+                at::cuda::getCurrentCUDAStream().stream());
+  return {out, scale};
+}
+
+}  // namespace cutlass_fused

@@ -1,0 +1,13 @@
+// FP8 current scaling on CUDA (issue 33): the quantize_e4m3 op's kernel (csrc/kernels/fp8_cast.h).
+#pragma once
+
+#include <tuple>
+
+#include <ATen/ATen.h>
+
+namespace cutlass_fused {
+
+// (t rounded to e4m3 under its power-of-two scale, the scale as a 0-dim fp32 tensor).
+std::tuple<at::Tensor, at::Tensor> quantize_e4m3_cuda(at::Tensor const& t, int64_t margin);
+
+}  // namespace cutlass_fused

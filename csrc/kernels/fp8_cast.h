@@ -1,0 +1,24 @@
+// FP8 current scaling (issue 33), torch-free: a tensor's amax, its power-of-two scale and its
+// e4m3 values, in two passes (the scale needs the whole tensor's amax before any value rounds).
+//
+// The scale is cutlass_fused/fp8.py's scale_from_amax, in the same fp32 operations torch runs
+// (1 / amax times 448, log2f, floorf, the margin, the clamp to +-126, exp2f), so the CUDA op and the
+// emulated path round to the same e4m3 values: 1 where the amax is 0 or not finite. Each value is
+// rounded as fp8.quantize does: t * scale in fp32, saturated at +-448, NaN where not finite
+// (e4m3fn has no infinity).
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "kernels/types.h"
+
+namespace cutlass_fused {
+
+// out[i] = e4m3(t[i] * scale) for the n contiguous elements of t (bf16, f16 or f32); *scale
+// written as fp32. amax_bits is one 4-byte word of workspace, which this zeroes first.
+void quantize_e4m3(void const* t, DType dtype, int64_t n, int margin, unsigned* amax_bits, float* scale,
+                   uint8_t* out, cudaStream_t stream);
+
+}  // namespace cutlass_fused
