@@ -282,8 +282,8 @@ TORCH_LIBRARY(cutlass_fused, m) {
   m.def(
       "linear_scale_batch_norm_train_fp8(Tensor x, Tensor weight, Tensor? bias, Tensor scale, Tensor? bn_weight,"
       " Tensor? bn_bias, Tensor(a!)? running_mean, Tensor(b!)? running_var, Tensor(c!)? num_batches_tracked,"
-      " float? momentum, float eps, str family, str activation=\"none\", float negative_slope=0.01)"
-      " -> (Tensor y, Tensor h, Tensor stats, Tensor mean, Tensor invstd)");
+      " float? momentum, float eps, str family, str activation=\"none\", float negative_slope=0.01,"
+      " ScalarType? output_dtype=None) -> (Tensor y, Tensor h, Tensor stats, Tensor mean, Tensor invstd)");
   // FP8 current scaling (issue 33): t rounded to e4m3 under the power-of-two scale that maps its
   // amax into (224, 448] (less `margin` powers of two; 1 where the amax is 0 or not finite), and
   // that scale (0-dim fp32), as cutlass_fused/fp8.py's scale_of and quantize compute them: one op,

@@ -257,14 +257,15 @@ TrainOut linear_scale_batch_norm_train_fp8_cpu(at::Tensor const& x, at::Tensor c
                                                c10::optional<at::Tensor> const& running_var,
                                                c10::optional<at::Tensor> const& num_batches_tracked,
                                                c10::optional<double> momentum, double eps, c10::string_view family,
-                                               c10::string_view activation, double negative_slope) {
+                                               c10::string_view activation, double negative_slope,
+                                               c10::optional<at::ScalarType> output_dtype_) {
   check_linear_args(x, weight, bias, scale);
   TORCH_CHECK(x.scalar_type() == at::kFloat8_e4m3fn, "cutlass_fused: expected input and weight to be float8_e4m3fn, ",
               "but got ", x.scalar_type());
   auto b = bias.has_value() ? c10::optional<at::Tensor>(bias->to(at::kBFloat16)) : c10::nullopt;
   return linear_scale_batch_norm_train_cpu(x.to(at::kBFloat16), weight.to(at::kBFloat16), b, scale, bn_weight, bn_bias,
                                            running_mean, running_var, num_batches_tracked, momentum, eps, family,
-                                           false, activation, negative_slope, c10::nullopt);
+                                           false, activation, negative_slope, output_dtype_);
 }
 
 // FP8 current scaling on the CPU: cutlass_fused/fp8.py's scale_of and quantize, op for op (its

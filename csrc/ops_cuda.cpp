@@ -454,9 +454,10 @@ TrainOut linear_scale_batch_norm_train_fp8_cuda(at::Tensor const& x, at::Tensor 
                                                 c10::optional<at::Tensor> const& running_var,
                                                 c10::optional<at::Tensor> const& num_batches_tracked,
                                                 c10::optional<double> momentum, double eps, c10::string_view family,
-                                                c10::string_view activation, double negative_slope) {
+                                                c10::string_view activation, double negative_slope,
+                                                c10::optional<at::ScalarType> output_dtype_) {
   return train_cuda(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked,
-                    momentum, eps, family, false, activation, negative_slope, c10::nullopt, true);
+                    momentum, eps, family, false, activation, negative_slope, output_dtype_, true);
 }
 
 // The backward's kernel arguments for dy and h, with the tensors they point into (dense copies

@@ -207,7 +207,7 @@ class _TrainE4M3(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, scale, bn_weight, bn_bias, margin, rest):
         from .ops import ops
-        running_mean, running_var, num_batches_tracked, momentum, eps, family, activation, slope = rest
+        running_mean, running_var, num_batches_tracked, momentum, eps, family, activation, slope, output_dtype = rest
         x8, s_x = ops.quantize_e4m3(x, margin)
         w8, s_w = ops.quantize_e4m3(weight, margin)
         alpha = 1 / (s_x * s_w)
@@ -215,7 +215,7 @@ class _TrainE4M3(torch.autograd.Function):
         sc = (scale * alpha).to(scale.dtype)
         y, h, _, mean, invstd = ops.linear_scale_batch_norm_train_fp8(
             x8, w8, b, sc, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, momentum, eps, family,
-            activation, slope)
+            activation, slope, output_dtype)
         ctx.save_for_backward(x8, w8, h, mean, invstd, sc, bn_weight, bn_bias, s_x, s_w)
         ctx.eps, ctx.activation, ctx.slope = eps, activation, slope
         ctx.dtypes = x.dtype, weight.dtype, None if bias is None else bias.dtype, scale.dtype
@@ -247,12 +247,14 @@ class _TrainE4M3(torch.autograd.Function):
 
 
 def train_e4m3(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, momentum,
-               eps, family, activation="none", negative_slope=0.01, margin=0):
+               eps, family, activation="none", negative_slope=0.01, margin=0, output_dtype=None):
     """y of the training op with x and W rounded to e4m3 under current scaling, through the e4m3
     kernels (on the CPU, the op's bf16 reference): the emulated path's values and gradients
-    (tests/test_fp8.py). x and W in bf16, or fp32 under bf16 autocast; y in h * scale's dtype.
+    (tests/test_fp8.py). x and W in bf16, or fp32 under bf16 autocast; y in h * scale's dtype, or
+    output_dtype (rounded once from the fp32 value where the kernels write it, as the training op).
     ops.quantize_e4m3 measures each amax and casts (two passes over x, no host sync)."""
-    rest = (running_mean, running_var, num_batches_tracked, momentum, eps, family, activation, negative_slope)
+    rest = (running_mean, running_var, num_batches_tracked, momentum, eps, family, activation, negative_slope,
+            output_dtype)
     # Under autocast the op runs below it: e4m3 x and W are autocast's, and the emulated path's
     # bf16 casts of x, W and the bias are exact there too (e4m3 values, a bf16 bias / alpha).
     with torch.autocast(x.device.type, enabled=False):

@@ -108,12 +108,12 @@ class LinearScaleBatchNorm1d(nn.Module):
     def _runs_e4m3(self, x, use_batch_stats, output_dtype):
         """Whether this call runs the e4m3 training op (fp8.train_e4m3): a current-scaling recipe
         without emulate, training with batch statistics on one process, bf16 x and W (or fp32 under
-        bf16 autocast), y in its own dtype, on the CPU or where e4m3_kernels says. Other FP8 calls run
+        bf16 autocast), on the CPU or where e4m3_kernels says. Other FP8 calls run
         the emulated path: the same values at the 16-bit kernels' speed."""
         r, w = self.fp8, self.gemm.weight
         if r is None or r.emulate or r.delayed or not use_batch_stats or not self.bn.training:
             return False
-        if output_dtype is not None or should_sync(self.process_group, True):
+        if should_sync(self.process_group, True):
             return False
         if x.device.type == "cuda" and not e4m3_kernels(x.device):
             return False
@@ -135,7 +135,7 @@ class LinearScaleBatchNorm1d(nn.Module):
         if self._runs_e4m3(x, use_batch_stats, output_dtype):
             return train_e4m3(x, self.gemm.weight, self.gemm.bias, self.scale, bn.weight, bn.bias, running_mean,
                               running_var, nbt, bn.momentum, bn.eps, _family.current(), self.activation,
-                              self.negative_slope, self.fp8.margin)
+                              self.negative_slope, self.fp8.margin, output_dtype)
         x, weight = fp8_operands(x, self.gemm.weight, self.fp8, self._fp8_state(), update=self.training)
         if should_sync(self.process_group, bn.training):
             return sync_linear_scale_batch_norm(x, weight, self.gemm.bias, self.scale, bn.weight, bn.bias,

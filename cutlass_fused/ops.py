@@ -47,12 +47,12 @@ def _(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num
 
 @torch.library.register_fake("cutlass_fused::linear_scale_batch_norm_train_fp8")
 def _(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, momentum, eps,
-      family, activation="none", negative_slope=0.01):
+      family, activation="none", negative_slope=0.01, output_dtype=None):
     # As the training op's over bf16 x and W: h is bf16 beside e4m3 operands.
     h, stats = _linear_stats(x.new_empty(x.shape, dtype=torch.bfloat16),
                              weight.new_empty(weight.shape, dtype=torch.bfloat16), bias, family)
     y, mean, invstd = _finalize(h, stats, scale, x.shape[0], bn_weight, bn_bias, eps)
-    return y, h, stats, mean, invstd
+    return y if output_dtype is None else y.to(output_dtype), h, stats, mean, invstd
 
 
 @torch.library.register_fake("cutlass_fused::quantize_e4m3")

@@ -472,11 +472,13 @@ def test_train_e4m3_is_the_emulated_path(device, activation):
 
 
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
-@pytest.mark.parametrize("amp", [False, True], ids=["bf16", "autocast"])
-def test_module_e4m3_path_is_the_emulated_one(device, amp):
+@pytest.mark.parametrize("amp,y_dtype", [(False, None), (True, None), (True, torch.bfloat16)],
+                         ids=["bf16", "autocast", "autocast-bf16-y"])
+def test_module_e4m3_path_is_the_emulated_one(device, amp, y_dtype):
     """LinearScaleBatchNorm1d(fp8=Float8Recipe()) in training runs the e4m3 op (fp8.train_e4m3; on
     the CPU its bf16 reference) and gives what fp8=Float8Recipe(emulate=True) gives: y, the running
-    stats and the gradients, bit for bit on the CPU; in bf16 and under bf16 autocast."""
+    stats and the gradients, bit for bit on the CPU; in bf16, under bf16 autocast, and there with a
+    bf16 y (output_dtype, as fuse() sets where a block's users are Linears)."""
     from cutlass_fused import fp8
     if device == "cuda" and not fp8.e4m3_kernels(torch.device("cuda")):
         pytest.skip("the e4m3 kernels: an sm90 GPU and a build with the e4m3 rows")
@@ -486,6 +488,7 @@ def test_module_e4m3_path_is_the_emulated_one(device, amp):
     for emulate in (True, False):
         torch.manual_seed(2)
         layer = cutlass_fused.LinearScaleBatchNorm1d(64, 48, activation="relu", device=device, dtype=dtype,
+                                                     output_dtype=y_dtype,
                                                      fp8=cutlass_fused.Float8Recipe(emulate=emulate))
         with torch.no_grad():
             layer.scale.uniform_(0.5, 2)
@@ -506,6 +509,8 @@ def test_module_e4m3_path_is_the_emulated_one(device, amp):
         out[emulate] = [y.detach(), layer.bn.running_mean, layer.bn.running_var, xs.grad,
                         *[p.grad for p in layer.parameters()]]
     assert calls == [False]  # the e4m3 op ran for emulate=False alone
+    want_dtype = y_dtype or (torch.float32 if amp else torch.bfloat16)
+    assert out[False][0].dtype == out[True][0].dtype == want_dtype
     if device == "cpu":
         for got, want in zip(out[False], out[True]):
             assert torch.equal(got, want)
