@@ -107,8 +107,8 @@ class LinearScaleBatchNorm1d(nn.Module):
 
     def _runs_e4m3(self, x, use_batch_stats, output_dtype):
         """Whether this call runs the e4m3 training op (fp8.train_e4m3): a current-scaling recipe
-        without emulate, training with batch statistics on one process, bf16 x and W (or fp32 under
-        bf16 autocast), on the CPU or where e4m3_kernels says. Other FP8 calls run
+        without emulate, training with batch statistics on one process, bf16 x and W (or under bf16
+        autocast an fp32 W and an fp32 or bf16 x), on the CPU or where e4m3_kernels says. Other FP8 calls run
         the emulated path: the same values at the 16-bit kernels' speed."""
         r, w = self.fp8, self.gemm.weight
         if r is None or r.emulate or r.delayed or not use_batch_stats or not self.bn.training:
@@ -119,7 +119,9 @@ class LinearScaleBatchNorm1d(nn.Module):
             return False
         amp = torch.is_autocast_enabled(x.device.type)
         if amp:
-            return torch.get_autocast_dtype(x.device.type) == torch.bfloat16 and x.dtype == w.dtype == torch.float32
+            # x in bf16 too: the previous fused block's y under autocast (fuse()'s output_dtype).
+            return (torch.get_autocast_dtype(x.device.type) == torch.bfloat16 and w.dtype == torch.float32
+                    and x.dtype in (torch.float32, torch.bfloat16))
         return x.dtype == w.dtype == torch.bfloat16
 
     def forward(self, x):

@@ -472,13 +472,15 @@ def test_train_e4m3_is_the_emulated_path(device, activation):
 
 
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
-@pytest.mark.parametrize("amp,y_dtype", [(False, None), (True, None), (True, torch.bfloat16)],
-                         ids=["bf16", "autocast", "autocast-bf16-y"])
-def test_module_e4m3_path_is_the_emulated_one(device, amp, y_dtype):
+@pytest.mark.parametrize("amp,y_dtype,x_dtype", [(False, None, None), (True, None, None),
+                                                 (True, torch.bfloat16, None), (True, torch.bfloat16, torch.bfloat16)],
+                         ids=["bf16", "autocast", "autocast-bf16-y", "autocast-bf16-x-and-y"])
+def test_module_e4m3_path_is_the_emulated_one(device, amp, y_dtype, x_dtype):
     """LinearScaleBatchNorm1d(fp8=Float8Recipe()) in training runs the e4m3 op (fp8.train_e4m3; on
     the CPU its bf16 reference) and gives what fp8=Float8Recipe(emulate=True) gives: y, the running
     stats and the gradients, bit for bit on the CPU; in bf16, under bf16 autocast, and there with a
-    bf16 y (output_dtype, as fuse() sets where a block's users are Linears)."""
+    bf16 y (output_dtype, as fuse() sets where a block's users are Linears) and a bf16 x (the block
+    before's y)."""
     from cutlass_fused import fp8
     if device == "cuda" and not fp8.e4m3_kernels(torch.device("cuda")):
         pytest.skip("the e4m3 kernels: an sm90 GPU and a build with the e4m3 rows")
@@ -493,7 +495,7 @@ def test_module_e4m3_path_is_the_emulated_one(device, amp, y_dtype):
         with torch.no_grad():
             layer.scale.uniform_(0.5, 2)
         layers[emulate] = layer
-    x = (3 * torch.randn(96, 64)).to(device, dtype)
+    x = (3 * torch.randn(96, 64)).to(device, x_dtype or dtype)
     calls = []
     orig = fp8._TrainE4M3.apply
     out = {}
