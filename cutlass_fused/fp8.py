@@ -18,9 +18,12 @@ The state is the layer's buffers `fp8_amax_history` (history length x 2: x, W) a
 (2), in its state_dict. Before any step the scales are 1; an amax that is 0 or not finite keeps the
 scale it had (TransformerEngine's rule). Values past 448 / scale saturate, as there.
 
-Not built: e4m3 GEMM kernels. So on CUDA the layer refuses an FP8 recipe unless emulate=True,
-which runs the same rounding through the 16-bit kernels, for tests, without FP8's speed. On the
-CPU the rounding always runs that way (the layer's CPU path is PyTorch's ops).
+The e4m3 kernels (train_e4m3 below): current scaling in training, through ops.quantize_e4m3 (the
+amax and the cast on the GPU, this file's scale_of and quantize op for op) and the e4m3 statistics
+GEMM; the module picks them (LinearScaleBatchNorm1d._runs_e4m3). Every other FP8 call runs the
+same rounding through the 16-bit kernels ("emulated"), which emulate=True forces; on a GPU whose
+build has no e4m3 kernels, a recipe without emulate=True is refused. Not built: an FP8 backward,
+W8's cache, e4m3 eval, delayed scaling through the kernels.
 """
 import dataclasses
 
@@ -37,8 +40,8 @@ class Float8Recipe:
     """How the layer rounds x and W to e4m3: per-tensor current scaling with power-of-two scales.
 
     margin: the scale is 2^(floor(log2(448 / amax)) - margin) (TransformerEngine's margin: headroom
-    in powers of two). emulate: on CUDA, run the rounding through the 16-bit kernels (the e4m3
-    kernels are not built yet); without it a CUDA layer with this recipe raises."""
+    in powers of two). emulate: run the rounding through the 16-bit kernels even where the e4m3
+    kernels could run; without it, a CUDA layer on a GPU or build without them raises."""
 
     margin: int = 0
     emulate: bool = False

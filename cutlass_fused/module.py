@@ -22,8 +22,9 @@ class LinearScaleBatchNorm1d(nn.Module):
     a 16-bit dtype rounds y once from that value (what the next Linear would cast it to).
 
     `fp8`: None or a cutlass_fused.Float8Recipe: x and W rounded to e4m3 under per-tensor scales
-    before the GEMM (cutlass_fused/fp8.py; emulated on the 16-bit kernels, which CUDA runs only with
-    the recipe's emulate=True: the e4m3 kernels are not built). An attribute: set it on a fused layer.
+    before the GEMM (cutlass_fused/fp8.py): the sm90 e4m3 kernels where _runs_e4m3 says, else
+    emulated on the 16-bit kernels (CUDA refuses a recipe without emulate=True where the build has no
+    e4m3 kernels). An attribute: set it on a fused layer.
     A delayed-scaling recipe adds the buffers `fp8_amax_history` and `fp8_scale` (state_dict), which
     training forwards update.
 
