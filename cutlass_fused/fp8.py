@@ -253,7 +253,8 @@ def train_e4m3(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running
                eps, family, activation="none", negative_slope=0.01, margin=0, output_dtype=None):
     """y of the training op with x and W rounded to e4m3 under current scaling, through the e4m3
     kernels (on the CPU, the op's bf16 reference): the emulated path's values and gradients
-    (tests/test_fp8.py). x and W in bf16, or fp32 under bf16 autocast; y in h * scale's dtype, or
+    (tests/test_fp8.py). x and W in bf16, or under bf16 autocast an fp32 W and an fp32 or bf16 x
+    (the block before's y); y in h * scale's dtype, or
     output_dtype (rounded once from the fp32 value where the kernels write it, as the training op).
     ops.quantize_e4m3 measures each amax and casts (two passes over x, no host sync)."""
     rest = (running_mean, running_var, num_batches_tracked, momentum, eps, family, activation, negative_slope,
