@@ -19,6 +19,14 @@ if CUDA:
         FAMILIES.append(("cuda", "sm90"))
 FAMILY_IDS = [f"{d}-{f}" for d, f in FAMILIES]
 
+
+def skip_without_e4m3(device):
+    """Skips a CUDA case where the e4m3 kernels cannot run (cutlass_fused.fp8.e4m3_kernels: an sm90
+    GPU and a build with the e4m3 rows); the CPU always runs the e4m3 op's bf16 reference."""
+    if device == "cuda" and not cutlass_fused.fp8.e4m3_kernels(torch.device("cuda")):
+        pytest.skip("the e4m3 kernels: an sm90 GPU and a build with the e4m3 rows")
+
+
 # Precision modes: (dtype, allow_tf32). fp32 is run both ways on CUDA.
 MODES = {
     "bf16": (torch.bfloat16, False),

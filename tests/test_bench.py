@@ -9,7 +9,7 @@ from torch import nn
 
 import cutlass_fused
 from cutlass_fused import bench
-from common import CUDA, HOPPER
+from common import CUDA, HOPPER, skip_without_e4m3
 
 ROW_KEYS = {"shape", "dtype", "mode", "impl", "graphs", "ms", "tflops", "ratio_to_mm", "peak_extra_mib", "kernels",
             "host_us"}
@@ -240,8 +240,7 @@ def test_bench_fp8_rows(tmp_path, monkeypatch):
     """Our FP8 rows: fuse(model) with Float8Recipe() on every fused layer (step), ours with it (layer).
     On the CPU the e4m3 op's bf16 reference; on a GPU they need the e4m3 kernels."""
     from cutlass_fused import fp8
-    if CUDA and not fp8.e4m3_kernels(torch.device("cuda")):
-        pytest.skip("the e4m3 kernels: an sm90 GPU and a build with the e4m3 rows")
+    skip_without_e4m3("cuda" if CUDA else "cpu")
     calls = []
     orig = fp8._TrainE4M3.apply
     monkeypatch.setattr(fp8._TrainE4M3, "apply", lambda *a: (calls.append(1), orig(*a))[1])

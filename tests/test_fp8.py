@@ -9,7 +9,8 @@ import torch.nn.functional as F
 import cutlass_fused
 from cutlass_fused import fp8
 from cutlass_fused.seed import SeedModel as Seed
-from common import CUDA, FAMILIES, FAMILY_IDS, assert_close_rule, assert_close_rule_scaled, max_err
+from common import (CUDA, FAMILIES, FAMILY_IDS, assert_close_rule, assert_close_rule_scaled, max_err,
+                    skip_without_e4m3)
 
 DT = {"bf16": torch.bfloat16, "f32": torch.float32}
 CASES = [pytest.param(d, f, dt, id=f"{i}-{dt}") for (d, f), i in zip(FAMILIES, FAMILY_IDS) for dt in DT]
@@ -418,10 +419,7 @@ def test_fp8_op_folds_the_scales(device):
     order's rounding of h."""
     from cutlass_fused import fp8
     from cutlass_fused.ops import ops
-    if device == "cuda":
-        from codegen.kernels import KERNELS
-        if torch.cuda.get_device_capability() != (9, 0) or not any(k.dtype == "e4m3" for k in KERNELS):
-            pytest.skip("the e4m3 kernels: an sm90 GPU and a build with the e4m3 rows")
+    skip_without_e4m3(device)
     torch.manual_seed(0)
     m, k, n = 64, 48, 40
     x = (4 * torch.randn(m, k)).to(device, torch.bfloat16)
@@ -460,10 +458,7 @@ def test_train_e4m3_is_the_emulated_path(device, activation):
     (cutlass_fused.linear_scale_batch_norm with fp8=Float8Recipe()): y, the running stats and every
     gradient bit for bit on the CPU; on a GPU with the e4m3 kernels, within h's accumulation order."""
     from cutlass_fused import fp8
-    if device == "cuda":
-        from codegen.kernels import KERNELS
-        if torch.cuda.get_device_capability() != (9, 0) or not any(k.dtype == "e4m3" for k in KERNELS):
-            pytest.skip("the e4m3 kernels: an sm90 GPU and a build with the e4m3 rows")
+    skip_without_e4m3(device)
     torch.manual_seed(1)
     m, k, n = 96, 64, 48
     base = {"x": 3 * torch.randn(m, k), "weight": torch.randn(n, k) / 8, "bias": torch.randn(n),
@@ -502,9 +497,7 @@ def test_module_e4m3_path_is_the_emulated_one(device, amp, y_dtype, x_dtype):
     stats and the gradients, bit for bit on the CPU; in bf16, under bf16 autocast, and there with a
     bf16 y (output_dtype, as fuse() sets where a block's users are Linears) and a bf16 x (the block
     before's y)."""
-    from cutlass_fused import fp8
-    if device == "cuda" and not fp8.e4m3_kernels(torch.device("cuda")):
-        pytest.skip("the e4m3 kernels: an sm90 GPU and a build with the e4m3 rows")
+    skip_without_e4m3(device)
     torch.manual_seed(2)
     dtype = torch.float32 if amp else torch.bfloat16
     layers = {}

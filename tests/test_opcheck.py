@@ -127,9 +127,7 @@ def test_kernel_names_are_the_tables_rows():
 
 def fp8_devices():
     """The FP8 op's devices: the CPU, and a GPU of the sm90 family in a build with the e4m3 rows."""
-    if not CUDA or torch.cuda.get_device_capability() != (9, 0):
-        return ["cpu"]
-    return ["cpu"] + (["cuda"] if any(k.dtype == "e4m3" for k in KERNELS) else [])
+    return ["cpu"] + (["cuda"] if CUDA and cutlass_fused.fp8.e4m3_kernels(torch.device("cuda")) else [])
 
 
 @pytest.mark.parametrize("device", fp8_devices())
