@@ -1,4 +1,4 @@
-// FP8 current scaling on CUDA (issue 33): the quantize_e4m3 op's kernel (csrc/kernels/fp8_cast.h).
+// FP8 current scaling on CUDA (issue 33): the quantize ops' kernels (csrc/kernels/fp8_cast.h).
 #pragma once
 
 #include <tuple>
@@ -9,5 +9,7 @@ namespace cutlass_fused {
 
 // (t rounded to e4m3 under its power-of-two scale, the scale as a 0-dim fp32 tensor).
 std::tuple<at::Tensor, at::Tensor> quantize_e4m3_cuda(at::Tensor const& t, int64_t margin);
+// The same in e5m2 (largest finite value 57344): the FP8 backward's dh.
+std::tuple<at::Tensor, at::Tensor> quantize_e5m2_cuda(at::Tensor const& t, int64_t margin);
 
 }  // namespace cutlass_fused

@@ -269,19 +269,28 @@ TrainOut linear_scale_batch_norm_train_fp8_cpu(at::Tensor const& x, at::Tensor c
 }
 
 // FP8 current scaling on the CPU: cutlass_fused/fp8.py's scale_of and quantize, op for op (its
-// 448 / amax is torch's amax.reciprocal() * 448), so that both backends and the emulated path
-// round alike.
-std::tuple<at::Tensor, at::Tensor> quantize_e4m3_cpu(at::Tensor const& t, int64_t margin) {
+// largest / amax is torch's amax.reciprocal() * largest), so that both backends and the emulated
+// path round alike.
+std::tuple<at::Tensor, at::Tensor> quantize_fp8_cpu(at::Tensor const& t, int64_t margin, at::ScalarType fp8,
+                                                    double largest) {
   TORCH_CHECK(at::isFloatingType(t.scalar_type()) && c10::elementSize(t.scalar_type()) > 1,
               "cutlass_fused: expected t to be a 16-, 32- or 64-bit floating-point tensor, but got ", t.scalar_type());
   auto amax = t.numel() == 0 ? at::zeros({}, t.options().dtype(at::kFloat)) : t.abs().amax().to(at::kFloat);
   auto usable = at::isfinite(amax).logical_and(amax.gt(0));
-  auto ratio = at::where(usable, amax, at::ones_like(amax)).reciprocal().mul(448.0);
+  auto ratio = at::where(usable, amax, at::ones_like(amax)).reciprocal().mul(largest);
   auto exponent = at::floor(at::log2(ratio)).sub(margin).clamp(-126, 126);
   auto scale = at::where(usable, at::exp2(exponent), at::ones({}, amax.options()));
   auto v = t.to(at::promote_types(t.scalar_type(), at::kFloat)).mul(scale);
-  v = at::where(at::isfinite(v), v.clamp(-448, 448), at::full_like(v, std::numeric_limits<double>::quiet_NaN()));
-  return {v.to(at::kFloat8_e4m3fn).contiguous(), scale};
+  v = at::where(at::isfinite(v), v.clamp(-largest, largest), at::full_like(v, std::numeric_limits<double>::quiet_NaN()));
+  return {v.to(fp8).contiguous(), scale};
+}
+
+std::tuple<at::Tensor, at::Tensor> quantize_e4m3_cpu(at::Tensor const& t, int64_t margin) {
+  return quantize_fp8_cpu(t, margin, at::kFloat8_e4m3fn, 448.0);
+}
+
+std::tuple<at::Tensor, at::Tensor> quantize_e5m2_cpu(at::Tensor const& t, int64_t margin) {
+  return quantize_fp8_cpu(t, margin, at::kFloat8_e5m2, 57344.0);
 }
 
 TORCH_LIBRARY_IMPL(cutlass_fused, CPU, m) {
@@ -290,6 +299,7 @@ TORCH_LIBRARY_IMPL(cutlass_fused, CPU, m) {
   m.impl("linear_scale_batch_norm_train", &linear_scale_batch_norm_train_cpu);
   m.impl("linear_scale_batch_norm_train_fp8", &linear_scale_batch_norm_train_fp8_cpu);
   m.impl("quantize_e4m3", &quantize_e4m3_cpu);
+  m.impl("quantize_e5m2", &quantize_e5m2_cpu);
   m.impl("batch_norm_finalize", &batch_norm_finalize_cpu);
   m.impl("update_running_stats", &update_running_stats_cpu);
   m.impl("batch_norm_backward", &batch_norm_backward_cpu);

@@ -34,8 +34,9 @@ PRECISIONS = ("amp-bf16", "bf16", "tf32", "f32")
 ACTIVATIONS = {"none": nn.Identity, "relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU, "leaky_relu": nn.LeakyReLU}
 ROWS = ("eager", "compile", "fused", "fused+compile")
 TORCHAO_ROWS = ("torchao-float8", "torchao-float8+compile", "torchao-float8-rowwise+compile")
-# fused-fp8: fuse(model) with Float8Recipe() on every fused layer (the e4m3 kernels; issue 33).
-ALL_ROWS = ROWS + ("fused-fp8", "fused-fp8+compile") + TORCHAO_ROWS
+# fused-fp8: fuse(model) with Float8Recipe() on every fused layer (the e4m3 kernels; issue 33);
+# fused-fp8-e5m2: with Float8Recipe(backward="e5m2") (the FP8 backward's GEMMs as well).
+ALL_ROWS = ROWS + ("fused-fp8", "fused-fp8+compile", "fused-fp8-e5m2", "fused-fp8-e5m2+compile") + TORCHAO_ROWS
 CASES = [Case("amp-bf16", 4096, 4096, 4, "relu"), Case("amp-bf16", 1024, 8192, 4, "relu"),
          Case("bf16", 4096, 4096, 4, "relu"), Case("amp-bf16", 256, 2048, 6, "relu")]
 # The CPU runs the layer's PyTorch path and has no triton for torch.compile: one tiny case, in
@@ -117,9 +118,10 @@ class Row:
         if name.startswith("torchao"):
             module = bench.torchao_float8(module, "rowwise" if "rowwise" in name else "tensorwise", device)
         if name.startswith("fused-fp8"):
+            recipe = cutlass_fused.Float8Recipe(backward="e5m2" if "e5m2" in name else "bf16")
             for layer in module.modules():
                 if isinstance(layer, cutlass_fused.LinearScaleBatchNorm1d):
-                    layer.fp8 = cutlass_fused.Float8Recipe()
+                    layer.fp8 = recipe
         self.call = torch.compile(module) if name.endswith("compile") else module
         self.opt = torch.optim.AdamW(module.parameters(), fused=device.type == "cuda")
         losses = [self.step(*batch(case, device, i)).detach() for i in range(PARITY_STEPS)]

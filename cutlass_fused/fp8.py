@@ -28,9 +28,11 @@ W8's cache, e4m3 eval, delayed scaling through the kernels.
 import dataclasses
 
 import torch
+import torch.nn.functional as F
 
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = torch.finfo(E4M3).max  # 448
+E5M2 = torch.float8_e5m2  # the FP8 backward's dh (Float8Recipe(backward="e5m2"))
 # Scales stay normal fp32 powers of two, so that x * s and x8 / s are exact.
 MAX_EXPONENT = 126
 
@@ -41,13 +43,19 @@ class Float8Recipe:
 
     margin: the scale is 2^(floor(log2(448 / amax)) - margin) (TransformerEngine's margin: headroom
     in powers of two). emulate: run the rounding through the 16-bit kernels even where the e4m3
-    kernels could run; without it, a CUDA layer on a GPU or build without them raises."""
+    kernels could run; without it, a CUDA layer on a GPU or build without them raises.
+    backward: "bf16" (the backward's GEMMs in bf16 over the dequantized operands) or "e5m2" (dh
+    rounded to e5m2 under its own current scale, dX and dW as FP8 GEMMs over it and the forward's
+    e4m3 x8 and W8: TransformerEngine's hybrid format). "e5m2" is taken by the e4m3 training path
+    only, so it needs current scaling without emulate; the layer's other calls (eval, SyncBN, fp32
+    or fp16 data) differentiate in their own dtype."""
 
     margin: int = 0
     emulate: bool = False
     scaling: str = "current"
     amax_history_len: int = 16
     amax_compute_algo: str = "max"
+    backward: str = "bf16"
 
     def __post_init__(self):
         def is_int(v):
@@ -66,6 +74,12 @@ class Float8Recipe:
         if self.amax_compute_algo not in ("max", "most_recent"):
             raise ValueError(f"cutlass_fused: expected Float8Recipe amax_compute_algo to be 'max' or 'most_recent', "
                              f"but got {self.amax_compute_algo!r}")
+        if self.backward not in ("bf16", "e5m2"):
+            raise ValueError(f"cutlass_fused: expected Float8Recipe backward to be 'bf16' or 'e5m2', but got "
+                             f"{self.backward!r}")
+        if self.backward == "e5m2" and (self.emulate or self.delayed):
+            raise ValueError("cutlass_fused: Float8Recipe(backward='e5m2') runs with the e4m3 training path, which "
+                             "takes current scaling without emulate")
 
     @property
     def delayed(self):
@@ -101,11 +115,11 @@ def check(recipe, device):
     return recipe
 
 
-def scale_of(t, margin=0):
-    """The power-of-two scale that maps t's amax into (224, 448] (less `margin` powers of two), as
-    a 0-dim fp32 tensor on t's device (no host sync). 1 where the amax is 0 or not finite (a NaN or
-    an Inf in t, which quantize makes NaN)."""
-    return scale_from_amax(amax_of(t), margin, torch.ones((), device=t.device))
+def scale_of(t, margin=0, fp8=E4M3):
+    """The power-of-two scale that maps t's amax into (224, 448] (e5m2: (28672, 57344]; less
+    `margin` powers of two), as a 0-dim fp32 tensor on t's device (no host sync). 1 where the amax is
+    0 or not finite (a NaN or an Inf in t, which quantize makes NaN)."""
+    return scale_from_amax(amax_of(t), margin, torch.ones((), device=t.device), torch.finfo(fp8).max)
 
 
 def amax_of(t):
@@ -115,20 +129,22 @@ def amax_of(t):
     return t.detach().abs().amax().float()
 
 
-def scale_from_amax(amax, margin, fallback):
-    """2^(floor(log2(448 / amax)) - margin), elementwise; `fallback` where amax is 0 or not finite."""
+def scale_from_amax(amax, margin, fallback, largest=E4M3_MAX):
+    """2^(floor(log2(largest / amax)) - margin), elementwise; `fallback` where amax is 0 or not
+    finite. largest: the format's largest finite value (448 for e4m3)."""
     usable = torch.isfinite(amax) & (amax > 0)
-    exponent = torch.floor(torch.log2(E4M3_MAX / torch.where(usable, amax, torch.ones_like(amax)))) - margin
+    exponent = torch.floor(torch.log2(largest / torch.where(usable, amax, torch.ones_like(amax)))) - margin
     return torch.where(usable, torch.exp2(exponent.clamp(-MAX_EXPONENT, MAX_EXPONENT)), fallback)
 
 
-def quantize(t, scale):
-    """t * scale rounded to e4m3, finite values saturated at +-448 (as TransformerEngine and
-    torchao cast). NaN and Inf become NaN: e4m3fn has no Inf, and torch's cast would saturate one
-    to 448, a finite value where the input had none."""
-    v = t.to(torch.promote_types(t.dtype, torch.float32)) * scale  # one rounding, to e4m3
-    v = torch.where(torch.isfinite(v), v.clamp(-E4M3_MAX, E4M3_MAX), torch.full_like(v, float("nan")))
-    return v.to(E4M3)
+def quantize(t, scale, fp8=E4M3):
+    """t * scale rounded to e4m3 (or `fp8`), finite values saturated at +-448 (its largest; as
+    TransformerEngine and torchao cast). NaN and Inf become NaN: e4m3fn has no Inf, and torch's cast
+    would make one 448 (e5m2: keep an Inf that a large finite value would also have become)."""
+    largest = torch.finfo(fp8).max
+    v = t.to(torch.promote_types(t.dtype, torch.float32)) * scale  # one rounding, to fp8
+    v = torch.where(torch.isfinite(v), v.clamp(-largest, largest), torch.full_like(v, float("nan")))
+    return v.to(fp8)
 
 
 class _RoundToE4M3(torch.autograd.Function):
@@ -210,7 +226,8 @@ class _TrainE4M3(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, scale, bn_weight, bn_bias, margin, rest):
         from .ops import ops
-        running_mean, running_var, num_batches_tracked, momentum, eps, family, activation, slope, output_dtype = rest
+        (running_mean, running_var, num_batches_tracked, momentum, eps, family, activation, slope, output_dtype,
+         backward) = rest
         x8, s_x = ops.quantize_e4m3(x, margin)
         w8, s_w = ops.quantize_e4m3(weight, margin)
         alpha = 1 / (s_x * s_w)
@@ -220,7 +237,7 @@ class _TrainE4M3(torch.autograd.Function):
             x8, w8, b, sc, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, momentum, eps, family,
             activation, slope, output_dtype)
         ctx.save_for_backward(x8, w8, h, mean, invstd, sc, bn_weight, bn_bias, s_x, s_w)
-        ctx.eps, ctx.activation, ctx.slope = eps, activation, slope
+        ctx.eps, ctx.activation, ctx.slope, ctx.backward, ctx.margin = eps, activation, slope, backward, margin
         ctx.dtypes = x.dtype, weight.dtype, None if bias is None else bias.dtype, scale.dtype
         return y
 
@@ -234,9 +251,11 @@ class _TrainE4M3(torch.autograd.Function):
                                                          ctx.activation, ctx.slope)  # dh' = alpha dh
         x_dt, w_dt, b_dt, s_dt = ctx.dtypes
         dx = dw = db = None
-        if ctx.needs_input_grad[0]:
+        if ctx.backward == "e5m2":
+            dx, dw = _e5m2_grads(dh, x8, w8, s_x, s_w, ctx.needs_input_grad[0], ctx.needs_input_grad[1], x_dt, w_dt)
+        elif ctx.needs_input_grad[0]:
             dx = (dh @ (w8.to(h.dtype) * s_x.to(h.dtype))).to(x_dt)
-        if ctx.needs_input_grad[1]:
+        if ctx.needs_input_grad[1] and ctx.backward != "e5m2":
             x16 = x8.to(h.dtype)
             # A wider weight (fp32 under autocast): the product rounded once to it on CUDA, as the
             # training op's backward makes it (autograd.cpp, mm_to_fp32); elsewhere a cast.
@@ -249,16 +268,54 @@ class _TrainE4M3(torch.autograd.Function):
         return dx, dw, db, dscale, dgamma, dbeta, None, None
 
 
+def _pad16(t):
+    """t (2-D) with zero rows and columns up to multiples of 16, the sizes cuBLAS's FP8 GEMMs take
+    (zeros change no dot product); an fp8 tensor is padded through its bytes (0 is +0.0)."""
+    rows, cols = -t.shape[0] % 16, -t.shape[1] % 16
+    if rows == 0 and cols == 0:
+        return t
+    if t.dtype in (E4M3, E5M2):
+        return F.pad(t.view(torch.uint8), (0, cols, 0, rows)).view(t.dtype)
+    return F.pad(t, (0, cols, 0, rows))
+
+
+def _column_major(t):
+    return t.t().contiguous().t()
+
+
+def _e5m2_grads(dh, x8, w8, s_x, s_w, need_dx, need_dw, x_dt, w_dt):
+    """dX and dW as FP8 GEMMs (torch._scaled_mm: cuBLASLt on CUDA), from dh' = alpha dh rounded to
+    e5m2 under its own current scale s_g, and the forward's e4m3 x8 and W8: dX = dh Wq = (dh8 W8)
+    s_x / s_g and dW = dh^T xq = (dh8^T x8) s_w / s_g, each rounded once from the fp32 accumulator
+    to x's and W's dtype. _scaled_mm takes a row-major first and a column-major second operand, so
+    dh8^T, W8 and x8 are copied transposed (1 byte an element), and every size padded to 16."""
+    from .ops import ops
+    m, k = x8.shape
+    n = w8.shape[0]
+    dh8, s_g = ops.quantize_e5m2(dh)
+    inv_g = 1 / s_g  # exact: a power of two
+    dh8p = _pad16(dh8)
+    dx = dw = None
+    if need_dx:
+        dx = torch._scaled_mm(dh8p, _column_major(_pad16(w8)), inv_g, s_x, out_dtype=x_dt)[:m, :k]
+        dx = dx if dx.is_contiguous() else dx.contiguous()
+    if need_dw:
+        dw = torch._scaled_mm(dh8p.t().contiguous(), _column_major(_pad16(x8)), inv_g, s_w, out_dtype=w_dt)[:n, :k]
+        dw = dw if dw.is_contiguous() else dw.contiguous()
+    return dx, dw
+
+
 def train_e4m3(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, momentum,
-               eps, family, activation="none", negative_slope=0.01, margin=0, output_dtype=None):
+               eps, family, activation="none", negative_slope=0.01, margin=0, output_dtype=None, backward="bf16"):
     """y of the training op with x and W rounded to e4m3 under current scaling, through the e4m3
     kernels (on the CPU, the op's bf16 reference): the emulated path's values and gradients
     (tests/test_fp8.py). x and W in bf16, or under bf16 autocast an fp32 W and an fp32 or bf16 x
     (the block before's y); y in h * scale's dtype, or
     output_dtype (rounded once from the fp32 value where the kernels write it, as the training op).
-    ops.quantize_e4m3 measures each amax and casts (two passes over x, no host sync)."""
+    ops.quantize_e4m3 measures each amax and casts (two passes over x, no host sync). backward:
+    Float8Recipe's ("bf16" or "e5m2": _e5m2_grads)."""
     rest = (running_mean, running_var, num_batches_tracked, momentum, eps, family, activation, negative_slope,
-            output_dtype)
+            output_dtype, backward)
     # Under autocast the op runs below it: e4m3 x and W are autocast's, and the emulated path's
     # bf16 casts of x, W and the bias are exact there too (e4m3 values, a bf16 bias / alpha).
     with torch.autocast(x.device.type, enabled=False):

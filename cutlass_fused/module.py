@@ -138,7 +138,7 @@ class LinearScaleBatchNorm1d(nn.Module):
         if self._runs_e4m3(x, use_batch_stats, output_dtype):
             return train_e4m3(x, self.gemm.weight, self.gemm.bias, self.scale, bn.weight, bn.bias, running_mean,
                               running_var, nbt, bn.momentum, bn.eps, _family.current(), self.activation,
-                              self.negative_slope, self.fp8.margin, output_dtype)
+                              self.negative_slope, self.fp8.margin, output_dtype, self.fp8.backward)
         x, weight = fp8_operands(x, self.gemm.weight, self.fp8, self._fp8_state(), update=self.training)
         if should_sync(self.process_group, bn.training):
             return sync_linear_scale_batch_norm(x, weight, self.gemm.bias, self.scale, bn.weight, bn.bias,

@@ -60,6 +60,11 @@ def _(t, margin=0):
     return t.new_empty(t.shape, dtype=torch.float8_e4m3fn), t.new_empty((), dtype=torch.float32)
 
 
+@torch.library.register_fake("cutlass_fused::quantize_e5m2")
+def _(t, margin=0):
+    return t.new_empty(t.shape, dtype=torch.float8_e5m2), t.new_empty((), dtype=torch.float32)
+
+
 @torch.library.register_fake("cutlass_fused::update_running_stats")
 def _(stats, scale, count, running_mean, running_var, num_batches_tracked, momentum):
     return None

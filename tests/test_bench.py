@@ -245,15 +245,16 @@ def test_bench_fp8_rows(tmp_path, monkeypatch):
     orig = fp8._TrainE4M3.apply
     monkeypatch.setattr(fp8._TrainE4M3, "apply", lambda *a: (calls.append(1), orig(*a))[1])
     assert bench.main(["--step-case", "bf16,32,48,2", "--step-row", "eager", "--step-row", "fused", "--step-row",
-                       "fused-fp8", "--out", str(tmp_path)]) == 0
+                       "fused-fp8", "--step-row", "fused-fp8-e5m2", "--out", str(tmp_path)]) == 0
     rows = {r["impl"]: r for r in json.loads((tmp_path / "step.json").read_text())["rows"]}
-    assert rows["fused-fp8"]["error"] is None and rows["fused-fp8"]["fused_layers"] == 2
-    assert calls, "the fused-fp8 row ran the e4m3 op"  # (its bf16 loss may round to fused's)
+    for row in ("fused-fp8", "fused-fp8-e5m2"):
+        assert rows[row]["error"] is None and rows[row]["fused_layers"] == 2
+    assert calls, "the fused-fp8 rows ran the e4m3 op"  # (its bf16 loss may round to fused's)
     assert rows["fused-fp8"]["loss_parity"] < 5e-2
-    assert bench.main(["--shape", "64,32,48", "--dtype", "bf16", "--mode", "train", "--impl", "torch.mm", "--impl",
-                       "cutlass_fused-fp8", "--out", str(tmp_path)]) == 0
+    assert bench.main(["--shape", "64,32,48", "--dtype", "bf16", "--mode", "fwdbwd", "--impl", "torch.mm", "--impl",
+                       "cutlass_fused-fp8", "--impl", "cutlass_fused-fp8-e5m2", "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
-    assert [r["ms"] > 0 for r in rows if r["impl"] == "cutlass_fused-fp8"] == [True]
+    assert [r["ms"] > 0 for r in rows if r["impl"].startswith("cutlass_fused-fp8")] == [True, True]
 
 
 @pytest.mark.skipif(CUDA, reason="the CPU refusal of compile rows")

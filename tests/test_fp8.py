@@ -59,7 +59,7 @@ def test_gradient_passes_straight_through():
 
 
 def _bits(t):
-    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t.view(torch.int32)
+    return t.view(torch.uint8) if t.dtype in (fp8.E4M3, fp8.E5M2) else t.view(torch.int32)
 
 
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA else []))
@@ -67,19 +67,21 @@ def _bits(t):
 @pytest.mark.parametrize("shape", [(2, 3), (3, 769), (1000, 5125), (0, 8), (4096, 1)], ids=str)
 @pytest.mark.parametrize("magnitude", [1e-3, 3.0, 300.0])
 @pytest.mark.parametrize("margin", [0, 2])
-def test_quantize_op_is_fp8_rounding(device, dtype, shape, magnitude, margin):
-    """ops.quantize_e4m3 (on CUDA the amax and cast kernels) gives fp8.quantize's e4m3 bits under
-    fp8.scale_of's scale, bit for bit, on fresh random data of every size (odd sizes take the
-    kernels' scalar tails, and an offset view their unaligned path)."""
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_quantize_op_is_fp8_rounding(device, dtype, shape, magnitude, margin, fmt):
+    """ops.quantize_e4m3 and quantize_e5m2 (on CUDA the amax and cast kernels) give fp8.quantize's
+    bits under fp8.scale_of's scale, bit for bit, on fresh random data of every size (odd sizes take
+    the kernels' scalar tails, and an offset view their unaligned path)."""
     from cutlass_fused.ops import ops
+    op, fp8_dtype = (ops.quantize_e4m3, fp8.E4M3) if fmt == "e4m3" else (ops.quantize_e5m2, fp8.E5M2)
     t = (magnitude * torch.randn(shape)).to(device, dtype)
     views = {"whole": t, "offset": t.flatten()[1:]}
     for name, v in views.items():
-        q, s = ops.quantize_e4m3(v, margin)
-        want_s = fp8.scale_of(v, margin)
-        assert q.dtype == torch.float8_e4m3fn and q.shape == v.shape and s.shape == () and s.dtype == torch.float32
+        q, s = op(v, margin)
+        want_s = fp8.scale_of(v, margin, fp8_dtype)
+        assert q.dtype == fp8_dtype and q.shape == v.shape and s.shape == () and s.dtype == torch.float32
         assert torch.equal(_bits(s), _bits(want_s)), (name, s, want_s)
-        assert torch.equal(_bits(q), _bits(fp8.quantize(v, want_s))), name
+        assert torch.equal(_bits(q), _bits(fp8.quantize(v, want_s, fp8_dtype))), name
 
 
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA else []))
@@ -106,6 +108,72 @@ def test_quantize_op_edges(device):
     assert torch.equal(_bits(q), _bits(fp8.quantize(t.t().contiguous(), s)))
     with pytest.raises(RuntimeError, match="expected t to be"):
         ops.quantize_e4m3(torch.ones(3, 3, device=device, dtype=torch.int32))
+    t = torch.tensor([1.0, float("inf"), 3.0], device=device)
+    q, s = ops.quantize_e5m2(t)
+    assert s.item() == 1.0 and q.view(torch.uint8)[1].item() == 0x7f  # NaN, not e5m2's Inf
+    q, s = ops.quantize_e5m2(torch.tensor([1.0, -2.0], device=device))
+    assert s.item() == 2.0 ** 14 and q.float().tolist() == [2.0 ** 14, -2.0 ** 15]  # amax 2 into (28672, 57344]
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA else []))
+@pytest.mark.parametrize("m,k,n", [(48, 32, 16), (50, 40, 24), (3, 769, 1000), (1000, 64, 5)])
+@pytest.mark.parametrize("wide", [False, True], ids=["bf16", "fp32-out"])
+def test_e5m2_grads_are_the_fp8_gemms(device, m, k, n, wide):
+    """The FP8 backward's GEMMs (fp8._e5m2_grads): dX and dW against float64 of the same e5m2 dh8 and
+    e4m3 x8, W8 under their scales, within the one rounding of each output (2x the rounding of the
+    float64 value to that dtype, plus a floor); unaligned sizes take the padding to 16."""
+    from cutlass_fused.ops import ops
+    torch.manual_seed(m + k + n)
+    x_dt = torch.float32 if wide else torch.bfloat16
+    x8, s_x = ops.quantize_e4m3((3 * torch.randn(m, k)).to(device, torch.bfloat16))
+    w8, s_w = ops.quantize_e4m3((torch.randn(n, k) / 8).to(device, torch.bfloat16))
+    dh = (torch.randn(m, n) / 5).to(device, torch.bfloat16)
+    dx, dw = fp8._e5m2_grads(dh, x8, w8, s_x, s_w, True, True, x_dt, x_dt)
+    s_g = fp8.scale_of(dh, 0, fp8.E5M2)
+    dh8 = fp8.quantize(dh, s_g, fp8.E5M2).double().cpu() / s_g.double().cpu()
+    want_dx = dh8 @ (w8.double().cpu() * s_x.double().cpu())  # dh' (W8 s_x)
+    want_dw = (dh8.t() @ x8.double().cpu()) * s_w.double().cpu()  # s_w (dh'^T x8)
+    assert dx.dtype == dw.dtype == x_dt and dx.shape == (m, k) and dw.shape == (n, k)
+    mode = "f32" if wide else "bf16"
+    assert_close_rule_scaled(dx.cpu(), want_dx.to(x_dt), want_dx, mode, "dx")
+    assert_close_rule_scaled(dw.cpu(), want_dw.to(x_dt), want_dw, mode, "dw")
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA else []))
+def test_e5m2_backward_in_the_layer(device):
+    """Float8Recipe(backward="e5m2"): the layer's dX and dW come from the FP8 GEMMs (they differ from
+    the bf16 backward's) and stay within e5m2's precision of float64 of the same quantized forward
+    (rms relative error under 10%: e5m2 keeps 2 significand bits, a 12.5% half step at worst, which
+    the GEMMs' sums average); the other gradients are the bf16 backward's, bit for bit."""
+    if device == "cuda" and not fp8.e4m3_kernels(torch.device("cuda")):
+        pytest.skip("the e4m3 kernels: an sm90 GPU and a build with the e4m3 rows")
+    torch.manual_seed(3)
+    grads = {}
+    for backward in ("bf16", "e5m2"):
+        torch.manual_seed(3)
+        layer = cutlass_fused.LinearScaleBatchNorm1d(64, 48, activation="relu", device=device, dtype=torch.bfloat16,
+                                                     fp8=cutlass_fused.Float8Recipe(backward=backward))
+        torch.manual_seed(4)
+        x = (3 * torch.randn(96, 64)).to(device, torch.bfloat16).requires_grad_()
+        dy = torch.randn(96, 48).to(device, torch.bfloat16)
+        layer(x).backward(dy)
+        grads[backward] = {"dx": x.grad, **{f"d{n}": p.grad for n, p in layer.named_parameters()}}
+    seed = Seed(64, 48).double()
+    seed.load_state_dict({k: v.detach().cpu().double() for k, v in layer.state_dict().items()
+                          if not k.startswith("bn.running") and k != "bn.num_batches_tracked"}, strict=False)
+    xr = x.detach().cpu().double().requires_grad_()
+    with torch.no_grad():
+        seed.gemm.weight.copy_(fp8.round_to_e4m3(layer.gemm.weight.detach().cpu()).double())
+    y64 = F.relu(seed(xr + (fp8.round_to_e4m3(x.detach().cpu()).double() - xr).detach()))
+    y64.backward(dy.cpu().double())
+    refs = {"dx": xr.grad, "dgemm.weight": seed.gemm.weight.grad}
+    for name, ref in refs.items():
+        got = grads["e5m2"][name].cpu().double()
+        assert not torch.equal(got, grads["bf16"][name].cpu().double()), name  # the FP8 GEMMs ran
+        rel = ((got - ref).square().mean() / ref.square().mean()).sqrt().item()
+        assert rel < 0.1, (name, rel)
+    for name in ("dscale", "dgemm.bias", "dbn.weight", "dbn.bias"):
+        assert torch.equal(grads["e5m2"][name], grads["bf16"][name]), name
 
 
 def _quantized_reference(seed, x, dtype):
@@ -218,6 +286,15 @@ def test_e4m3_path_under_compile():
                       *[p.grad for p in layer.parameters()]]
     for got, want in zip(runs["compiled"], runs["eager"]):
         assert torch.equal(got, want)
+
+
+def test_backward_recipe_checks():
+    assert cutlass_fused.Float8Recipe(backward="e5m2").backward == "e5m2"
+    with pytest.raises(ValueError, match="expected Float8Recipe backward to be 'bf16' or 'e5m2'"):
+        cutlass_fused.Float8Recipe(backward="e4m3")
+    for bad in ({"emulate": True}, {"scaling": "delayed"}):
+        with pytest.raises(ValueError, match="current scaling without emulate"):
+            cutlass_fused.Float8Recipe(backward="e5m2", **bad)
 
 
 def test_state_dict_and_recipe_checks():

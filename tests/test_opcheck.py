@@ -154,6 +154,7 @@ def test_linear_scale_batch_norm_train_fp8(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_quantize_e4m3(device, dtype):
+@pytest.mark.parametrize("op", ["quantize_e4m3", "quantize_e5m2"])
+def test_quantize_fp8(device, dtype, op):
     t = 5 * torch.randn(7, 13, device=device, dtype=dtype)
-    torch.library.opcheck(ops.quantize_e4m3, (t, 1))
+    torch.library.opcheck(getattr(ops, op), (t, 1))

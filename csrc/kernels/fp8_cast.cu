@@ -8,7 +8,11 @@
 namespace cutlass_fused {
 namespace {
 
-constexpr float kE4M3Max = 448.f;
+// The largest finite value of each format (torch.finfo(...).max).
+template <Fp8 F>
+constexpr float kMax = F == Fp8::e4m3 ? 448.f : 57344.f;
+template <Fp8 F>
+constexpr __nv_fp8_interpretation_t kKind = F == Fp8::e4m3 ? __NV_E4M3 : __NV_E5M2;
 constexpr float kMaxExponent = 126.f;  // fp8.MAX_EXPONENT: scales stay normal fp32
 constexpr int kThreads = 256;
 
@@ -49,24 +53,27 @@ __global__ void amax_kernel(T const* __restrict__ t, int64_t n, unsigned* __rest
 
 // fp8.scale_from_amax with a fallback of 1, in torch's fp32 operations: Python's 448 / amax is
 // torch's amax.reciprocal() * 448 (Tensor.__rtruediv__), two roundings, not one division.
+template <Fp8 F>
 __device__ __forceinline__ float scale_of(unsigned amax_bits, int margin) {
   float amax = __uint_as_float(amax_bits);
   if (amax_bits == 0 || amax_bits >= 0x7f800000u) return 1.f;
-  float e = floorf(log2f((1.f / amax) * kE4M3Max)) - static_cast<float>(margin);
+  float e = floorf(log2f((1.f / amax) * kMax<F>)) - static_cast<float>(margin);
   return exp2f(fminf(fmaxf(e, -kMaxExponent), kMaxExponent));
 }
 
-__device__ __forceinline__ uint8_t to_e4m3(float v) {
+template <Fp8 F>
+__device__ __forceinline__ uint8_t to_fp8(float v) {
   // The clamp is the saturation fp8.quantize applies before torch's cast, which would make an
-  // overflow NaN; a non-finite product becomes NaN (0x7f), not 448.
+  // overflow NaN (e4m3fn) or infinite (e5m2); a non-finite product becomes NaN (0x7f in both
+  // formats), not the largest value.
   if (!isfinite(v)) return 0x7f;
-  return __nv_cvt_float_to_fp8(fminf(fmaxf(v, -kE4M3Max), kE4M3Max), __NV_SATFINITE, __NV_E4M3);
+  return __nv_cvt_float_to_fp8(fminf(fmaxf(v, -kMax<F>), kMax<F>), __NV_SATFINITE, kKind<F>);
 }
 
-template <typename T, int V>
+template <typename T, int V, Fp8 F>
 __global__ void cast_kernel(T const* __restrict__ t, int64_t n, unsigned const* __restrict__ amax, int margin,
                             float* __restrict__ scale_out, uint8_t* __restrict__ out) {
-  float s = scale_of(*amax, margin);
+  float s = scale_of<F>(*amax, margin);
   if (blockIdx.x == 0 && threadIdx.x == 0) *scale_out = s;
   int64_t stride = int64_t{gridDim.x} * kThreads, first = blockIdx.x * int64_t{kThreads} + threadIdx.x;
   auto packs = reinterpret_cast<Pack<T, V> const*>(t);
@@ -75,10 +82,10 @@ __global__ void cast_kernel(T const* __restrict__ t, int64_t n, unsigned const* 
     Pack<T, V> p = packs[i];
     Pack<uint8_t, V> q;
 #pragma unroll
-    for (int j = 0; j < V; ++j) q.v[j] = to_e4m3(widen(p.v[j]) * s);
+    for (int j = 0; j < V; ++j) q.v[j] = to_fp8<F>(widen(p.v[j]) * s);
     out_packs[i] = q;
   }
-  for (int64_t i = n / V * V + first; i < n; i += stride) out[i] = to_e4m3(widen(t[i]) * s);
+  for (int64_t i = n / V * V + first; i < n; i += stride) out[i] = to_fp8<F>(widen(t[i]) * s);
 }
 
 // Enough blocks to fill any current GPU several times over; the loops stride over the rest.
@@ -87,31 +94,38 @@ unsigned grid_for(int64_t packs) {
   return static_cast<unsigned>(blocks < 2048 ? (blocks > 0 ? blocks : 1) : 2048);
 }
 
-template <typename T>
+template <typename T, Fp8 F>
 void run(void const* t_, int64_t n, int margin, unsigned* amax, float* scale, uint8_t* out, cudaStream_t stream) {
   auto t = static_cast<T const*>(t_);
   constexpr int V = 16 / sizeof(T);  // 16-byte loads, V-byte stores
   bool packed = reinterpret_cast<uintptr_t>(t) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % V == 0;
-  check_cuda(cudaMemsetAsync(amax, 0, sizeof(unsigned), stream), "quantize_e4m3 (amax reset)");
+  check_cuda(cudaMemsetAsync(amax, 0, sizeof(unsigned), stream), "quantize_fp8 (amax reset)");
   if (packed) {
     amax_kernel<T, V><<<grid_for(n / V), kThreads, 0, stream>>>(t, n, amax);
-    cast_kernel<T, V><<<grid_for(n / V), kThreads, 0, stream>>>(t, n, amax, margin, scale, out);
+    cast_kernel<T, V, F><<<grid_for(n / V), kThreads, 0, stream>>>(t, n, amax, margin, scale, out);
   } else {
     amax_kernel<T, 1><<<grid_for(n), kThreads, 0, stream>>>(t, n, amax);
-    cast_kernel<T, 1><<<grid_for(n), kThreads, 0, stream>>>(t, n, amax, margin, scale, out);
+    cast_kernel<T, 1, F><<<grid_for(n), kThreads, 0, stream>>>(t, n, amax, margin, scale, out);
   }
-  check_cuda(cudaGetLastError(), "quantize_e4m3");
+  check_cuda(cudaGetLastError(), "quantize_fp8");
+}
+
+template <Fp8 F>
+void run_format(void const* t, DType dtype, int64_t n, int margin, unsigned* amax_bits, float* scale, uint8_t* out,
+                cudaStream_t stream) {
+  switch (dtype) {
+    case DType::bf16: return run<__nv_bfloat16, F>(t, n, margin, amax_bits, scale, out, stream);
+    case DType::f16: return run<__half, F>(t, n, margin, amax_bits, scale, out, stream);
+    case DType::f32: return run<float, F>(t, n, margin, amax_bits, scale, out, stream);
+  }
 }
 
 }  // namespace
 
-void quantize_e4m3(void const* t, DType dtype, int64_t n, int margin, unsigned* amax_bits, float* scale,
-                   uint8_t* out, cudaStream_t stream) {
-  switch (dtype) {
-    case DType::bf16: return run<__nv_bfloat16>(t, n, margin, amax_bits, scale, out, stream);
-    case DType::f16: return run<__half>(t, n, margin, amax_bits, scale, out, stream);
-    case DType::f32: return run<float>(t, n, margin, amax_bits, scale, out, stream);
-  }
+void quantize_fp8(void const* t, DType dtype, Fp8 format, int64_t n, int margin, unsigned* amax_bits, float* scale,
+                  uint8_t* out, cudaStream_t stream) {
+  if (format == Fp8::e4m3) return run_format<Fp8::e4m3>(t, dtype, n, margin, amax_bits, scale, out, stream);
+  run_format<Fp8::e5m2>(t, dtype, n, margin, amax_bits, scale, out, stream);
 }
 
 }  // namespace cutlass_fused

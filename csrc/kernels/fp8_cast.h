@@ -1,5 +1,6 @@
 // FP8 current scaling (issue 33), torch-free: a tensor's amax, its power-of-two scale and its
-// e4m3 values, in two passes (the scale needs the whole tensor's amax before any value rounds).
+// e4m3 (or e5m2) values, in two passes (the scale needs the whole tensor's amax before any value
+// rounds). e5m2 is the FP8 backward's format for dh, with 57344 in place of 448 below.
 //
 // The scale is cutlass_fused/fp8.py's scale_from_amax, in the same fp32 operations torch runs
 // (1 / amax times 448, log2f, floorf, the margin, the clamp to +-126, exp2f), so the CUDA op and the
@@ -16,9 +17,11 @@
 
 namespace cutlass_fused {
 
-// out[i] = e4m3(t[i] * scale) for the n contiguous elements of t (bf16, f16 or f32); *scale
+enum class Fp8 { e4m3, e5m2 };
+
+// out[i] = fp8(t[i] * scale) for the n contiguous elements of t (bf16, f16 or f32); *scale
 // written as fp32. amax_bits is one 4-byte word of workspace, which this zeroes first.
-void quantize_e4m3(void const* t, DType dtype, int64_t n, int margin, unsigned* amax_bits, float* scale,
-                   uint8_t* out, cudaStream_t stream);
+void quantize_fp8(void const* t, DType dtype, Fp8 format, int64_t n, int margin, unsigned* amax_bits, float* scale,
+                  uint8_t* out, cudaStream_t stream);
 
 }  // namespace cutlass_fused
