@@ -267,16 +267,18 @@ def test_autocast_and_compile_take_the_rounding():
     assert torch.allclose(xc.grad, xe.grad, atol=1e-4)
 
 
-def test_e4m3_path_under_compile():
+@pytest.mark.parametrize("backward", ["bf16", "e5m2"])
+def test_e4m3_path_under_compile(backward):
     """torch.compile(fullgraph=True) traces the e4m3 training path (the quantize ops, the FP8 op
-    and the autograd Function around them) with no graph break, and gives eager's y, running stats
-    and gradients bit for bit (aot_eager: the same ops, run by AOTAutograd)."""
+    and the autograd Function around them; with backward="e5m2", _scaled_mm and the padding) with no
+    graph break, and gives eager's y, running stats and gradients bit for bit (aot_eager: the same
+    ops, run by AOTAutograd)."""
     torch.manual_seed(0)
     runs = {}
     for mode in ("eager", "compiled"):
         torch.manual_seed(0)
         layer = cutlass_fused.LinearScaleBatchNorm1d(64, 48, activation="relu", dtype=torch.bfloat16,
-                                                     fp8=cutlass_fused.Float8Recipe())
+                                                     fp8=cutlass_fused.Float8Recipe(backward=backward))
         assert layer._runs_e4m3(torch.ones(2, 64, dtype=torch.bfloat16), True, None)
         call = torch.compile(layer, backend="aot_eager", fullgraph=True) if mode == "compiled" else layer
         x = (3 * torch.randn(96, 64)).bfloat16().requires_grad_()
