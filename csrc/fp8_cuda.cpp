@@ -6,6 +6,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include "derived_cache.h"
 #include "kernels/fp8_cast.h"
 #include "ops.h"
 
@@ -13,12 +14,26 @@ namespace cutlass_fused {
 
 namespace {
 
-std::tuple<at::Tensor, at::Tensor> quantize(at::Tensor const& t, int64_t margin, Fp8 format) {
+// t's fp8 values and scale in one byte buffer (the values, then the scale 16 bytes on), so that
+// the derived cache keeps them as one tensor; views into it.
+struct Packed {
+  at::Tensor bytes, t8, scale;
+};
+
+Packed packed(at::Tensor bytes, at::IntArrayRef sizes, at::ScalarType fp8) {
+  int64_t n = c10::multiply_integers(sizes);
+  int64_t at_scale = (n + 15) / 16 * 16;
+  return {bytes, bytes.narrow(0, 0, n).view(fp8).view(sizes), bytes.narrow(0, at_scale, 4).view(at::kFloat).view({})};
+}
+
+Packed quantize(at::Tensor const& t, int64_t margin, Fp8 format) {
   DType dt = dtype_of(t.scalar_type(), "t");
   c10::cuda::CUDAGuard guard(t.device());
   auto src = t.contiguous();
-  auto out = at::empty(src.sizes(), src.options().dtype(format == Fp8::e4m3 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2));
-  auto scale = at::empty({}, src.options().dtype(at::kFloat));
+  auto fp8 = format == Fp8::e4m3 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2;
+  auto p = packed(at::empty({(src.numel() + 15) / 16 * 16 + 16}, src.options().dtype(at::kByte)), src.sizes(), fp8);
+  auto& out = p.t8;
+  auto& scale = p.scale;
   poison(out);
   poison(scale);
   auto amax = at::empty({}, src.options().dtype(at::kInt));
@@ -28,17 +43,26 @@ std::tuple<at::Tensor, at::Tensor> quantize(at::Tensor const& t, int64_t margin,
   quantize_fp8(src.data_ptr(), dt, format, src.numel(), m, reinterpret_cast<unsigned*>(amax.data_ptr<int>()),
                scale.data_ptr<float>(), reinterpret_cast<uint8_t*>(out.data_ptr()),
                at::cuda::getCurrentCUDAStream().stream());
-  return {out, scale};
+  return p;
 }
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor> quantize_e4m3_cuda(at::Tensor const& t, int64_t margin) {
-  return quantize(t, margin, Fp8::e4m3);
+std::tuple<at::Tensor, at::Tensor> quantize_e4m3_cuda(at::Tensor const& t, int64_t margin, bool cache) {
+  if (!cache) {
+    auto p = quantize(t, margin, Fp8::e4m3);
+    return {p.t8, p.scale};
+  }
+  // A frozen weight's W8 and scale, kept between calls as the 3xTF32 split is (derived_cache.h).
+  auto bytes = derived(Derived::weight_e4m3, {t}, {static_cast<double>(margin)}, cache,
+                       [&] { return quantize(t, margin, Fp8::e4m3).bytes; });
+  auto p = packed(bytes, t.sizes(), at::kFloat8_e4m3fn);
+  return {p.t8, p.scale};
 }
 
 std::tuple<at::Tensor, at::Tensor> quantize_e5m2_cuda(at::Tensor const& t, int64_t margin) {
-  return quantize(t, margin, Fp8::e5m2);
+  auto p = quantize(t, margin, Fp8::e5m2);
+  return {p.t8, p.scale};
 }
 
 }  // namespace cutlass_fused

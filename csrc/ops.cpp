@@ -288,7 +288,8 @@ TORCH_LIBRARY(cutlass_fused, m) {
   // amax into (224, 448] (less `margin` powers of two; 1 where the amax is 0 or not finite), and
   // that scale (0-dim fp32), as cutlass_fused/fp8.py's scale_of and quantize compute them: one op,
   // so that CUDA measures the amax and casts in two passes with no host sync.
-  m.def("quantize_e4m3(Tensor t, int margin=0) -> (Tensor t8, Tensor scale)");
+  // `cache` as the GEMM ops' (above): a frozen weight's W8 is kept between calls.
+  m.def("quantize_e4m3(Tensor t, int margin=0, bool cache=False) -> (Tensor t8, Tensor scale)");
   // The same in e5m2 (57344 in place of 448): dh in the FP8 backward (Float8Recipe(backward="e5m2")).
   m.def("quantize_e5m2(Tensor t, int margin=0) -> (Tensor t8, Tensor scale)");
   m.def(

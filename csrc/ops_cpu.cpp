@@ -285,7 +285,7 @@ std::tuple<at::Tensor, at::Tensor> quantize_fp8_cpu(at::Tensor const& t, int64_t
   return {v.to(fp8).contiguous(), scale};
 }
 
-std::tuple<at::Tensor, at::Tensor> quantize_e4m3_cpu(at::Tensor const& t, int64_t margin) {
+std::tuple<at::Tensor, at::Tensor> quantize_e4m3_cpu(at::Tensor const& t, int64_t margin, bool) {
   return quantize_fp8_cpu(t, margin, at::kFloat8_e4m3fn, 448.0);
 }
 

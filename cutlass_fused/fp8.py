@@ -22,8 +22,9 @@ The e4m3 kernels (train_e4m3 below): current scaling in training, through ops.qu
 amax and the cast on the GPU, this file's scale_of and quantize op for op) and the e4m3 statistics
 GEMM; the module picks them (LinearScaleBatchNorm1d._runs_e4m3). Every other FP8 call runs the
 same rounding through the 16-bit kernels ("emulated"), which emulate=True forces; on a GPU whose
-build has no e4m3 kernels, a recipe without emulate=True is refused. Not built: an FP8 backward,
-W8's cache, e4m3 eval, delayed scaling through the kernels.
+build has no e4m3 kernels, a recipe without emulate=True is refused. Inside frozen_weights(), W8
+and its scale are kept between calls while W is unchanged (csrc/derived_cache.h). Not built: e4m3
+eval, delayed scaling through the kernels.
 """
 import dataclasses
 
@@ -227,9 +228,9 @@ class _TrainE4M3(torch.autograd.Function):
     def forward(ctx, x, weight, bias, scale, bn_weight, bn_bias, margin, rest):
         from .ops import ops
         (running_mean, running_var, num_batches_tracked, momentum, eps, family, activation, slope, output_dtype,
-         backward) = rest
+         backward, cache) = rest
         x8, s_x = ops.quantize_e4m3(x, margin)
-        w8, s_w = ops.quantize_e4m3(weight, margin)
+        w8, s_w = ops.quantize_e4m3(weight, margin, cache)
         alpha = 1 / (s_x * s_w)
         b = None if bias is None else (bias / alpha).to(torch.bfloat16)
         sc = (scale * alpha).to(scale.dtype)
@@ -314,8 +315,11 @@ def train_e4m3(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running
     output_dtype (rounded once from the fp32 value where the kernels write it, as the training op).
     ops.quantize_e4m3 measures each amax and casts (two passes over x, no host sync). backward:
     Float8Recipe's ("bf16" or "e5m2": _e5m2_grads)."""
+    from .frozen import may_cache
+    # Inside frozen_weights() (a frozen weight), W8 and its scale are kept between calls.
+    cache = may_cache(weight, bias, scale, bn_weight, bn_bias, running_mean, running_var)
     rest = (running_mean, running_var, num_batches_tracked, momentum, eps, family, activation, negative_slope,
-            output_dtype, backward)
+            output_dtype, backward, cache)
     # Under autocast the op runs below it: e4m3 x and W are autocast's, and the emulated path's
     # bf16 casts of x, W and the bias are exact there too (e4m3 values, a bf16 bias / alpha).
     with torch.autocast(x.device.type, enabled=False):

@@ -116,6 +116,31 @@ def test_quantize_op_edges(device):
 
 
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA else []))
+def test_frozen_weight_keeps_its_e4m3_cast(device):
+    """Inside frozen_weights() the e4m3 path keeps W8 and its scale between calls while W is
+    unchanged (CUDA: the derived cache; the CPU keeps nothing), made anew after a write the version
+    counter sees; y is the uncached call's, bit for bit."""
+    from cutlass_fused.ops import ops
+    torch.manual_seed(0)
+    layer = cutlass_fused.LinearScaleBatchNorm1d(64, 48, device=device, dtype=torch.bfloat16,
+                                                 fp8=cutlass_fused.Float8Recipe())
+    x = (3 * torch.randn(96, 64)).to(device, torch.bfloat16)
+    w = layer.gemm.weight
+    plain = ops.quantize_e4m3(w.detach(), 0)
+    y0 = layer(x)
+    with cutlass_fused.frozen_weights(layer):
+        first, second = ops.quantize_e4m3(w, 0, True), ops.quantize_e4m3(w, 0, True)
+        for got in (first, second):
+            assert torch.equal(_bits(got[0]), _bits(plain[0])) and torch.equal(got[1], plain[1])
+        assert (first[0].data_ptr() == second[0].data_ptr()) == (device == "cuda")
+        assert torch.equal(layer(x), y0)
+        with torch.no_grad():
+            w.mul_(2)
+        third = ops.quantize_e4m3(w, 0, True)
+        assert torch.equal(third[1], plain[1] / 2) and torch.equal(_bits(third[0]), _bits(plain[0]))
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA else []))
 @pytest.mark.parametrize("m,k,n", [(48, 32, 16), (50, 40, 24), (3, 769, 1000), (1000, 64, 5)])
 @pytest.mark.parametrize("wide", [False, True], ids=["bf16", "fp32-out"])
 def test_e5m2_grads_are_the_fp8_gemms(device, m, k, n, wide):
