@@ -170,8 +170,7 @@ def test_e5m2_backward_in_the_layer(device):
     the bf16 backward's) and stay within e5m2's precision of float64 of the same quantized forward
     (rms relative error under 10%: e5m2 keeps 2 significand bits, a 12.5% half step at worst, which
     the GEMMs' sums average); the other gradients are the bf16 backward's, bit for bit."""
-    if device == "cuda" and not fp8.e4m3_kernels(torch.device("cuda")):
-        pytest.skip("the e4m3 kernels: an sm90 GPU and a build with the e4m3 rows")
+    skip_without_e4m3(device)
     torch.manual_seed(3)
     grads = {}
     for backward in ("bf16", "e5m2"):
