@@ -25,6 +25,12 @@ using EvalSig = at::Tensor(at::Tensor const&, at::Tensor const&, OptTensor const
                            OptTensor const&, OptTensor const&, at::Tensor const&, at::Tensor const&, double,
                            c10::string_view, bool, c10::string_view, double, c10::optional<at::ScalarType>);
 using MatmulSig = at::Tensor(at::Tensor const&, at::Tensor const&, c10::string_view);
+using Fp8TrainSig = TrainOut(
+    at::Tensor const&, at::Tensor const&, OptTensor const&, at::Tensor const&, OptTensor const&, OptTensor const&,
+    OptTensor const&, OptTensor const&, OptTensor const&, c10::optional<double>, double, c10::string_view,
+    c10::string_view, double, c10::optional<at::ScalarType>);
+using QuantizeE4M3Sig = std::tuple<at::Tensor, at::Tensor>(at::Tensor const&, int64_t, bool);
+using QuantizeE5M2Sig = std::tuple<at::Tensor, at::Tensor>(at::Tensor const&, int64_t);
 
 // Set by the autocast kernel (autocast.cpp) for the length of its call of the training op: the
 // 16-bit dtype its Autograd kernel is to cast the fp32 weight and bias to, which autocast left

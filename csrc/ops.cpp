@@ -284,6 +284,15 @@ TORCH_LIBRARY(cutlass_fused, m) {
       " Tensor? bn_bias, Tensor(a!)? running_mean, Tensor(b!)? running_var, Tensor(c!)? num_batches_tracked,"
       " float? momentum, float eps, str family, str activation=\"none\", float negative_slope=0.01,"
       " ScalarType? output_dtype=None) -> (Tensor y, Tensor h, Tensor stats, Tensor mean, Tensor invstd)");
+  // The e4m3 training path as one op with its autograd (csrc/fp8_autograd.cpp): x and W rounded
+  // by quantize_e4m3 under current scaling (a frozen W8 kept where `cache` allows), the FP8 op
+  // above, and the backward in bf16 over the dequantized operands or, backward="e5m2", as FP8 GEMMs
+  // over dh rounded to e5m2. y only: the op's other outputs stay inside.
+  m.def(
+      "linear_scale_batch_norm_train_e4m3(Tensor x, Tensor weight, Tensor? bias, Tensor scale, Tensor? bn_weight,"
+      " Tensor? bn_bias, Tensor(a!)? running_mean, Tensor(b!)? running_var, Tensor(c!)? num_batches_tracked,"
+      " float? momentum, float eps, str family, str activation=\"none\", float negative_slope=0.01,"
+      " ScalarType? output_dtype=None, int margin=0, str backward=\"bf16\", bool cache=False) -> Tensor");
   // FP8 current scaling (issue 33): t rounded to e4m3 under the power-of-two scale that maps its
   // amax into (224, 448] (less `margin` powers of two; 1 where the amax is 0 or not finite), and
   // that scale (0-dim fp32), as cutlass_fused/fp8.py's scale_of and quantize compute them: one op,

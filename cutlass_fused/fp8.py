@@ -29,7 +29,6 @@ eval, delayed scaling through the kernels.
 import dataclasses
 
 import torch
-import torch.nn.functional as F
 
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = torch.finfo(E4M3).max  # 448
@@ -215,112 +214,19 @@ class DelayedState:
         self.scale.copy_(scale_from_amax(reduced, recipe.margin, self.scale))
 
 
-class _TrainE4M3(torch.autograd.Function):
-    """The training op over e4m3 operands (ops.linear_scale_batch_norm_train_fp8), differentiated
-    as the emulated path is: x and W straight through their rounding, the backward in h's bf16 over
-    the dequantized operands. The op computes h' = h / alpha (alpha = 1 / (s_x s_w)) and normalizes
-    with scale * alpha, so its BN backward's dh' is alpha dh and its dscale' is dscale / alpha.
-    The powers of two then move onto the small operands: dX = dh Wq = dh' (W8 s_x) and
-    dW = dh^T xq = s_w (dh'^T x8), exact as long as nothing leaves fp32's and bf16's normal range,
-    so the gradients are the emulated path's with no pass over dh or a dequantized x."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, scale, bn_weight, bn_bias, margin, rest):
-        from .ops import ops
-        (running_mean, running_var, num_batches_tracked, momentum, eps, family, activation, slope, output_dtype,
-         backward, cache) = rest
-        x8, s_x = ops.quantize_e4m3(x, margin)
-        w8, s_w = ops.quantize_e4m3(weight, margin, cache)
-        alpha = 1 / (s_x * s_w)
-        b = None if bias is None else (bias / alpha).to(torch.bfloat16)
-        sc = (scale * alpha).to(scale.dtype)
-        y, h, _, mean, invstd = ops.linear_scale_batch_norm_train_fp8(
-            x8, w8, b, sc, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, momentum, eps, family,
-            activation, slope, output_dtype)
-        ctx.save_for_backward(x8, w8, h, mean, invstd, sc, bn_weight, bn_bias, s_x, s_w)
-        ctx.eps, ctx.activation, ctx.slope, ctx.backward, ctx.margin = eps, activation, slope, backward, margin
-        ctx.dtypes = x.dtype, weight.dtype, None if bias is None else bias.dtype, scale.dtype
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        from .ops import ops
-        x8, w8, h, mean, invstd, sc, bn_weight, bn_bias, s_x, s_w = ctx.saved_tensors
-        if dy.dtype not in (h.dtype, torch.float32):
-            dy = dy.float()
-        dh, dsc, dgamma, dbeta = ops.batch_norm_backward(dy.contiguous(), h, mean, invstd, sc, bn_weight, ctx.eps, bn_bias,
-                                                         ctx.activation, ctx.slope)  # dh' = alpha dh
-        x_dt, w_dt, b_dt, s_dt = ctx.dtypes
-        dx = dw = db = None
-        if ctx.backward == "e5m2":
-            dx, dw = _e5m2_grads(dh, x8, w8, s_x, s_w, ctx.needs_input_grad[0], ctx.needs_input_grad[1], x_dt, w_dt)
-        elif ctx.needs_input_grad[0]:
-            dx = (dh @ (w8.to(h.dtype) * s_x.to(h.dtype))).to(x_dt)
-        if ctx.needs_input_grad[1] and ctx.backward != "e5m2":
-            x16 = x8.to(h.dtype)
-            # A wider weight (fp32 under autocast): the product rounded once to it on CUDA, as the
-            # training op's backward makes it (autograd.cpp, mm_to_fp32); elsewhere a cast.
-            wide = w_dt != h.dtype and dh.is_cuda and hasattr(torch.ops.aten.mm, "dtype")
-            dw = torch.ops.aten.mm.dtype(dh.t(), x16, w_dt) if wide else (dh.t() @ x16).to(w_dt)
-            dw = dw * s_w.to(w_dt)
-        if ctx.needs_input_grad[2]:
-            db = (dsc * 0).to(b_dt)  # exactly zero, NaN where the column's statistics are not finite
-        dscale = (dsc / (s_x * s_w)).to(s_dt) if ctx.needs_input_grad[3] else None
-        return dx, dw, db, dscale, dgamma, dbeta, None, None
-
-
-def _pad16(t):
-    """t (2-D) with zero rows and columns up to multiples of 16, the sizes cuBLAS's FP8 GEMMs take
-    (zeros change no dot product); an fp8 tensor is padded through its bytes (0 is +0.0)."""
-    rows, cols = -t.shape[0] % 16, -t.shape[1] % 16
-    if rows == 0 and cols == 0:
-        return t
-    if t.dtype in (E4M3, E5M2):
-        return F.pad(t.view(torch.uint8), (0, cols, 0, rows)).view(t.dtype)
-    return F.pad(t, (0, cols, 0, rows))
-
-
-def _column_major(t):
-    return t.t().contiguous().t()
-
-
-def _e5m2_grads(dh, x8, w8, s_x, s_w, need_dx, need_dw, x_dt, w_dt):
-    """dX and dW as FP8 GEMMs (torch._scaled_mm: cuBLASLt on CUDA), from dh' = alpha dh rounded to
-    e5m2 under its own current scale s_g, and the forward's e4m3 x8 and W8: dX = dh Wq = (dh8 W8)
-    s_x / s_g and dW = dh^T xq = (dh8^T x8) s_w / s_g, each rounded once from the fp32 accumulator
-    to x's and W's dtype. _scaled_mm takes a row-major first and a column-major second operand, so
-    dh8^T, W8 and x8 are copied transposed (1 byte an element), and every size padded to 16."""
-    from .ops import ops
-    m, k = x8.shape
-    n = w8.shape[0]
-    dh8, s_g = ops.quantize_e5m2(dh)
-    inv_g = 1 / s_g  # exact: a power of two
-    dh8p = _pad16(dh8)
-    dx = dw = None
-    if need_dx:
-        dx = torch._scaled_mm(dh8p, _column_major(_pad16(w8)), inv_g, s_x, out_dtype=x_dt)[:m, :k]
-        dx = dx if dx.is_contiguous() else dx.contiguous()
-    if need_dw:
-        dw = torch._scaled_mm(dh8p.t().contiguous(), _column_major(_pad16(x8)), inv_g, s_w, out_dtype=w_dt)[:n, :k]
-        dw = dw if dw.is_contiguous() else dw.contiguous()
-    return dx, dw
-
-
 def train_e4m3(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, momentum,
                eps, family, activation="none", negative_slope=0.01, margin=0, output_dtype=None, backward="bf16"):
     """y of the training op with x and W rounded to e4m3 under current scaling, through the e4m3
     kernels (on the CPU, the op's bf16 reference): the emulated path's values and gradients
     (tests/test_fp8.py). x and W in bf16, or under bf16 autocast an fp32 W and an fp32 or bf16 x
-    (the block before's y); y in h * scale's dtype, or
-    output_dtype (rounded once from the fp32 value where the kernels write it, as the training op).
-    ops.quantize_e4m3 measures each amax and casts (two passes over x, no host sync). backward:
-    Float8Recipe's ("bf16" or "e5m2": _e5m2_grads)."""
+    (the block before's y); y in h * scale's dtype, or output_dtype (rounded once from the fp32
+    value where the kernels write it, as the training op). One op with its autograd in C++
+    (ops.linear_scale_batch_norm_train_e4m3, csrc/fp8_autograd.cpp); backward: Float8Recipe's
+    ("bf16", or "e5m2": FP8 GEMMs over dh rounded to e5m2)."""
     from .frozen import may_cache
+    from .ops import ops
     # Inside frozen_weights() (a frozen weight), W8 and its scale are kept between calls.
     cache = may_cache(weight, bias, scale, bn_weight, bn_bias, running_mean, running_var)
-    rest = (running_mean, running_var, num_batches_tracked, momentum, eps, family, activation, negative_slope,
-            output_dtype, backward, cache)
-    # Under autocast the op runs below it: e4m3 x and W are autocast's, and the emulated path's
-    # bf16 casts of x, W and the bias are exact there too (e4m3 values, a bf16 bias / alpha).
-    with torch.autocast(x.device.type, enabled=False):
-        return _TrainE4M3.apply(x, weight, bias, scale, bn_weight, bn_bias, margin, rest)
+    return ops.linear_scale_batch_norm_train_e4m3(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var,
+                                                  num_batches_tracked, momentum, eps, family, activation,
+                                                  negative_slope, output_dtype, margin, backward, cache)

@@ -55,6 +55,14 @@ def _(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num
     return y if output_dtype is None else y.to(output_dtype), h, stats, mean, invstd
 
 
+@torch.library.register_fake("cutlass_fused::linear_scale_batch_norm_train_e4m3")
+def _(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, momentum, eps,
+      family, activation="none", negative_slope=0.01, output_dtype=None, margin=0, backward="bf16", cache=False):
+    # y of the FP8 op: bf16 h times scale, promoted, or output_dtype.
+    y = x.new_empty((x.shape[0], weight.shape[0]), dtype=torch.promote_types(torch.bfloat16, scale.dtype))
+    return y if output_dtype is None else y.to(output_dtype)
+
+
 @torch.library.register_fake("cutlass_fused::quantize_e4m3")
 def _(t, margin=0, cache=False):
     return t.new_empty(t.shape, dtype=torch.float8_e4m3fn), t.new_empty((), dtype=torch.float32)

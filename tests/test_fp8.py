@@ -142,26 +142,41 @@ def test_frozen_weight_keeps_its_e4m3_cast(device):
 
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA else []))
 @pytest.mark.parametrize("m,k,n", [(48, 32, 16), (50, 40, 24), (3, 769, 1000), (1000, 64, 5)])
-@pytest.mark.parametrize("wide", [False, True], ids=["bf16", "fp32-out"])
+@pytest.mark.parametrize("wide", [False, True], ids=["bf16", "fp32-weight"])
 def test_e5m2_grads_are_the_fp8_gemms(device, m, k, n, wide):
-    """The FP8 backward's GEMMs (fp8._e5m2_grads): dX and dW against float64 of the same e5m2 dh8 and
-    e4m3 x8, W8 under their scales, within the one rounding of each output (2x the rounding of the
-    float64 value to that dtype, plus a floor); unaligned sizes take the padding to 16."""
+    """The FP8 backward's GEMMs (the e4m3 op with backward="e5m2"): dX and dW against float64 of the
+    same e5m2 dh8 (the BN backward's dh' of the op's own h, rounded as quantize_e5m2 rounds it) and
+    the op's e4m3 x8, W8 under their scales, within the one rounding of each output (2x the rounding
+    of the float64 value to that dtype, plus a floor); unaligned sizes take the padding to 16.
+    wide: an fp32 weight (autocast's layer), so dW comes out in fp32."""
+    if device == "cuda" and not fp8.e4m3_kernels(torch.device("cuda")):
+        pytest.skip("the e4m3 kernels: an sm90 GPU and a build with the e4m3 rows")
     from cutlass_fused.ops import ops
     torch.manual_seed(m + k + n)
-    x_dt = torch.float32 if wide else torch.bfloat16
-    x8, s_x = ops.quantize_e4m3((3 * torch.randn(m, k)).to(device, torch.bfloat16))
-    w8, s_w = ops.quantize_e4m3((torch.randn(n, k) / 8).to(device, torch.bfloat16))
-    dh = (torch.randn(m, n) / 5).to(device, torch.bfloat16)
-    dx, dw = fp8._e5m2_grads(dh, x8, w8, s_x, s_w, True, True, x_dt, x_dt)
+    w_dt = torch.float32 if wide else torch.bfloat16
+    x = (3 * torch.randn(m, k)).to(device, torch.bfloat16).requires_grad_()
+    w = (torch.randn(n, k) / 8).to(device, w_dt).requires_grad_()
+    scale = torch.empty(n, device=device).uniform_(0.5, 2)
+    gamma, beta = torch.randn(n, device=device), torch.randn(n, device=device)
+    dy = torch.randn(m, n, device=device)
+    y = ops.linear_scale_batch_norm_train_e4m3(x, w, None, scale, gamma, beta, None, None, None, 0.1, 1e-5, "auto",
+                                               "relu", 0.01, None, 0, "e5m2", False)
+    y.backward(dy.to(y.dtype))
+    # The op's pieces, again: the same x8, W8, h and statistics, then its BN backward's dh'.
+    x8, s_x = ops.quantize_e4m3(x.detach(), 0)
+    w8, s_w = ops.quantize_e4m3(w.detach(), 0)
+    alpha = 1 / (s_x * s_w)
+    sc = scale * alpha
+    _, h, _, mean, invstd = ops.linear_scale_batch_norm_train_fp8(x8, w8, None, sc, gamma, beta, None, None, None,
+                                                                  0.1, 1e-5, "auto", "relu", 0.01)
+    dh = ops.batch_norm_backward(dy.to(y.dtype).contiguous(), h, mean, invstd, sc, gamma, 1e-5, beta, "relu", 0.01)[0]
     s_g = fp8.scale_of(dh, 0, fp8.E5M2)
     dh8 = fp8.quantize(dh, s_g, fp8.E5M2).double().cpu() / s_g.double().cpu()
     want_dx = dh8 @ (w8.double().cpu() * s_x.double().cpu())  # dh' (W8 s_x)
     want_dw = (dh8.t() @ x8.double().cpu()) * s_w.double().cpu()  # s_w (dh'^T x8)
-    assert dx.dtype == dw.dtype == x_dt and dx.shape == (m, k) and dw.shape == (n, k)
-    mode = "f32" if wide else "bf16"
-    assert_close_rule_scaled(dx.cpu(), want_dx.to(x_dt), want_dx, mode, "dx")
-    assert_close_rule_scaled(dw.cpu(), want_dw.to(x_dt), want_dw, mode, "dw")
+    assert x.grad.dtype == torch.bfloat16 and w.grad.dtype == w_dt
+    assert_close_rule_scaled(x.grad.cpu(), want_dx.to(torch.bfloat16), want_dx, "bf16", "dx")
+    assert_close_rule_scaled(w.grad.cpu(), want_dw.to(w_dt), want_dw, "f32" if wide else "bf16", "dw")
 
 
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA else []))
@@ -614,16 +629,17 @@ def test_module_e4m3_path_is_the_emulated_one(device, amp, y_dtype, x_dtype):
         layers[emulate] = layer
     x = (3 * torch.randn(96, 64)).to(device, x_dtype or dtype)
     calls = []
-    orig = fp8._TrainE4M3.apply
+    import cutlass_fused.module as module
+    orig = module.train_e4m3
     out = {}
     for emulate, layer in layers.items():
         xs = x.clone().requires_grad_()
-        fp8._TrainE4M3.apply = lambda *a: (calls.append(emulate), orig(*a))[1]
+        module.train_e4m3 = lambda *a: (calls.append(emulate), orig(*a))[1]
         try:
             with torch.autocast(device, dtype=torch.bfloat16, enabled=amp):
                 y = layer(xs)
         finally:
-            fp8._TrainE4M3.apply = orig
+            module.train_e4m3 = orig
         y.float().square().sum().backward()
         out[emulate] = [y.detach(), layer.bn.running_mean, layer.bn.running_var, xs.grad,
                         *[p.grad for p in layer.parameters()]]
