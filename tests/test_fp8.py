@@ -149,8 +149,7 @@ def test_e5m2_grads_are_the_fp8_gemms(device, m, k, n, wide):
     the op's e4m3 x8, W8 under their scales, within the one rounding of each output (2x the rounding
     of the float64 value to that dtype, plus a floor); unaligned sizes take the padding to 16.
     wide: an fp32 weight (autocast's layer), so dW comes out in fp32."""
-    if device == "cuda" and not fp8.e4m3_kernels(torch.device("cuda")):
-        pytest.skip("the e4m3 kernels: an sm90 GPU and a build with the e4m3 rows")
+    skip_without_e4m3(device)
     from cutlass_fused.ops import ops
     torch.manual_seed(m + k + n)
     w_dt = torch.float32 if wide else torch.bfloat16
