@@ -188,7 +188,9 @@ _SM80 = [
 ]
 # sm80's training GEMM with the statistics in its epilogue (issue 32): the eval tile and
 # mainloop, not swapped, fp32 per-CTA sums of h and h^2 from a row reduction that stores each
-# CTA's partials (csrc/kernels/gemm/sm80_stats.cuh). bf16 first: the shape of the 16-bit rows.
-_SM80 += [Kernel("sm80", "bf16", "stats", (256, 128, 64), warps=(4, 2, 1), stages=3)]
+# CTA's partials (csrc/kernels/gemm/sm80_stats.cuh), for the dtypes whose sums are fp32 (bf16,
+# fp16, TF32; 3xTF32 would need fp64 partials, and keeps the column pass).
+_SM80 += [Kernel("sm80", dt, "stats", (256, 128, 32 if dt == "tf32" else 64), warps=(4, 2, 1), stages=3)
+          for dt in ("bf16", "f16", "tf32")]
 
 KERNELS = _SM90 + _SM80

@@ -84,14 +84,15 @@ def test_stats_gemm_matches_exact_path(shape, dtype, monkeypatch, override):
 
 
 @needs_hopper
+@pytest.mark.parametrize("dtype", ["bf16", "f16", "tf32"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_sm80_stats_gemm_matches_exact_path(shape, monkeypatch, override):
-    """The sm80 family's statistics GEMM (bf16; run on Hopper): each CTA stores its own row of
-    partial sums through CUTLASS's row reduction (csrc/kernels/gemm/sm80_stats.cuh); a partial
-    batch tile (1000 rows) and unaligned features (5125) included."""
-    if "sm80_bf16_stats_256x128x64_s3" not in cutlass_fused.built_kernels():
+def test_sm80_stats_gemm_matches_exact_path(shape, dtype, monkeypatch, override):
+    """The sm80 family's statistics GEMM (run on Hopper): each CTA stores its own row of partial
+    sums through CUTLASS's row reduction (csrc/kernels/gemm/sm80_stats.cuh); a partial batch tile
+    (1000 rows) and unaligned features (5125) included."""
+    if not any(k.startswith(f"sm80_{dtype}_stats_") for k in cutlass_fused.built_kernels()):
         pytest.skip("this build has no sm80 statistics kernel")
-    check_against_exact_path(shape, "bf16", monkeypatch, override, "sm80_bf16_stats_", "sm80")
+    check_against_exact_path(shape, dtype, monkeypatch, override, f"sm80_{dtype}_stats_", "sm80")
 
 
 @needs_hopper
