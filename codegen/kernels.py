@@ -16,12 +16,14 @@ Fields
   mode     "eval"   y = (acc + b)*a + c, nothing else (fp16: h and z = h*s rounded
                     to fp16 on the way, as the unfused model rounds them; also the
                     sm80 training GEMM, followed by our column-statistics kernel)
-           "stats"  sm90 only, A and B swapped: D' = W x^T (features x batch, stored
+           "stats"  sm90: A and B swapped: D' = W x^T (features x batch, stored
                     column-major, which is h row-major), h = acc + b, and per-CTA
                     partial sums of u = h - shift and u^2 per feature, laid out
                     (ceil(batch / tile_n), round_up(features, tile_m)): fp32
                     ("partial"), fp64 for f32x3 ("partial64"); tile is
-                    (features, batch, K)
+                    (features, batch, K).
+                    sm80: not swapped (tile (batch, features, K)); fp32 partial sums
+                    of h and h^2 laid out (ceil(batch / tile_m), round_up(features, tile_m))
   tile     CTA tile (M, N, K)
   cluster  sm90 cluster shape
   schedule sm90 kernel schedule: "TmaWarpSpecializedCooperative",
@@ -184,5 +186,11 @@ _SM80 = [
            warps=(4, 2, 1), stages=3)
     for dt in ("bf16", "f16", "tf32", "f32x3")
 ]
+# sm80's training GEMM with the statistics in its epilogue (issue 32): the eval tile and
+# mainloop, not swapped, fp32 per-CTA sums of h and h^2 from a row reduction that stores each
+# CTA's partials (csrc/kernels/gemm/sm80_stats.cuh), for the dtypes whose sums are fp32 (bf16,
+# fp16, TF32; 3xTF32 would need fp64 partials, and keeps the column pass).
+_SM80 += [Kernel("sm80", dt, "stats", (256, 128, 32 if dt == "tf32" else 64), warps=(4, 2, 1), stages=3)
+          for dt in ("bf16", "f16", "tf32")]
 
 KERNELS = _SM90 + _SM80

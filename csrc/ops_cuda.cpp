@@ -211,7 +211,7 @@ Workspace run_gemm(Plan const& plan, at::Tensor const& x, at::Tensor const& weig
     ws.scratch = static_cast<char*>(ws.bytes.data_ptr()) + own;
     if (poison_outputs() && plan.workspace > 0) ws.bytes.narrow(0, own, plan.workspace).fill_(0xff);  // NaN sums
   }
-  if (g.swapped) {
+  if (g.sums.bytes > 0) {  // a statistics GEMM's per-CTA sums
     p.u_sum = ws.u_sum = ws.scratch;
     p.u_sumsq = ws.u_sumsq = ws.scratch + int64_t{g.sums.tiles} * g.sums.ld * g.sums.bytes;
   }
@@ -418,7 +418,7 @@ TrainOut train_cuda(at::Tensor const& x, at::Tensor const& weight, c10::optional
   t.sm_count = pr.sm_count;
   t.tail = plan.tail;
   t.pieces = plan.pieces;
-  if (plan.gemm.swapped) {
+  if (plan.gemm.sums.bytes > 0) {
     StatsLayout const& u = plan.gemm.sums;
     t.u_sum = ws.u_sum;
     t.u_sumsq = ws.u_sumsq;

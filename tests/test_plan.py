@@ -71,8 +71,19 @@ def test_training_takes_the_statistics_gemm_where_it_fills_half_the_gpu(shape, k
         assert (got["sum_tiles"], got["sum_ld"], got["sum_bytes"]) == (-(-shape[0] // tile_n), shape[1], 4)
 
 
-def test_statistics_gemm_is_sm90_and_can_be_turned_off():
-    assert not plan(1024, 8192, 1024, family="sm80", **H100)["stats_gemm"]
+def test_statistics_gemm_on_both_families_and_can_be_turned_off():
+    # sm80 (bf16): not swapped; one fp32 row of sums a 256-row batch tile, the features rounded up
+    # to whole batch tiles (csrc/kernels/gemm/sm80_stats.cuh's partials_ld).
+    got = plan(4000, 1000, 1024, family="sm80", **H100)
+    assert got["stats_gemm"] and got["kernel"] == "sm80_bf16_stats_256x128x64_s3"
+    assert (got["sum_tiles"], got["sum_ld"], got["sum_bytes"]) == (16, 1024, 4)
+    assert plan(4000, 1000, 1024, dtype=torch.float16, family="sm80", **H100)["kernel"] == \
+        "sm80_f16_stats_256x128x64_s3"
+    assert plan(4000, 1000, 1024, dtype=torch.float32, allow_tf32=True, family="sm80", **H100)["kernel"] == \
+        "sm80_tf32_stats_256x128x32_s3"
+    # Too few CTAs (4 x 8 of 132 SMs), or 3xTF32 (its sums would need fp64 partials): the eval GEMM.
+    assert not plan(1000, 1000, 1024, family="sm80", **H100)["stats_gemm"]
+    assert not plan(4000, 1000, 1024, dtype=torch.float32, allow_tf32=False, family="sm80", **H100)["stats_gemm"]
     with cutlass_fused.overrides(stats_gemm=False):
         got = plan(1024, 8192, 1024, **H100)
     assert not got["stats_gemm"] and got["kernel"] == "sm90_bf16_eval_256x128x64_c1x2x1"

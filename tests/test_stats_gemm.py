@@ -1,6 +1,6 @@
-"""The statistics GEMM (sm90 training in bf16, fp16, TF32 and 3xTF32): h and per-batch-tile sums of
-h and h^2 from one swapped-operand kernel, so that the training tail reads h once
-(csrc/ops_cuda.cpp, stats_gemm).
+"""The statistics GEMM (sm90 training in bf16, fp16, TF32 and 3xTF32; sm80 in bf16): h and
+per-batch-tile sums of h and h^2 from one kernel (swapped operands on sm90), so that the training
+tail reads h once (csrc/ops_cuda.cpp, stats_gemm).
 
 16-bit and TF32 sums are fp32, so they are held against the exact path (CUTLASS_FUSED_STATS=0: our
 fp64 pass over h) to fp32's accuracy, and the fallback against float64: a column whose mean dwarfs
@@ -30,14 +30,14 @@ SHAPES = [(1000, 96, 5125), (16384, 64, 256), (4096, 512, 1024)]
 NO_PROFILER = bool(os.environ.get("CUTLASS_FUSED_NO_PROFILER"))
 
 
-def train(x, p, override, stats, kernel="_stats_"):
+def train(x, p, override, stats, kernel="_stats_", family="sm90"):
     """The fused training forward, and whether a kernel whose name holds `kernel` ran
     (None where the profiler cannot tell)."""
     override(stats_gemm=stats)
     rm, rv = p["running_mean"].clone(), p["running_var"].clone()
     def run():
         return ops.linear_scale_batch_norm_train(x, p["weight"], p["bias"], p["scale"], p["bn_weight"], p["bn_bias"],
-                                                 rm, rv, None, 0.1, 1e-5, "sm90")
+                                                 rm, rv, None, 0.1, 1e-5, family)
 
     if NO_PROFILER:
         return run(), rm, rv, None
@@ -84,19 +84,33 @@ def test_stats_gemm_matches_exact_path(shape, dtype, monkeypatch, override):
 
 
 @needs_hopper
+@pytest.mark.parametrize("dtype", ["bf16", "f16", "tf32"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_sm80_stats_gemm_matches_exact_path(shape, dtype, monkeypatch, override):
+    """The sm80 family's statistics GEMM (run on Hopper): each CTA stores its own row of partial
+    sums through CUTLASS's row reduction (csrc/kernels/gemm/sm80_stats.cuh); a partial batch tile
+    (1000 rows) and unaligned features (5125) included."""
+    if not any(k.startswith(f"sm80_{dtype}_stats_") for k in cutlass_fused.built_kernels()):
+        pytest.skip("this build has no sm80 statistics kernel")
+    check_against_exact_path(shape, dtype, monkeypatch, override, f"sm80_{dtype}_stats_", "sm80")
+
+
+@needs_hopper
 @pytest.mark.parametrize("kernel", STATS_KERNELS)
 def test_each_stats_kernel(kernel, monkeypatch, override):
     if kernel not in cutlass_fused.built_kernels():
         pytest.skip(f"{kernel} is not in this build")
     override(kernel=kernel)
-    check_against_exact_path(SHAPES[0], kernel_dtype(kernel), monkeypatch, override, kernel)
+    # sm80's 256-row batch tiles: (4096, 512, 1024) fills half the GPU (16 x 8 CTAs), and 1000 rows
+    # (4 x 41 CTAs at 5125 features) do too, with a partial batch tile.
+    check_against_exact_path(SHAPES[0], kernel_dtype(kernel), monkeypatch, override, kernel, kernel.split("_")[0])
 
 
-def check_against_exact_path(shape, dtype, monkeypatch, override, kernel):
+def check_against_exact_path(shape, dtype, monkeypatch, override, kernel, family="sm90"):
     m, k, n = shape
     p, x = inputs(dtype, m, k, n, m, monkeypatch)
-    (y, h, stats, mean, invstd), rm, rv, used = train(x, p, override, True, kernel)
-    (y0, h0, stats0, mean0, invstd0), rm0, rv0, used0 = train(x, p, override, False, "_stats_")
+    (y, h, stats, mean, invstd), rm, rv, used = train(x, p, override, True, kernel, family)
+    (y0, h0, stats0, mean0, invstd0), rm0, rv0, used0 = train(x, p, override, False, "_stats_", family)
     assert NO_PROFILER or (used and not used0), f"{kernel} ran where it should not, or not where it should"
     # h: the same products, summed over K in another tile order: at most a rounding step apart.
     assert (h.float() - h0.float()).abs().max() <= 2 ** -7 * h0.float().abs().max()

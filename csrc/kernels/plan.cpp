@@ -177,23 +177,31 @@ GemmPlan eval_gemm(Problem const& p, Family family, KernelDtype math, int64_t kn
   return g;
 }
 
-// The statistics GEMM (sm90 "stats" kernels): h and each batch tile's sums of h and h^2, so
-// that the training tail reads h once. Taken where one is in the table and its tiles fill half
-// the GPU (smaller problems keep the eval kernel's smaller tiles and the tail's exact sums).
+// The statistics GEMM ("stats" kernels): h and each batch tile's sums of h and h^2, so that
+// the training tail reads h once. Taken where one is in the table and its tiles fill half the
+// GPU (smaller problems keep the eval kernel's smaller tiles and the tail's exact sums).
+// sm90's swap the operands (features are the kernel's M, the batch its N); sm80's do not (the
+// batch is M), and their partials' row stride is a whole number of batch tiles
+// (csrc/kernels/gemm/sm80_stats.cuh).
 bool stats_gemm(Problem const& p, Family family, KernelDtype math, int64_t kn, GemmPlan& g) {
   if (!p.overrides.stats_gemm) return false;
-  // Features are the kernel's M, the batch its N.
-  auto const* info = find_kernel(family, math, Mode::stats, kn, p.m, p.k, p.sm_count, p.overrides.kernel);
+  bool swapped = family == Family::sm90;
+  int64_t km = swapped ? kn : p.m, kb = swapped ? p.m : kn;
+  auto const* info = find_kernel(family, math, Mode::stats, km, kb, p.k, p.sm_count, p.overrides.kernel);
   // e4m3 has no eval kernel to fall back on: its statistics GEMM runs whatever the grid.
-  if (info == nullptr || (math != KernelDtype::e4m3 && cta_count(*info, kn, p.m) < std::max(1, p.sm_count / 2)))
+  if (info == nullptr || (math != KernelDtype::e4m3 && cta_count(*info, km, kb) < std::max(1, p.sm_count / 2)))
     return false;
   g.kernel = info;
   g.kn = kn;
-  g.swapped = true;
+  g.swapped = swapped;
   g.split = family == Family::sm90 && math == KernelDtype::f32x3;
-  g.sums = {static_cast<int>(ceil_div(p.m, info->tile_n)), ceil_div(kn, info->tile_m) * info->tile_m,
-            info->stats == Stats::partial64 ? 8 : 4};
-  tile_order(*info, kn, p.m, p.sm_count, p.overrides, g);
+  int bytes = info->stats == Stats::partial64 ? 8 : 4;
+  if (swapped) {
+    g.sums = {static_cast<int>(ceil_div(p.m, info->tile_n)), ceil_div(kn, info->tile_m) * info->tile_m, bytes};
+  } else {
+    g.sums = {static_cast<int>(ceil_div(p.m, info->tile_m)), ceil_div(kn, info->tile_m) * info->tile_m, bytes};
+  }
+  tile_order(*info, km, kb, p.sm_count, p.overrides, g);
   return true;
 }
 
@@ -397,7 +405,7 @@ std::string describe(Plan const& plan) {
   GemmPlan const& g = plan.gemm;
   s << "family=" << to_string(plan.family) << "\nmath=" << to_string(plan.math)
     << "\nkernel=" << (g.kernel ? g.kernel->name : "") << "\nswizzle=" << g.swizzle
-    << "\nraster=" << (g.raster == 1 ? "m" : g.raster == 2 ? "n" : "auto") << "\nstats_gemm=" << int(g.swapped)
+    << "\nraster=" << (g.raster == 1 ? "m" : g.raster == 2 ? "n" : "auto") << "\nstats_gemm=" << int(g.sums.bytes > 0)
     << "\nsplit=" << int(g.split) << "\ninf_fix=" << int(g.inf_fix) << "\nsum_tiles=" << g.sums.tiles
     << "\nsum_ld=" << g.sums.ld << "\nsum_bytes=" << g.sums.bytes << "\neval_in_fp32=" << int(plan.eval_in_fp32)
     << "\nfold_scale_apart=" << int(plan.fold_scale_apart) << "\ntail=" << to_string(plan.tail)

@@ -68,9 +68,9 @@ struct Problem {
   Overrides overrides;
 };
 
-// Where a statistics GEMM leaves its per-CTA sums for a problem of `features` x `batch` (its
-// m x n): `tiles` rows, one a batch tile, of `ld` values (features rounded up to whole
-// tiles), `bytes` each (4, or 8 for partial64).
+// Where a statistics GEMM leaves its per-CTA sums: `tiles` rows, one a batch tile, of `ld` values
+// (features rounded up to whole tiles: sm90's feature tiles, sm80's batch tiles), `bytes` each
+// (4, or 8 for partial64).
 struct StatsLayout {
   int tiles = 0;
   int64_t ld = 0;
@@ -80,7 +80,7 @@ struct StatsLayout {
 struct GemmPlan {
   KernelInfo const* kernel = nullptr;  // nullptr: torch's own mm (matmul) or none (backward)
   int64_t kn = 0;                      // the kernel's columns: features padded to 16 bytes
-  bool swapped = false;                // a stats kernel: W is its A operand, h^T its column-major D
+  bool swapped = false;                // an sm90 stats kernel: W is its A operand, h^T its column-major D
   bool split = false;                  // operands split for 3xTF32 through the TF32 kernel (sm90)
   bool inf_fix = false;                // sm80 3xTF32: rewrite the outputs infinite rows reach
   int swizzle = 1, raster = 0;         // the sm90 persistent scheduler's tile order

@@ -136,7 +136,10 @@ struct Math<dtype::f32x3> {
   using type = cutlass::arch::OpMultiplyAddFastF32;
 };
 
-template <class Dtype, class ThreadblockShape, class WarpShape, int Stages>
+// EpilogueOf: the tree (Evt here; sm80_stats.cuh's for the training GEMM) for a dtype and the
+// epilogue's thread map.
+template <class Dtype, class ThreadblockShape, class WarpShape, int Stages,
+          template <class, class> class EpilogueOf = Evt>
 struct Gemm {
   using Element = typename Dtype::Element;
   static constexpr int Alignment = kAlignment<Dtype>;
@@ -144,7 +147,7 @@ struct Gemm {
   using InstructionShape = cutlass::gemm::GemmShape<16, 8, 256 / cutlass::sizeof_bits<Element>::value>;
   // How the epilogue's threads cover the tile (1 epilogue stage).
   using Map = visitor::OutputTileThreadLayout<ThreadblockShape, WarpShape, Element, Alignment, 1>;
-  using Epilogue = Evt<Dtype, Map>;
+  using Epilogue = EpilogueOf<Dtype, Map>;
 
   // A row-major (x), B column-major (the nn.Linear weight), fp32 accumulation and
   // epilogue; C and D are the kernel's but unused (the tree stores y).
