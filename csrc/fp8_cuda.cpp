@@ -23,7 +23,8 @@ struct Packed {
 Packed packed(at::Tensor bytes, at::IntArrayRef sizes, at::ScalarType fp8) {
   int64_t n = c10::multiply_integers(sizes);
   int64_t at_scale = (n + 15) / 16 * 16;
-  return {bytes, bytes.narrow(0, 0, n).view(fp8).view(sizes), bytes.narrow(0, at_scale, 4).view(at::kFloat).view({})};
+  // select(0, 0), not view({}): torch 2.11's headers take {} as view(ScalarType{}), a Byte view.
+  return {bytes, bytes.narrow(0, 0, n).view(fp8).view(sizes), bytes.narrow(0, at_scale, 4).view(at::kFloat).select(0, 0)};
 }
 
 Packed quantize(at::Tensor const& t, int64_t margin, Fp8 format) {

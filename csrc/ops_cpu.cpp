@@ -59,12 +59,15 @@ std::tuple<at::Tensor, at::Tensor> linear_stats_cpu(at::Tensor const& x, at::Ten
   return {h, at::stack({h64.sum(0), (h64 * h64).sum(0)})};
 }
 
-// BN(z) in h's arithmetic (acc_type), before any activation: the forward's value, which the
-// backward recomputes for the activation's derivative.
+// BN(z) before any activation: the forward's value, which the backward recomputes for the
+// activation's derivative. A 16-bit h in fp32, as the CUDA tail does; an fp32 h in fp64: in fp32 a
+// column of a tiny batch whose mean dwarfs its spread cancels ~|mean| / spread ulps (torch's own
+// fp32 path as much), so whether ours or torch's lost more was luck, and the 2x rule failed at
+// random (2 x 5125 x 40); fp64 leaves y one rounding.
 at::Tensor pre_activation(at::Tensor const& h, at::Tensor const& mean_h, at::Tensor const& invstd,
                           at::Tensor const& scale, c10::optional<at::Tensor> const& weight,
                           c10::optional<at::Tensor> const& bias) {
-  auto acc = acc_type(h.scalar_type());
+  auto acc = h.scalar_type() == at::kFloat ? at::kDouble : acc_type(h.scalar_type());
   auto mul = scale.to(at::kDouble) * invstd * opt64(weight, 1.0);
   return (h.to(acc) - mean_h.to(acc)) * mul.to(acc) + opt64(bias, 0.0).to(acc);
 }
