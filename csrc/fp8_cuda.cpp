@@ -14,8 +14,8 @@ namespace cutlass_fused {
 
 namespace {
 
-// t's fp8 values and scale in one byte buffer (the values, then the scale 16 bytes on), so that
-// the derived cache keeps them as one tensor; views into it.
+// A frozen weight's fp8 values and scale in one byte buffer (the values, then the scale 16 bytes
+// on), so that the derived cache keeps them as one tensor; views into it.
 struct Packed {
   at::Tensor bytes, t8, scale;
 };
@@ -27,43 +27,50 @@ Packed packed(at::Tensor bytes, at::IntArrayRef sizes, at::ScalarType fp8) {
   return {bytes, bytes.narrow(0, 0, n).view(fp8).view(sizes), bytes.narrow(0, at_scale, 4).view(at::kFloat).select(0, 0)};
 }
 
-Packed quantize(at::Tensor const& t, int64_t margin, Fp8 format) {
+at::ScalarType fp8_type(Fp8 format) { return format == Fp8::e4m3 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2; }
+
+// t8 and scale: t's fp8 values and scale, written into the given tensors.
+void quantize_into(at::Tensor const& t, int64_t margin, Fp8 format, at::Tensor& t8, at::Tensor& scale) {
   DType dt = dtype_of(t.scalar_type(), "t");
   c10::cuda::CUDAGuard guard(t.device());
   auto src = t.contiguous();
-  auto fp8 = format == Fp8::e4m3 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2;
-  auto p = packed(at::empty({(src.numel() + 15) / 16 * 16 + 16}, src.options().dtype(at::kByte)), src.sizes(), fp8);
-  auto& out = p.t8;
-  auto& scale = p.scale;
-  poison(out);
+  poison(t8);
   poison(scale);
   auto amax = at::empty({}, src.options().dtype(at::kInt));
   // Past +-252 the exponent saturates at +-126 whatever the margin (fp8.scale_from_amax's clamp),
   // so a clamped margin gives the same scale and fits the kernel's int.
   int m = static_cast<int>(std::clamp<int64_t>(margin, -1000, 1000));
   quantize_fp8(src.data_ptr(), dt, format, src.numel(), m, reinterpret_cast<unsigned*>(amax.data_ptr<int>()),
-               scale.data_ptr<float>(), reinterpret_cast<uint8_t*>(out.data_ptr()),
+               scale.data_ptr<float>(), reinterpret_cast<uint8_t*>(t8.data_ptr()),
                at::cuda::getCurrentCUDAStream().stream());
-  return p;
+}
+
+std::tuple<at::Tensor, at::Tensor> quantize(at::Tensor const& t, int64_t margin, Fp8 format) {
+  auto t8 = at::empty(t.sizes(), t.options().dtype(fp8_type(format)));
+  auto scale = at::empty({}, t.options().dtype(at::kFloat));
+  quantize_into(t, margin, format, t8, scale);
+  return {t8, scale};
 }
 
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> quantize_e4m3_cuda(at::Tensor const& t, int64_t margin, bool cache) {
-  if (!cache) {
-    auto p = quantize(t, margin, Fp8::e4m3);
-    return {p.t8, p.scale};
-  }
+  if (!cache) return quantize(t, margin, Fp8::e4m3);
   // A frozen weight's W8 and scale, kept between calls as the 3xTF32 split is (derived_cache.h).
-  auto bytes = derived(Derived::weight_e4m3, {t}, {static_cast<double>(margin)}, cache,
-                       [&] { return quantize(t, margin, Fp8::e4m3).bytes; });
+  auto bytes = derived(Derived::weight_e4m3, {t}, {static_cast<double>(margin)}, cache, [&] {
+    auto p = packed(at::empty({(t.numel() + 15) / 16 * 16 + 16}, t.options().dtype(at::kByte)), t.sizes(),
+                    at::kFloat8_e4m3fn);
+    quantize_into(t, margin, Fp8::e4m3, p.t8, p.scale);
+    return p.bytes;
+  });
   auto p = packed(bytes, t.sizes(), at::kFloat8_e4m3fn);
-  return {p.t8, p.scale};
+  // The op's outputs may not alias each other (its schema; torch.library.opcheck): W8 is a view of
+  // the kept buffer, the scale a 4-byte copy.
+  return {p.t8, p.scale.clone()};
 }
 
 std::tuple<at::Tensor, at::Tensor> quantize_e5m2_cuda(at::Tensor const& t, int64_t margin) {
-  auto p = quantize(t, margin, Fp8::e5m2);
-  return {p.t8, p.scale};
+  return quantize(t, margin, Fp8::e5m2);
 }
 
 }  // namespace cutlass_fused

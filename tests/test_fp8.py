@@ -178,7 +178,12 @@ def test_e5m2_grads_are_the_fp8_gemms(device, m, k, n, wide):
     want_dw = (dh8.t() @ x8.double().cpu()) * s_w.double().cpu()  # s_w (dh'^T x8)
     assert x.grad.dtype == torch.bfloat16 and w.grad.dtype == w_dt
     assert_close_rule_scaled(x.grad.cpu(), want_dx.to(torch.bfloat16), want_dx, "bf16", "dx")
-    assert_close_rule_scaled(w.grad.cpu(), want_dw.to(w_dt), want_dw, "f32" if wide else "bf16", "dw")
+    # An fp32 dW holds fp32's one rounding on the CPU (oneDNN), bf16's on a GPU: Hopper's FP8 MMA
+    # keeps ~14 bits of the sum between promotions to fp32 (cuBLASLt's as ours; DeepSeek-V3's
+    # report, section 3.3.2), so the GPU's error is measured against rounding to bf16 (the H200's
+    # ran 5e-5 to 2e-4 of max|dW|, 1e3-1e4x fp32's rounding).
+    dw_mode = "f32" if wide and device == "cpu" else "bf16"
+    assert_close_rule_scaled(w.grad.cpu(), want_dw.to(DT[dw_mode]), want_dw, dw_mode, "dw")
 
 
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA else []))
