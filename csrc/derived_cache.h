@@ -1,6 +1,6 @@
 // What the CUDA ops derive from a layer's parameters and buffers (the eval
 // fold, the weight's 3xTF32 split, the sm80 family's flags of the weight's
-// infinite rows, the weight's e4m3 values and scale), kept for the next call only inside
+// infinite rows, the weight's e4m3 values and scale, and their transpose), kept for the next call only inside
 // cutlass_fused.frozen_weights(): the ops' `cache` argument (csrc/ops.cpp).
 //
 // Why only there: a write through `.data` (an EMA teacher, a hand-written
@@ -20,7 +20,7 @@
 
 namespace cutlass_fused {
 
-enum class Derived { eval_fold, weight_split, weight_inf_rows, weight_e4m3 };
+enum class Derived { eval_fold, weight_split, weight_inf_rows, weight_e4m3, weight_e4m3_t };
 
 // make()'s value. Where `cache` is set, no CUDA graph is being captured on the
 // current stream (a graph must hold the work itself) and none of `from` is an

@@ -45,6 +45,23 @@ void quantize_into(at::Tensor const& t, int64_t margin, Fp8 format, at::Tensor& 
                at::cuda::getCurrentCUDAStream().stream());
 }
 
+// t8_t (and t8, where defined): t's fp8 values, transposed, from one pass.
+void quantize_transposed_into(at::Tensor const& t, int64_t margin, Fp8 format, at::Tensor* t8, at::Tensor& t8_t,
+                              at::Tensor& scale) {
+  DType dt = dtype_of(t.scalar_type(), "t");
+  c10::cuda::CUDAGuard guard(t.device());
+  auto src = t.contiguous();
+  if (t8) poison(*t8);
+  poison(t8_t);
+  poison(scale);
+  auto amax = at::empty({}, src.options().dtype(at::kInt));
+  int m = static_cast<int>(std::clamp<int64_t>(margin, -1000, 1000));
+  quantize_fp8_transposed(src.data_ptr(), dt, format, src.size(0), src.size(1), m,
+                          reinterpret_cast<unsigned*>(amax.data_ptr<int>()), scale.data_ptr<float>(),
+                          t8 ? reinterpret_cast<uint8_t*>(t8->data_ptr()) : nullptr,
+                          reinterpret_cast<uint8_t*>(t8_t.data_ptr()), at::cuda::getCurrentCUDAStream().stream());
+}
+
 std::tuple<at::Tensor, at::Tensor> quantize(at::Tensor const& t, int64_t margin, Fp8 format) {
   auto t8 = at::empty(t.sizes(), t.options().dtype(fp8_type(format)));
   auto scale = at::empty({}, t.options().dtype(at::kFloat));
@@ -71,6 +88,30 @@ std::tuple<at::Tensor, at::Tensor> quantize_e4m3_cuda(at::Tensor const& t, int64
 
 std::tuple<at::Tensor, at::Tensor> quantize_e5m2_cuda(at::Tensor const& t, int64_t margin) {
   return quantize(t, margin, Fp8::e5m2);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_transposed_cuda(at::Tensor const& t, at::ScalarType dtype,
+                                                                        int64_t margin, bool cache) {
+  check_quantize_transposed(t, dtype);
+  Fp8 format = dtype == at::kFloat8_e4m3fn ? Fp8::e4m3 : Fp8::e5m2;
+  int64_t rows = t.size(0), cols = t.size(1);
+  if (!cache || format != Fp8::e4m3) {
+    auto t8 = at::empty({rows, cols}, t.options().dtype(dtype));
+    auto t8_t = at::empty({cols, rows}, t.options().dtype(dtype));
+    auto scale = at::empty({}, t.options().dtype(at::kFloat));
+    quantize_transposed_into(t, margin, format, &t8, t8_t, scale);
+    return {t8, t8_t, scale};
+  }
+  // A frozen weight: W8 (quantize_e4m3's kept value) and W8^T kept apart, so that the outputs
+  // alias nothing of each other; each is made by the pass that writes it alone.
+  auto [w8, scale] = quantize_e4m3_cuda(t, margin, true);
+  auto bytes = derived(Derived::weight_e4m3_t, {t}, {static_cast<double>(margin)}, cache, [&] {
+    auto p = packed(at::empty({(t.numel() + 15) / 16 * 16 + 16}, t.options().dtype(at::kByte)), {cols, rows},
+                    at::kFloat8_e4m3fn);
+    quantize_transposed_into(t, margin, format, nullptr, p.t8, p.scale);
+    return p.bytes;
+  });
+  return {w8, packed(bytes, {cols, rows}, at::kFloat8_e4m3fn).t8, scale};
 }
 
 }  // namespace cutlass_fused

@@ -31,6 +31,8 @@ using Fp8TrainSig = TrainOut(
     c10::string_view, double, c10::optional<at::ScalarType>);
 using QuantizeE4M3Sig = std::tuple<at::Tensor, at::Tensor>(at::Tensor const&, int64_t, bool);
 using QuantizeE5M2Sig = std::tuple<at::Tensor, at::Tensor>(at::Tensor const&, int64_t);
+using QuantizeTransposedSig =
+    std::tuple<at::Tensor, at::Tensor, at::Tensor>(at::Tensor const&, at::ScalarType, int64_t, bool);
 
 // Set by the autocast kernel (autocast.cpp) for the length of its call of the training op: the
 // 16-bit dtype its Autograd kernel is to cast the fp32 weight and bias to, which autocast left

@@ -218,6 +218,12 @@ void check_count(at::Tensor const& count) {
               " ", count.sizes());
 }
 
+void check_quantize_transposed(at::Tensor const& t, at::ScalarType dtype) {
+  TORCH_CHECK(t.dim() == 2, "cutlass_fused: expected t to be 2-D, but got ", t.dim(), "-D");
+  TORCH_CHECK_VALUE(dtype == at::kFloat8_e4m3fn || dtype == at::kFloat8_e5m2,
+                    "cutlass_fused: expected dtype to be torch.float8_e4m3fn or torch.float8_e5m2, but got ", dtype);
+}
+
 void check_running_args(c10::optional<at::Tensor> const& running_mean, c10::optional<at::Tensor> const& running_var,
                         c10::optional<at::Tensor> const& num_batches_tracked, c10::optional<double> momentum) {
   // ValueError, as the Python API raised these before it relied on this one check.
@@ -301,6 +307,11 @@ TORCH_LIBRARY(cutlass_fused, m) {
   m.def("quantize_e4m3(Tensor t, int margin=0, bool cache=False) -> (Tensor t8, Tensor scale)");
   // The same in e5m2 (57344 in place of 448): dh in the FP8 backward (Float8Recipe(backward="e5m2")).
   m.def("quantize_e5m2(Tensor t, int margin=0) -> (Tensor t8, Tensor scale)");
+  // A 2-D t rounded as above to `dtype` (float8_e4m3fn or float8_e5m2), with the values also
+  // transposed (t8_t = t8.t().contiguous()): the K-major operands of the FP8 backward's GEMMs,
+  // made by the cast's own pass on CUDA. `cache`: a frozen e4m3 weight's values and transpose kept.
+  m.def("quantize_transposed(Tensor t, ScalarType dtype, int margin=0, bool cache=False)"
+        " -> (Tensor t8, Tensor t8_t, Tensor scale)");
   m.def(
       "update_running_stats(Tensor stats, Tensor scale, SymInt count, Tensor(a!) running_mean, Tensor(b!) running_var,"
       " Tensor? num_batches_tracked, float? momentum) -> ()");

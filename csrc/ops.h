@@ -78,5 +78,7 @@ void check_count(at::Tensor const& count);
 // both running stats or neither; momentum=None (cumulative) needs num_batches_tracked.
 void check_running_args(c10::optional<at::Tensor> const& running_mean, c10::optional<at::Tensor> const& running_var,
                         c10::optional<at::Tensor> const& num_batches_tracked, c10::optional<double> momentum);
+// quantize_transposed's t (2-D) and dtype (float8_e4m3fn or float8_e5m2).
+void check_quantize_transposed(at::Tensor const& t, at::ScalarType dtype);
 
 }  // namespace cutlass_fused

@@ -296,6 +296,13 @@ std::tuple<at::Tensor, at::Tensor> quantize_e5m2_cpu(at::Tensor const& t, int64_
   return quantize_fp8_cpu(t, margin, at::kFloat8_e5m2, 57344.0);
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_transposed_cpu(at::Tensor const& t, at::ScalarType dtype,
+                                                                       int64_t margin, bool) {
+  check_quantize_transposed(t, dtype);
+  auto [t8, scale] = quantize_fp8_cpu(t, margin, dtype, dtype == at::kFloat8_e4m3fn ? 448.0 : 57344.0);
+  return {t8, t8.t().contiguous(), scale};
+}
+
 TORCH_LIBRARY_IMPL(cutlass_fused, CPU, m) {
   m.impl("matmul", &matmul_cpu);
   m.impl("linear_stats", &linear_stats_cpu);
@@ -303,6 +310,7 @@ TORCH_LIBRARY_IMPL(cutlass_fused, CPU, m) {
   m.impl("linear_scale_batch_norm_train_fp8", &linear_scale_batch_norm_train_fp8_cpu);
   m.impl("quantize_e4m3", &quantize_e4m3_cpu);
   m.impl("quantize_e5m2", &quantize_e5m2_cpu);
+  m.impl("quantize_transposed", &quantize_transposed_cpu);
   m.impl("batch_norm_finalize", &batch_norm_finalize_cpu);
   m.impl("update_running_stats", &update_running_stats_cpu);
   m.impl("batch_norm_backward", &batch_norm_backward_cpu);

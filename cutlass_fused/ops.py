@@ -73,6 +73,13 @@ def _(t, margin=0):
     return t.new_empty(t.shape, dtype=torch.float8_e5m2), t.new_empty((), dtype=torch.float32)
 
 
+@torch.library.register_fake("cutlass_fused::quantize_transposed")
+def _(t, dtype, margin=0, cache=False):
+    torch._check(t.dim() == 2, lambda: f"cutlass_fused: expected t to be 2-D, but got {t.dim()}-D")
+    return (t.new_empty(t.shape, dtype=dtype), t.new_empty((t.shape[1], t.shape[0]), dtype=dtype),
+            t.new_empty((), dtype=torch.float32))
+
+
 @torch.library.register_fake("cutlass_fused::update_running_stats")
 def _(stats, scale, count, running_mean, running_var, num_batches_tracked, momentum):
     return None

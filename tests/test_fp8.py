@@ -88,6 +88,37 @@ def test_quantize_op_is_fp8_rounding(device, dtype, shape, magnitude, margin, fm
 
 
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA else []))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("shape", [(2, 3), (3, 769), (1000, 5125), (0, 8), (4096, 1), (64, 64), (130, 4096)],
+                         ids=str)
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_quantize_transposed_is_the_values_transposed(device, dtype, shape, fmt):
+    """ops.quantize_transposed (on CUDA one cast pass through shared-memory tiles): the values and
+    scale of quantize_e4m3 / quantize_e5m2, bit for bit, and their transpose, contiguous; sizes off
+    the 64-element tiles and the 16-byte runs, and an offset view (the unaligned loads and stores)."""
+    from cutlass_fused.ops import ops
+    op, fp8_dtype = (ops.quantize_e4m3, fp8.E4M3) if fmt == "e4m3" else (ops.quantize_e5m2, fp8.E5M2)
+    t = (3 * torch.randn(shape)).to(device, dtype)
+    rows, cols = shape
+    views = {"whole": t, "offset": torch.randn(rows * cols + 1).to(device, dtype)[1:].view(rows, cols)}
+    for name, v in views.items():
+        q, q_t, s = ops.quantize_transposed(v, fp8_dtype, 1)
+        want_q, want_s = op(v, 1)
+        assert q.shape == v.shape and q_t.shape == (cols, rows) and q_t.is_contiguous() and q_t.dtype == fp8_dtype
+        assert torch.equal(_bits(s), _bits(want_s)), name
+        assert torch.equal(_bits(q), _bits(want_q)), name
+        assert torch.equal(_bits(q_t), _bits(want_q).t()), name
+
+
+def test_quantize_transposed_checks():
+    from cutlass_fused.ops import ops
+    with pytest.raises(RuntimeError, match="expected t to be 2-D"):
+        ops.quantize_transposed(torch.randn(3), fp8.E4M3)
+    with pytest.raises(ValueError, match="expected dtype to be torch.float8_e4m3fn or torch.float8_e5m2"):
+        ops.quantize_transposed(torch.randn(3, 4), torch.bfloat16)
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA else []))
 def test_quantize_op_edges(device):
     """The amax of a tensor with a NaN or an infinity is not finite: scale 1, and those values
     NaN (e4m3fn has no infinity); all zeros: scale 1, zeros; the largest values saturate at 448
@@ -136,11 +167,20 @@ def test_frozen_weight_keeps_its_e4m3_cast(device):
         for got in (first, second):
             assert torch.equal(_bits(got[0]), _bits(plain[0])) and torch.equal(got[1], plain[1])
         assert (first[0].data_ptr() == second[0].data_ptr()) == (device == "cuda")
+        # The transposed pair (the e5m2 backward's W8^T) kept too, apart from W8.
+        plain_t = ops.quantize_transposed(w.detach(), fp8.E4M3, 0)
+        first_t, second_t = (ops.quantize_transposed(w, fp8.E4M3, 0, True) for _ in range(2))
+        for got in (first_t, second_t):
+            assert all(torch.equal(_bits(a), _bits(b)) for a, b in zip(got, plain_t))
+        assert (first_t[1].data_ptr() == second_t[1].data_ptr()) == (device == "cuda")
+        assert first_t[1].untyped_storage().data_ptr() != first_t[0].untyped_storage().data_ptr()
         assert torch.equal(layer(x), y0)
         with torch.no_grad():
             w.mul_(2)
         third = ops.quantize_e4m3(w, 0, True)
         assert torch.equal(third[1], plain[1] / 2) and torch.equal(_bits(third[0]), _bits(plain[0]))
+        third_t = ops.quantize_transposed(w, fp8.E4M3, 0, True)
+        assert torch.equal(third_t[2], plain_t[2] / 2) and torch.equal(_bits(third_t[1]), _bits(plain_t[1]))
 
 
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA else []))

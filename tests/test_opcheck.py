@@ -160,6 +160,14 @@ def test_quantize_fp8(device, dtype, op):
     torch.library.opcheck(getattr(ops, op), (t, 1))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fp8_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
+def test_quantize_transposed(device, dtype, fp8_dtype):
+    t = 5 * torch.randn(7, 13, device=device, dtype=dtype)
+    torch.library.opcheck(ops.quantize_transposed, (t, fp8_dtype, 1))
+
+
 @pytest.mark.parametrize("device", fp8_devices())
 @pytest.mark.parametrize("backward", ["bf16", "e5m2"])
 def test_linear_scale_batch_norm_train_e4m3(device, backward):

@@ -24,4 +24,11 @@ enum class Fp8 { e4m3, e5m2 };
 void quantize_fp8(void const* t, DType dtype, Fp8 format, int64_t n, int margin, unsigned* amax_bits, float* scale,
                   uint8_t* out, cudaStream_t stream);
 
+// The same for t a contiguous rows x cols matrix, also writing its transpose: out_t (cols x rows,
+// contiguous) from the same pass, through shared-memory tiles. Hopper's FP8 MMA takes K-major
+// operands only, so the FP8 backward's dW = dh^T x needs dh^T and x^T, and dX = dh W needs W^T;
+// torch's strided copy of a float8 tensor moved ~0.33 TB/s (H200). out may be null (only out_t).
+void quantize_fp8_transposed(void const* t, DType dtype, Fp8 format, int64_t rows, int64_t cols, int margin,
+                             unsigned* amax_bits, float* scale, uint8_t* out, uint8_t* out_t, cudaStream_t stream);
+
 }  // namespace cutlass_fused
