@@ -7,8 +7,8 @@
 // W8 where `cache` allows), then the FP8 training op over them with bias / alpha and
 // scale * alpha (alpha = 1 / (s_x s_w)): y is the emulated path's (cutlass_fused/fp8.py). Its BN
 // backward gives dh' = alpha dh and dscale' = dscale / alpha, so the powers of two move onto the
-// small operands: dX = dh' (W8 s_x), dW = s_w (dh'^T x8), exact while nothing leaves fp32's and
-// bf16's normal range. backward "e5m2": dh' rounded to e5m2 under its own scale s_g and dX, dW as
+// operands' dequantize passes: dX = dh' (W8 s_x), dW = dh'^T (x8 s_w), exact while nothing leaves
+// fp32's and bf16's normal range. backward "e5m2": dh' rounded to e5m2 under its own scale s_g and dX, dW as
 // FP8 GEMMs (_scaled_mm, cuBLASLt on CUDA): dX = (dh8 W8) s_x / s_g, dW = (dh8^T x8) s_w / s_g,
 // whose K-major operands (W8^T, dh8^T, x8^T) the quantize passes write beside the values
 // (quantize_transposed): torch's strided copies of them took 878 of 2694 us at 16384 x 4096^2.
@@ -117,6 +117,7 @@ struct E4M3Function : torch::autograd::Function<E4M3Function> {
     no_double_backward();
     static auto bn_backward = op_handle<BackwardSig>("cutlass_fused::batch_norm_backward");
     static auto quantize_t = op_handle<QuantizeTransposedSig>("cutlass_fused::quantize_transposed");
+    static auto dequantize = op_handle<DequantizeSig>("cutlass_fused::dequantize");
     variable_list out(18);  // one per forward argument
     at::Tensor dy = grads[0];
     if (!dy.defined()) return out;
@@ -142,12 +143,14 @@ struct E4M3Function : torch::autograd::Function<E4M3Function> {
         out[1] = first(at::_scaled_mm(pad16(dh8_t), pad16(x8).t(), inv_g, s_w, c10::nullopt, c10::nullopt, w_dt), n, k);
     } else {
       auto h_dt = h.scalar_type();
-      if (need[0]) out[0] = cast(at::mm(dh, cast(w8, h_dt) * cast(s_x, h_dt)), x_dt);
+      if (need[0]) out[0] = cast(at::mm(dh, dequantize.call(w8, s_x, h_dt)), x_dt);
       if (need[1]) {
-        auto x16 = cast(x8, h_dt);
+        // x8 s_w, as W8 s_x above: the power of two rides on the operand's one pass, not on a
+        // pass over dW (a broadcast multiply ATen runs unvectorized: 40-80 us at 4096^2, H100/H200).
+        auto x16 = dequantize.call(x8, s_w, h_dt);
         // A wider weight (fp32 under autocast): the product rounded once to it, as the training op's.
         auto dw = w_dt != h_dt ? mm_to_fp32(dh.t(), x16) : at::mm(dh.t(), x16);
-        out[1] = cast(dw, w_dt) * cast(s_w, w_dt);
+        out[1] = cast(dw, w_dt);
       }
     }
     // Exactly zero, NaN where the column's statistics are not finite (as the training op's).

@@ -24,7 +24,8 @@ Packed packed(at::Tensor bytes, at::IntArrayRef sizes, at::ScalarType fp8) {
   int64_t n = c10::multiply_integers(sizes);
   int64_t at_scale = (n + 15) / 16 * 16;
   // select(0, 0), not view({}): torch 2.11's headers take {} as view(ScalarType{}), a Byte view.
-  return {bytes, bytes.narrow(0, 0, n).view(fp8).view(sizes), bytes.narrow(0, at_scale, 4).view(at::kFloat).select(0, 0)};
+  return {bytes, bytes.narrow(0, 0, n).view(fp8).view(sizes),
+          bytes.narrow(0, at_scale, 4).view(at::kFloat).select(0, 0)};
 }
 
 at::ScalarType fp8_type(Fp8 format) { return format == Fp8::e4m3 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2; }
@@ -112,6 +113,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_transposed_cuda(at::Tens
     return p.bytes;
   });
   return {w8, packed(bytes, {cols, rows}, at::kFloat8_e4m3fn).t8, scale};
+}
+
+at::Tensor dequantize_cuda(at::Tensor const& t8, c10::optional<at::Tensor> const& scale, at::ScalarType dtype) {
+  check_dequantize(t8, scale, dtype);
+  c10::cuda::CUDAGuard guard(t8.device());
+  auto src = t8.contiguous();
+  auto out = at::empty(src.sizes(), src.options().dtype(dtype));
+  poison(out);
+  dequantize_fp8(reinterpret_cast<uint8_t const*>(src.data_ptr()),
+                 src.scalar_type() == at::kFloat8_e4m3fn ? Fp8::e4m3 : Fp8::e5m2, src.numel(),
+                 scale.has_value() ? scale->data_ptr<float>() : nullptr, dtype_of(dtype, "dtype"), out.data_ptr(),
+                 at::cuda::getCurrentCUDAStream().stream());
+  return out;
 }
 
 }  // namespace cutlass_fused

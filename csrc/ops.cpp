@@ -224,6 +224,18 @@ void check_quantize_transposed(at::Tensor const& t, at::ScalarType dtype) {
                     "cutlass_fused: expected dtype to be torch.float8_e4m3fn or torch.float8_e5m2, but got ", dtype);
 }
 
+void check_dequantize(at::Tensor const& t8, c10::optional<at::Tensor> const& scale, at::ScalarType dtype) {
+  TORCH_CHECK(t8.scalar_type() == at::kFloat8_e4m3fn || t8.scalar_type() == at::kFloat8_e5m2,
+              "cutlass_fused: expected t8 to be torch.float8_e4m3fn or torch.float8_e5m2, but got ", t8.scalar_type());
+  if (scale.has_value())
+    TORCH_CHECK(scale->numel() == 1 && scale->scalar_type() == at::kFloat && scale->device() == t8.device(),
+                "cutlass_fused: expected scale to be one float32 element on ", t8.device(), ", but got ",
+                scale->scalar_type(), " ", scale->sizes(), " on ", scale->device());
+  TORCH_CHECK_VALUE(dtype == at::kBFloat16 || dtype == at::kHalf || dtype == at::kFloat,
+                    "cutlass_fused: expected dtype to be torch.bfloat16, torch.float16 or torch.float32, but got ",
+                    dtype);
+}
+
 void check_running_args(c10::optional<at::Tensor> const& running_mean, c10::optional<at::Tensor> const& running_var,
                         c10::optional<at::Tensor> const& num_batches_tracked, c10::optional<double> momentum) {
   // ValueError, as the Python API raised these before it relied on this one check.
@@ -312,6 +324,9 @@ TORCH_LIBRARY(cutlass_fused, m) {
   // made by the cast's own pass on CUDA. `cache`: a frozen e4m3 weight's values and transpose kept.
   m.def("quantize_transposed(Tensor t, ScalarType dtype, int margin=0, bool cache=False)"
         " -> (Tensor t8, Tensor t8_t, Tensor scale)");
+  // t8.to(dtype) * scale.to(dtype) (scale: a 0-dim fp32 power of two, or None for 1): the bf16
+  // FP8 backward's operands, one pass on CUDA where torch's float8 cast is slow.
+  m.def("dequantize(Tensor t8, Tensor? scale, ScalarType dtype) -> Tensor");
   m.def(
       "update_running_stats(Tensor stats, Tensor scale, SymInt count, Tensor(a!) running_mean, Tensor(b!) running_var,"
       " Tensor? num_batches_tracked, float? momentum) -> ()");

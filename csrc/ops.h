@@ -80,5 +80,8 @@ void check_running_args(c10::optional<at::Tensor> const& running_mean, c10::opti
                         c10::optional<at::Tensor> const& num_batches_tracked, c10::optional<double> momentum);
 // quantize_transposed's t (2-D) and dtype (float8_e4m3fn or float8_e5m2).
 void check_quantize_transposed(at::Tensor const& t, at::ScalarType dtype);
+// dequantize's t8 (float8_e4m3fn or float8_e5m2), scale (None or one fp32 element on t8's device)
+// and dtype (bf16, f16 or f32).
+void check_dequantize(at::Tensor const& t8, c10::optional<at::Tensor> const& scale, at::ScalarType dtype);
 
 }  // namespace cutlass_fused

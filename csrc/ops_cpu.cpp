@@ -303,6 +303,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_transposed_cpu(at::Tenso
   return {t8, t8.t().contiguous(), scale};
 }
 
+at::Tensor dequantize_cpu(at::Tensor const& t8, c10::optional<at::Tensor> const& scale, at::ScalarType dtype) {
+  check_dequantize(t8, scale, dtype);
+  auto out = t8.to(dtype);
+  return (scale.has_value() ? out * scale->to(dtype) : out).contiguous();
+}
+
 TORCH_LIBRARY_IMPL(cutlass_fused, CPU, m) {
   m.impl("matmul", &matmul_cpu);
   m.impl("linear_stats", &linear_stats_cpu);
@@ -311,6 +317,7 @@ TORCH_LIBRARY_IMPL(cutlass_fused, CPU, m) {
   m.impl("quantize_e4m3", &quantize_e4m3_cpu);
   m.impl("quantize_e5m2", &quantize_e5m2_cpu);
   m.impl("quantize_transposed", &quantize_transposed_cpu);
+  m.impl("dequantize", &dequantize_cpu);
   m.impl("batch_norm_finalize", &batch_norm_finalize_cpu);
   m.impl("update_running_stats", &update_running_stats_cpu);
   m.impl("batch_norm_backward", &batch_norm_backward_cpu);

@@ -80,6 +80,11 @@ def _(t, dtype, margin=0, cache=False):
             t.new_empty((), dtype=torch.float32))
 
 
+@torch.library.register_fake("cutlass_fused::dequantize")
+def _(t8, scale, dtype):
+    return t8.new_empty(t8.shape, dtype=dtype)
+
+
 @torch.library.register_fake("cutlass_fused::update_running_stats")
 def _(stats, scale, count, running_mean, running_var, num_batches_tracked, momentum):
     return None

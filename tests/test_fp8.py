@@ -110,12 +110,45 @@ def test_quantize_transposed_is_the_values_transposed(device, dtype, shape, fmt)
         assert torch.equal(_bits(q_t), _bits(want_q).t()), name
 
 
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA else []))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("scale", [None, 2.0 ** -5, 2.0 ** 7], ids=["none", "2^-5", "2^7"])
+def test_dequantize_is_torchs_cast_times_scale(device, dtype, fmt, scale):
+    """ops.dequantize (on CUDA one pass) gives t8.to(dtype) * scale.to(dtype), torch's own ops, bit for
+    bit: every byte pattern (NaN, and e5m2's infinities, included; NaN compared as NaN), sizes off
+    the 16-byte packs, and an offset view (the unaligned path)."""
+    from cutlass_fused.ops import ops
+    fp8_dtype = fp8.E4M3 if fmt == "e4m3" else fp8.E5M2
+    s = None if scale is None else torch.tensor(scale, device=device)
+    for shape in [(2, 3), (3, 769), (1000, 5125), (0, 8), (16, 256)]:
+        raw = torch.randint(0, 256, (shape[0] * shape[1] + 1,), dtype=torch.uint8)
+        k = min(256, raw.numel())
+        raw[:k] = torch.arange(k, dtype=torch.uint8)  # every byte pattern where there is room
+        raw = raw.to(device)
+        for name, t8 in {"whole": raw[:-1].view(shape), "offset": raw[1:].view(shape)}.items():
+            t8 = t8.view(fp8_dtype)
+            got = ops.dequantize(t8, s, dtype)
+            want = t8.to(dtype) if s is None else t8.to(dtype) * s.to(dtype)
+            assert got.dtype == dtype and got.shape == shape and got.is_contiguous()
+            nan = want.isnan()
+            assert torch.equal(got.isnan(), nan), (shape, name)
+            assert torch.equal(got[~nan], want[~nan]), (shape, name)
+
+
 def test_quantize_transposed_checks():
     from cutlass_fused.ops import ops
     with pytest.raises(RuntimeError, match="expected t to be 2-D"):
         ops.quantize_transposed(torch.randn(3), fp8.E4M3)
     with pytest.raises(ValueError, match="expected dtype to be torch.float8_e4m3fn or torch.float8_e5m2"):
         ops.quantize_transposed(torch.randn(3, 4), torch.bfloat16)
+    t8 = torch.zeros(3, 4, dtype=fp8.E4M3)
+    with pytest.raises(RuntimeError, match="expected t8 to be torch.float8_e4m3fn or torch.float8_e5m2"):
+        ops.dequantize(torch.zeros(3, 4), None, torch.bfloat16)
+    with pytest.raises(RuntimeError, match="expected scale to be one float32 element"):
+        ops.dequantize(t8, torch.ones(2), torch.bfloat16)
+    with pytest.raises(ValueError, match="expected dtype to be torch.bfloat16, torch.float16 or torch.float32"):
+        ops.dequantize(t8, None, torch.float64)
 
 
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA else []))

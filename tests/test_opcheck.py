@@ -168,6 +168,18 @@ def test_quantize_transposed(device, dtype, fp8_dtype):
     torch.library.opcheck(ops.quantize_transposed, (t, fp8_dtype, 1))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_scale", [False, True], ids=["no-scale", "scale"])
+def test_dequantize(device, dtype, with_scale):
+    t8 = (5 * torch.randn(7, 13, device=device)).to(torch.float8_e4m3fn)
+    scale = torch.tensor(0.25, device=device) if with_scale else None
+    # Not test_schema: it multiplies the inputs, which float8 tensors do not support.
+    torch.library.opcheck(ops.dequantize, (t8, scale, dtype),
+                          test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_static",
+                                      "test_aot_dispatch_dynamic"))
+
+
 @pytest.mark.parametrize("device", fp8_devices())
 @pytest.mark.parametrize("backward", ["bf16", "e5m2"])
 def test_linear_scale_batch_norm_train_e4m3(device, backward):

@@ -156,6 +156,35 @@ __global__ void cast_transpose_kernel(T const* __restrict__ t, int64_t rows, int
   }
 }
 
+__device__ __forceinline__ void narrow_to(float v, float& out) { out = v; }
+__device__ __forceinline__ void narrow_to(float v, __nv_bfloat16& out) { out = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void narrow_to(float v, __half& out) { out = __float2half_rn(v); }
+
+template <Fp8 F>
+__device__ __forceinline__ float from_fp8(uint8_t b) {
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(b), kKind<F>)));
+}
+
+// An fp8 value is exact in fp32 and a power-of-two scale multiplies it exactly, so the one
+// rounding is to T: torch's t8.to(T) * scale.to(T) gives the same bits (its product of two exact
+// T values is formed in fp32 and rounded once).
+template <typename T, int V, Fp8 F>
+__global__ void dequantize_kernel(uint8_t const* __restrict__ t8, int64_t n, float const* __restrict__ scale,
+                                  T* __restrict__ out) {
+  float s = scale ? *scale : 1.f;
+  int64_t stride = int64_t{gridDim.x} * kThreads, first = blockIdx.x * int64_t{kThreads} + threadIdx.x;
+  auto packs = reinterpret_cast<Pack<uint8_t, V> const*>(t8);
+  auto out_packs = reinterpret_cast<Pack<T, V>*>(out);
+  for (int64_t i = first; i < n / V; i += stride) {
+    Pack<uint8_t, V> p = packs[i];
+    Pack<T, V> q;
+#pragma unroll
+    for (int j = 0; j < V; ++j) narrow_to(from_fp8<F>(p.v[j]) * s, q.v[j]);
+    out_packs[i] = q;
+  }
+  for (int64_t i = n / V * V + first; i < n; i += stride) narrow_to(from_fp8<F>(t8[i]) * s, out[i]);
+}
+
 // Enough blocks to fill any current GPU several times over; the loops stride over the rest.
 unsigned grid_for(int64_t packs) {
   int64_t blocks = (packs + kThreads - 1) / kThreads;
@@ -212,7 +241,8 @@ template <Fp8 F>
 void run_transposed_format(void const* t, DType dtype, int64_t rows, int64_t cols, int margin, unsigned* amax_bits,
                            float* scale, uint8_t* out, uint8_t* out_t, cudaStream_t stream) {
   switch (dtype) {
-    case DType::bf16: return run_transposed<__nv_bfloat16, F>(t, rows, cols, margin, amax_bits, scale, out, out_t, stream);
+    case DType::bf16:
+      return run_transposed<__nv_bfloat16, F>(t, rows, cols, margin, amax_bits, scale, out, out_t, stream);
     case DType::f16: return run_transposed<__half, F>(t, rows, cols, margin, amax_bits, scale, out, out_t, stream);
     case DType::f32: return run_transposed<float, F>(t, rows, cols, margin, amax_bits, scale, out, out_t, stream);
   }
@@ -228,12 +258,41 @@ void run_format(void const* t, DType dtype, int64_t n, int margin, unsigned* ama
   }
 }
 
+template <typename T, Fp8 F>
+void run_dequantize(uint8_t const* t8, int64_t n, float const* scale, void* out_, cudaStream_t stream) {
+  auto out = static_cast<T*>(out_);
+  constexpr int V = 16;  // 16-byte loads of fp8
+  if (n == 0) return;
+  if (aligned16(t8) && reinterpret_cast<uintptr_t>(out) % (V * sizeof(T)) == 0) {
+    dequantize_kernel<T, V, F><<<grid_for(n / V), kThreads, 0, stream>>>(t8, n, scale, out);
+  } else {
+    dequantize_kernel<T, 1, F><<<grid_for(n), kThreads, 0, stream>>>(t8, n, scale, out);
+  }
+  check_cuda(cudaGetLastError(), "dequantize_fp8");
+}
+
+template <Fp8 F>
+void run_dequantize_format(uint8_t const* t8, int64_t n, float const* scale, DType dtype, void* out,
+                           cudaStream_t stream) {
+  switch (dtype) {
+    case DType::bf16: return run_dequantize<__nv_bfloat16, F>(t8, n, scale, out, stream);
+    case DType::f16: return run_dequantize<__half, F>(t8, n, scale, out, stream);
+    case DType::f32: return run_dequantize<float, F>(t8, n, scale, out, stream);
+  }
+}
+
 }  // namespace
 
 void quantize_fp8(void const* t, DType dtype, Fp8 format, int64_t n, int margin, unsigned* amax_bits, float* scale,
                   uint8_t* out, cudaStream_t stream) {
   if (format == Fp8::e4m3) return run_format<Fp8::e4m3>(t, dtype, n, margin, amax_bits, scale, out, stream);
   run_format<Fp8::e5m2>(t, dtype, n, margin, amax_bits, scale, out, stream);
+}
+
+void dequantize_fp8(uint8_t const* t8, Fp8 format, int64_t n, float const* scale, DType dtype, void* out,
+                    cudaStream_t stream) {
+  if (format == Fp8::e4m3) return run_dequantize_format<Fp8::e4m3>(t8, n, scale, dtype, out, stream);
+  run_dequantize_format<Fp8::e5m2>(t8, n, scale, dtype, out, stream);
 }
 
 void quantize_fp8_transposed(void const* t, DType dtype, Fp8 format, int64_t rows, int64_t cols, int margin,
