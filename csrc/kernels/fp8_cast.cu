@@ -70,22 +70,29 @@ __device__ __forceinline__ uint8_t to_fp8(float v) {
   return __nv_cvt_float_to_fp8(fminf(fmaxf(v, -kMax<F>), kMax<F>), __NV_SATFINITE, kKind<F>);
 }
 
+// out[i] = f(in[i]) over n elements, V a pack (V-element loads and stores), grid-strided; the
+// elements past the last whole pack one at a time.
+template <int V, typename In, typename Out, typename F>
+__device__ __forceinline__ void map_packs(In const* __restrict__ in, int64_t n, Out* __restrict__ out, F f) {
+  int64_t stride = int64_t{gridDim.x} * kThreads, first = blockIdx.x * int64_t{kThreads} + threadIdx.x;
+  auto packs = reinterpret_cast<Pack<In, V> const*>(in);
+  auto out_packs = reinterpret_cast<Pack<Out, V>*>(out);
+  for (int64_t i = first; i < n / V; i += stride) {
+    Pack<In, V> p = packs[i];
+    Pack<Out, V> q;
+#pragma unroll
+    for (int j = 0; j < V; ++j) q.v[j] = f(p.v[j]);
+    out_packs[i] = q;
+  }
+  for (int64_t i = n / V * V + first; i < n; i += stride) out[i] = f(in[i]);
+}
+
 template <typename T, int V, Fp8 F>
 __global__ void cast_kernel(T const* __restrict__ t, int64_t n, unsigned const* __restrict__ amax, int margin,
                             float* __restrict__ scale_out, uint8_t* __restrict__ out) {
   float s = scale_of<F>(*amax, margin);
   if (blockIdx.x == 0 && threadIdx.x == 0) *scale_out = s;
-  int64_t stride = int64_t{gridDim.x} * kThreads, first = blockIdx.x * int64_t{kThreads} + threadIdx.x;
-  auto packs = reinterpret_cast<Pack<T, V> const*>(t);
-  auto out_packs = reinterpret_cast<Pack<uint8_t, V>*>(out);
-  for (int64_t i = first; i < n / V; i += stride) {
-    Pack<T, V> p = packs[i];
-    Pack<uint8_t, V> q;
-#pragma unroll
-    for (int j = 0; j < V; ++j) q.v[j] = to_fp8<F>(widen(p.v[j]) * s);
-    out_packs[i] = q;
-  }
-  for (int64_t i = n / V * V + first; i < n; i += stride) out[i] = to_fp8<F>(widen(t[i]) * s);
+  map_packs<V>(t, n, out, [s](T v) { return to_fp8<F>(widen(v) * s); });
 }
 
 // The transposing cast: a block rounds a kTile x kTile tile of t, each thread a run of kRun
@@ -156,9 +163,14 @@ __global__ void cast_transpose_kernel(T const* __restrict__ t, int64_t rows, int
   }
 }
 
-__device__ __forceinline__ void narrow_to(float v, float& out) { out = v; }
-__device__ __forceinline__ void narrow_to(float v, __nv_bfloat16& out) { out = __float2bfloat16_rn(v); }
-__device__ __forceinline__ void narrow_to(float v, __half& out) { out = __float2half_rn(v); }
+template <typename T>
+__device__ __forceinline__ T narrowed(float v);
+template <>
+__device__ __forceinline__ float narrowed<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 narrowed<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <>
+__device__ __forceinline__ __half narrowed<__half>(float v) { return __float2half_rn(v); }
 
 template <Fp8 F>
 __device__ __forceinline__ float from_fp8(uint8_t b) {
@@ -172,17 +184,7 @@ template <typename T, int V, Fp8 F>
 __global__ void dequantize_kernel(uint8_t const* __restrict__ t8, int64_t n, float const* __restrict__ scale,
                                   T* __restrict__ out) {
   float s = scale ? *scale : 1.f;
-  int64_t stride = int64_t{gridDim.x} * kThreads, first = blockIdx.x * int64_t{kThreads} + threadIdx.x;
-  auto packs = reinterpret_cast<Pack<uint8_t, V> const*>(t8);
-  auto out_packs = reinterpret_cast<Pack<T, V>*>(out);
-  for (int64_t i = first; i < n / V; i += stride) {
-    Pack<uint8_t, V> p = packs[i];
-    Pack<T, V> q;
-#pragma unroll
-    for (int j = 0; j < V; ++j) narrow_to(from_fp8<F>(p.v[j]) * s, q.v[j]);
-    out_packs[i] = q;
-  }
-  for (int64_t i = n / V * V + first; i < n; i += stride) narrow_to(from_fp8<F>(t8[i]) * s, out[i]);
+  map_packs<V>(t8, n, out, [s](uint8_t b) { return narrowed<T>(from_fp8<F>(b) * s); });
 }
 
 // Enough blocks to fill any current GPU several times over; the loops stride over the rest.
