@@ -4,6 +4,7 @@
 
 #include "kernels/check.h"
 #include "kernels/fp8_cast.h"
+#include "kernels/grid.h"
 
 namespace cutlass_fused {
 namespace {
@@ -187,11 +188,7 @@ __global__ void dequantize_kernel(uint8_t const* __restrict__ t8, int64_t n, flo
   map_packs<V>(t8, n, out, [s](uint8_t b) { return narrowed<T>(from_fp8<F>(b) * s); });
 }
 
-// Enough blocks to fill any current GPU several times over; the loops stride over the rest.
-unsigned grid_for(int64_t packs) {
-  int64_t blocks = (packs + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(blocks < 2048 ? (blocks > 0 ? blocks : 1) : 2048);
-}
+unsigned grid_for(int64_t packs) { return strided_grid(packs, kThreads, 2048); }
 
 template <typename T, Fp8 F>
 void run(void const* t_, int64_t n, int margin, unsigned* amax, float* scale, uint8_t* out, cudaStream_t stream) {

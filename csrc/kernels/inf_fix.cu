@@ -1,4 +1,5 @@
 #include "kernels/check.h"
+#include "kernels/grid.h"
 #include "kernels/inf_fix.h"
 
 namespace cutlass_fused {
@@ -78,9 +79,7 @@ __global__ void fix_inf_products_kernel(InfFixArgs a) {
 void flag_inf_rows(float const* t, int64_t rows, int64_t cols, int64_t ld, unsigned char* flags,
                    cudaStream_t stream) {
   if (rows == 0) return;
-  int64_t blocks = (rows + 7) / 8;
-  flag_inf_rows_kernel<<<static_cast<unsigned>(blocks < 4096 ? blocks : 4096), 256, 0, stream>>>(t, rows, cols, ld,
-                                                                                                  flags);
+  flag_inf_rows_kernel<<<strided_grid(rows, 8, 4096), 256, 0, stream>>>(t, rows, cols, ld, flags);
   check_cuda(cudaGetLastError(), "flag_inf_rows");
 }
 

@@ -1,4 +1,5 @@
 #include "kernels/check.h"
+#include "kernels/grid.h"
 #include "kernels/tf32x3.h"
 
 namespace cutlass_fused {
@@ -82,19 +83,13 @@ __global__ void split_transposed_kernel(float const* __restrict__ in, int64_t ro
   }
 }
 
-// Enough blocks to fill any current GPU; the loops stride over the rest.
-unsigned grid_for(int64_t work) {
-  int64_t blocks = (work + 255) / 256;
-  return static_cast<unsigned>(blocks < 4096 ? (blocks > 0 ? blocks : 1) : 4096);
-}
-
 }  // namespace
 
 void split_tf32_rows(float const* in, int64_t rows_in, int64_t cols, int64_t stride_r, int64_t stride_c,
                      int64_t rows_out, int64_t seg, SplitOrder order, float* out, cudaStream_t stream) {
   if (stride_c == 1) {
-    split_rows_kernel<<<grid_for(rows_out * (seg / 4)), 256, 0, stream>>>(in, rows_in, cols, stride_r, rows_out, seg,
-                                                                          order, out);
+    split_rows_kernel<<<strided_grid(rows_out * (seg / 4), 256, 4096), 256, 0, stream>>>(in, rows_in, cols, stride_r,
+                                                                                          rows_out, seg, order, out);
   } else {
     dim3 grid(static_cast<unsigned>((seg + 31) / 32), static_cast<unsigned>((rows_out + 31) / 32));
     split_transposed_kernel<<<grid, dim3(32, 8), 0, stream>>>(in, rows_in, cols, stride_c, rows_out, seg, order, out);
