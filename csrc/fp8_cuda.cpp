@@ -20,65 +20,64 @@ struct Packed {
   at::Tensor bytes, t8, scale;
 };
 
+int64_t scale_offset(int64_t numel) { return (numel + 15) / 16 * 16; }
+
 Packed packed(at::Tensor bytes, at::IntArrayRef sizes, at::ScalarType fp8) {
   int64_t n = c10::multiply_integers(sizes);
-  int64_t at_scale = (n + 15) / 16 * 16;
   // select(0, 0), not view({}): torch 2.11's headers take {} as view(ScalarType{}), a Byte view.
   return {bytes, bytes.narrow(0, 0, n).view(fp8).view(sizes),
-          bytes.narrow(0, at_scale, 4).view(at::kFloat).select(0, 0)};
+          bytes.narrow(0, scale_offset(n), 4).view(at::kFloat).select(0, 0)};
 }
 
-at::ScalarType fp8_type(Fp8 format) { return format == Fp8::e4m3 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2; }
+// A new buffer for t's values in `sizes` (t's or its transpose's).
+Packed new_packed(at::Tensor const& t, at::IntArrayRef sizes, at::ScalarType fp8) {
+  return packed(at::empty({scale_offset(t.numel()) + 16}, t.options().dtype(at::kByte)), sizes, fp8);
+}
 
-// t8 and scale: t's fp8 values and scale, written into the given tensors.
-void quantize_into(at::Tensor const& t, int64_t margin, Fp8 format, at::Tensor& t8, at::Tensor& scale) {
+Fp8 format_of(at::ScalarType fp8) { return fp8 == at::kFloat8_e4m3fn ? Fp8::e4m3 : Fp8::e5m2; }
+
+// t's fp8 values into t8 and, for a 2-D t, their transpose into t8_t, from one cast pass (either
+// may be null, not both), and the scale.
+void quantize_into(at::Tensor const& t, int64_t margin, Fp8 format, at::Tensor* t8, at::Tensor* t8_t,
+                   at::Tensor& scale) {
   DType dt = dtype_of(t.scalar_type(), "t");
   c10::cuda::CUDAGuard guard(t.device());
   auto src = t.contiguous();
-  poison(t8);
+  auto bytes = [](at::Tensor* out) {
+    if (!out) return static_cast<uint8_t*>(nullptr);
+    poison(*out);
+    return reinterpret_cast<uint8_t*>(out->data_ptr());
+  };
+  uint8_t* out = bytes(t8);
+  uint8_t* out_t = bytes(t8_t);
   poison(scale);
   auto amax = at::empty({}, src.options().dtype(at::kInt));
   // Past +-252 the exponent saturates at +-126 whatever the margin (fp8.scale_from_amax's clamp),
   // so a clamped margin gives the same scale and fits the kernel's int.
   int m = static_cast<int>(std::clamp<int64_t>(margin, -1000, 1000));
-  quantize_fp8(src.data_ptr(), dt, format, src.numel(), m, reinterpret_cast<unsigned*>(amax.data_ptr<int>()),
-               scale.data_ptr<float>(), reinterpret_cast<uint8_t*>(t8.data_ptr()),
-               at::cuda::getCurrentCUDAStream().stream());
-}
-
-// t8_t (and t8, where defined): t's fp8 values, transposed, from one pass.
-void quantize_transposed_into(at::Tensor const& t, int64_t margin, Fp8 format, at::Tensor* t8, at::Tensor& t8_t,
-                              at::Tensor& scale) {
-  DType dt = dtype_of(t.scalar_type(), "t");
-  c10::cuda::CUDAGuard guard(t.device());
-  auto src = t.contiguous();
-  if (t8) poison(*t8);
-  poison(t8_t);
-  poison(scale);
-  auto amax = at::empty({}, src.options().dtype(at::kInt));
-  int m = static_cast<int>(std::clamp<int64_t>(margin, -1000, 1000));
-  quantize_fp8_transposed(src.data_ptr(), dt, format, src.size(0), src.size(1), m,
-                          reinterpret_cast<unsigned*>(amax.data_ptr<int>()), scale.data_ptr<float>(),
-                          t8 ? reinterpret_cast<uint8_t*>(t8->data_ptr()) : nullptr,
-                          reinterpret_cast<uint8_t*>(t8_t.data_ptr()), at::cuda::getCurrentCUDAStream().stream());
-}
-
-std::tuple<at::Tensor, at::Tensor> quantize(at::Tensor const& t, int64_t margin, Fp8 format) {
-  auto t8 = at::empty(t.sizes(), t.options().dtype(fp8_type(format)));
-  auto scale = at::empty({}, t.options().dtype(at::kFloat));
-  quantize_into(t, margin, format, t8, scale);
-  return {t8, scale};
+  auto amax_bits = reinterpret_cast<unsigned*>(amax.data_ptr<int>());
+  auto stream = at::cuda::getCurrentCUDAStream().stream();
+  if (out_t) {
+    quantize_fp8_transposed(src.data_ptr(), dt, format, src.size(0), src.size(1), m, amax_bits,
+                            scale.data_ptr<float>(), out, out_t, stream);
+  } else {
+    quantize_fp8(src.data_ptr(), dt, format, src.numel(), m, amax_bits, scale.data_ptr<float>(), out, stream);
+  }
 }
 
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> quantize_e4m3_cuda(at::Tensor const& t, int64_t margin, bool cache) {
-  if (!cache) return quantize(t, margin, Fp8::e4m3);
+  if (!cache) {
+    auto t8 = at::empty(t.sizes(), t.options().dtype(at::kFloat8_e4m3fn));
+    auto scale = at::empty({}, t.options().dtype(at::kFloat));
+    quantize_into(t, margin, Fp8::e4m3, &t8, nullptr, scale);
+    return {t8, scale};
+  }
   // A frozen weight's W8 and scale, kept between calls as the 3xTF32 split is (derived_cache.h).
   auto bytes = derived(Derived::weight_e4m3, {t}, {static_cast<double>(margin)}, cache, [&] {
-    auto p = packed(at::empty({(t.numel() + 15) / 16 * 16 + 16}, t.options().dtype(at::kByte)), t.sizes(),
-                    at::kFloat8_e4m3fn);
-    quantize_into(t, margin, Fp8::e4m3, p.t8, p.scale);
+    auto p = new_packed(t, t.sizes(), at::kFloat8_e4m3fn);
+    quantize_into(t, margin, Fp8::e4m3, &p.t8, nullptr, p.scale);
     return p.bytes;
   });
   auto p = packed(bytes, t.sizes(), at::kFloat8_e4m3fn);
@@ -87,29 +86,24 @@ std::tuple<at::Tensor, at::Tensor> quantize_e4m3_cuda(at::Tensor const& t, int64
   return {p.t8, p.scale.clone()};
 }
 
-std::tuple<at::Tensor, at::Tensor> quantize_e5m2_cuda(at::Tensor const& t, int64_t margin) {
-  return quantize(t, margin, Fp8::e5m2);
-}
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_transposed_cuda(at::Tensor const& t, at::ScalarType dtype,
                                                                         int64_t margin, bool cache) {
   check_quantize_transposed(t, dtype);
-  Fp8 format = dtype == at::kFloat8_e4m3fn ? Fp8::e4m3 : Fp8::e5m2;
+  Fp8 format = format_of(dtype);
   int64_t rows = t.size(0), cols = t.size(1);
   if (!cache || format != Fp8::e4m3) {
     auto t8 = at::empty({rows, cols}, t.options().dtype(dtype));
     auto t8_t = at::empty({cols, rows}, t.options().dtype(dtype));
     auto scale = at::empty({}, t.options().dtype(at::kFloat));
-    quantize_transposed_into(t, margin, format, &t8, t8_t, scale);
+    quantize_into(t, margin, format, &t8, &t8_t, scale);
     return {t8, t8_t, scale};
   }
   // A frozen weight: W8 (quantize_e4m3's kept value) and W8^T kept apart, so that the outputs
   // alias nothing of each other; each is made by the pass that writes it alone.
   auto [w8, scale] = quantize_e4m3_cuda(t, margin, true);
   auto bytes = derived(Derived::weight_e4m3_t, {t}, {static_cast<double>(margin)}, cache, [&] {
-    auto p = packed(at::empty({(t.numel() + 15) / 16 * 16 + 16}, t.options().dtype(at::kByte)), {cols, rows},
-                    at::kFloat8_e4m3fn);
-    quantize_transposed_into(t, margin, format, nullptr, p.t8, p.scale);
+    auto p = new_packed(t, {cols, rows}, at::kFloat8_e4m3fn);
+    quantize_into(t, margin, format, nullptr, &p.t8, p.scale);
     return p.bytes;
   });
   return {w8, packed(bytes, {cols, rows}, at::kFloat8_e4m3fn).t8, scale};
@@ -122,7 +116,7 @@ at::Tensor dequantize_cuda(at::Tensor const& t8, c10::optional<at::Tensor> const
   auto out = at::empty(src.sizes(), src.options().dtype(dtype));
   poison(out);
   dequantize_fp8(reinterpret_cast<uint8_t const*>(src.data_ptr()),
-                 src.scalar_type() == at::kFloat8_e4m3fn ? Fp8::e4m3 : Fp8::e5m2, src.numel(),
+                 format_of(src.scalar_type()), src.numel(),
                  scale.has_value() ? scale->data_ptr<float>() : nullptr, dtype_of(dtype, "dtype"), out.data_ptr(),
                  at::cuda::getCurrentCUDAStream().stream());
   return out;

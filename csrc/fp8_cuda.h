@@ -10,8 +10,6 @@ namespace cutlass_fused {
 // (t rounded to e4m3 under its power-of-two scale, the scale as a 0-dim fp32 tensor).
 // cache: keep them for the next call of the same unchanged t (the ops' `cache`, csrc/ops.cpp).
 std::tuple<at::Tensor, at::Tensor> quantize_e4m3_cuda(at::Tensor const& t, int64_t margin, bool cache);
-// The same in e5m2 (largest finite value 57344): the FP8 backward's dh.
-std::tuple<at::Tensor, at::Tensor> quantize_e5m2_cuda(at::Tensor const& t, int64_t margin);
 // t8.to(dtype) * scale.to(dtype) in one pass (dequantize_fp8).
 at::Tensor dequantize_cuda(at::Tensor const& t8, c10::optional<at::Tensor> const& scale, at::ScalarType dtype);
 // (t8, t8 transposed, scale) for a 2-D t, in e4m3 or e5m2 (`dtype`), from one cast pass.

@@ -317,9 +317,8 @@ TORCH_LIBRARY(cutlass_fused, m) {
   // so that CUDA measures the amax and casts in two passes with no host sync.
   // `cache` as the GEMM ops' (above): a frozen weight's W8 is kept between calls.
   m.def("quantize_e4m3(Tensor t, int margin=0, bool cache=False) -> (Tensor t8, Tensor scale)");
-  // The same in e5m2 (57344 in place of 448): dh in the FP8 backward (Float8Recipe(backward="e5m2")).
-  m.def("quantize_e5m2(Tensor t, int margin=0) -> (Tensor t8, Tensor scale)");
-  // A 2-D t rounded as above to `dtype` (float8_e4m3fn or float8_e5m2), with the values also
+  // A 2-D t rounded as above to `dtype` (float8_e4m3fn, or float8_e5m2 with 57344 in place of 448:
+  // dh in the FP8 backward, Float8Recipe(backward="e5m2")), with the values also
   // transposed (t8_t = t8.t().contiguous()): the K-major operands of the FP8 backward's GEMMs,
   // made by the cast's own pass on CUDA. `cache`: a frozen e4m3 weight's values and transpose kept.
   m.def("quantize_transposed(Tensor t, ScalarType dtype, int margin=0, bool cache=False)"

@@ -292,10 +292,6 @@ std::tuple<at::Tensor, at::Tensor> quantize_e4m3_cpu(at::Tensor const& t, int64_
   return quantize_fp8_cpu(t, margin, at::kFloat8_e4m3fn, 448.0);
 }
 
-std::tuple<at::Tensor, at::Tensor> quantize_e5m2_cpu(at::Tensor const& t, int64_t margin) {
-  return quantize_fp8_cpu(t, margin, at::kFloat8_e5m2, 57344.0);
-}
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_transposed_cpu(at::Tensor const& t, at::ScalarType dtype,
                                                                        int64_t margin, bool) {
   check_quantize_transposed(t, dtype);
@@ -315,7 +311,6 @@ TORCH_LIBRARY_IMPL(cutlass_fused, CPU, m) {
   m.impl("linear_scale_batch_norm_train", &linear_scale_batch_norm_train_cpu);
   m.impl("linear_scale_batch_norm_train_fp8", &linear_scale_batch_norm_train_fp8_cpu);
   m.impl("quantize_e4m3", &quantize_e4m3_cpu);
-  m.impl("quantize_e5m2", &quantize_e5m2_cpu);
   m.impl("quantize_transposed", &quantize_transposed_cpu);
   m.impl("dequantize", &dequantize_cpu);
   m.impl("batch_norm_finalize", &batch_norm_finalize_cpu);

@@ -659,7 +659,6 @@ TORCH_LIBRARY_IMPL(cutlass_fused, CUDA, m) {
   m.impl("quantize_e4m3", &quantize_e4m3_cuda);
   m.impl("quantize_transposed", &quantize_transposed_cuda);
   m.impl("dequantize", &dequantize_cuda);
-  m.impl("quantize_e5m2", &quantize_e5m2_cuda);
   m.impl("batch_norm_finalize", &batch_norm_finalize_cuda);
   m.impl("update_running_stats", &update_running_stats_cuda);
   m.impl("batch_norm_backward", &batch_norm_backward_cuda);

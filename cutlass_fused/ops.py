@@ -68,11 +68,6 @@ def _(t, margin=0, cache=False):
     return t.new_empty(t.shape, dtype=torch.float8_e4m3fn), t.new_empty((), dtype=torch.float32)
 
 
-@torch.library.register_fake("cutlass_fused::quantize_e5m2")
-def _(t, margin=0):
-    return t.new_empty(t.shape, dtype=torch.float8_e5m2), t.new_empty((), dtype=torch.float32)
-
-
 @torch.library.register_fake("cutlass_fused::quantize_transposed")
 def _(t, dtype, margin=0, cache=False):
     torch._check(t.dim() == 2, lambda: f"cutlass_fused: expected t to be 2-D, but got {t.dim()}-D")

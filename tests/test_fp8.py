@@ -65,6 +65,16 @@ def _bits(t):
     return t.view(torch.uint8) if t.dtype in (fp8.E4M3, fp8.E5M2) else t.view(torch.int32)
 
 
+def _quantize(fmt, t, margin):
+    """(t8, scale) of the op that rounds to `fmt`: quantize_e4m3 (any shape), or quantize_transposed's
+    values for e5m2 (the backward's dh, 2-D)."""
+    from cutlass_fused.ops import ops
+    if fmt == "e4m3":
+        return ops.quantize_e4m3(t, margin)
+    t8, _, scale = ops.quantize_transposed(t, fp8.E5M2, margin)
+    return t8, scale
+
+
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA else []))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("shape", [(2, 3), (3, 769), (1000, 5125), (0, 8), (4096, 1)], ids=str)
@@ -72,15 +82,18 @@ def _bits(t):
 @pytest.mark.parametrize("margin", [0, 2])
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
 def test_quantize_op_is_fp8_rounding(device, dtype, shape, magnitude, margin, fmt):
-    """ops.quantize_e4m3 and quantize_e5m2 (on CUDA the amax and cast kernels) give fp8.quantize's
-    bits under fp8.scale_of's scale, bit for bit, on fresh random data of every size (odd sizes take
-    the kernels' scalar tails, and an offset view their unaligned path)."""
-    from cutlass_fused.ops import ops
-    op, fp8_dtype = (ops.quantize_e4m3, fp8.E4M3) if fmt == "e4m3" else (ops.quantize_e5m2, fp8.E5M2)
+    """The quantize ops (on CUDA the amax pass, then the cast or the transposing cast) give
+    fp8.quantize's bits under fp8.scale_of's scale, bit for bit, on fresh random data of every size
+    (odd sizes take the kernels' scalar tails, and an offset view their unaligned path)."""
+    fp8_dtype = fp8.E4M3 if fmt == "e4m3" else fp8.E5M2
     t = (magnitude * torch.randn(shape)).to(device, dtype)
-    views = {"whole": t, "offset": t.flatten()[1:]}
+    rows, cols = shape
+    offset = torch.randn(rows * cols + 1).to(device, dtype)[1:].mul_(magnitude)
+    views = {"whole": t, "offset": offset.view(rows, cols)}
+    if fmt == "e4m3":
+        views["offset, 1-D"] = t.flatten()[1:]
     for name, v in views.items():
-        q, s = op(v, margin)
+        q, s = _quantize(fmt, v, margin)
         want_s = fp8.scale_of(v, margin, fp8_dtype)
         assert q.dtype == fp8_dtype and q.shape == v.shape and s.shape == () and s.dtype == torch.float32
         assert torch.equal(_bits(s), _bits(want_s)), (name, s, want_s)
@@ -93,17 +106,18 @@ def test_quantize_op_is_fp8_rounding(device, dtype, shape, magnitude, margin, fm
                          ids=str)
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
 def test_quantize_transposed_is_the_values_transposed(device, dtype, shape, fmt):
-    """ops.quantize_transposed (on CUDA one cast pass through shared-memory tiles): the values and
-    scale of quantize_e4m3 / quantize_e5m2, bit for bit, and their transpose, contiguous; sizes off
-    the 64-element tiles and the 16-byte runs, and an offset view (the unaligned loads and stores)."""
+    """ops.quantize_transposed (on CUDA one cast pass through shared-memory tiles): fp8.quantize's
+    values and scale_of's scale, bit for bit, and their transpose, contiguous; sizes off the
+    64-element tiles and the 16-byte runs, and an offset view (the unaligned loads and stores)."""
     from cutlass_fused.ops import ops
-    op, fp8_dtype = (ops.quantize_e4m3, fp8.E4M3) if fmt == "e4m3" else (ops.quantize_e5m2, fp8.E5M2)
+    fp8_dtype = fp8.E4M3 if fmt == "e4m3" else fp8.E5M2
     t = (3 * torch.randn(shape)).to(device, dtype)
     rows, cols = shape
     views = {"whole": t, "offset": torch.randn(rows * cols + 1).to(device, dtype)[1:].view(rows, cols)}
     for name, v in views.items():
         q, q_t, s = ops.quantize_transposed(v, fp8_dtype, 1)
-        want_q, want_s = op(v, 1)
+        want_s = fp8.scale_of(v, 1, fp8_dtype)
+        want_q = fp8.quantize(v, want_s, fp8_dtype)
         assert q.shape == v.shape and q_t.shape == (cols, rows) and q_t.is_contiguous() and q_t.dtype == fp8_dtype
         assert torch.equal(_bits(s), _bits(want_s)), name
         assert torch.equal(_bits(q), _bits(want_q)), name
@@ -175,11 +189,11 @@ def test_quantize_op_edges(device):
     assert torch.equal(_bits(q), _bits(fp8.quantize(t.t().contiguous(), s)))
     with pytest.raises(RuntimeError, match="expected t to be"):
         ops.quantize_e4m3(torch.ones(3, 3, device=device, dtype=torch.int32))
-    t = torch.tensor([1.0, float("inf"), 3.0], device=device)
-    q, s = ops.quantize_e5m2(t)
-    assert s.item() == 1.0 and q.view(torch.uint8)[1].item() == 0x7f  # NaN, not e5m2's Inf
-    q, s = ops.quantize_e5m2(torch.tensor([1.0, -2.0], device=device))
-    assert s.item() == 2.0 ** 14 and q.float().tolist() == [2.0 ** 14, -2.0 ** 15]  # amax 2 into (28672, 57344]
+    t = torch.tensor([[1.0, float("inf"), 3.0]], device=device)
+    q, _, s = ops.quantize_transposed(t, fp8.E5M2)
+    assert s.item() == 1.0 and q.view(torch.uint8)[0, 1].item() == 0x7f  # NaN, not e5m2's Inf
+    q, _, s = ops.quantize_transposed(torch.tensor([[1.0, -2.0]], device=device), fp8.E5M2)
+    assert s.item() == 2.0 ** 14 and q.float().tolist() == [[2.0 ** 14, -2.0 ** 15]]  # amax 2 into (28672, 57344]
 
 
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA else []))
@@ -221,7 +235,7 @@ def test_frozen_weight_keeps_its_e4m3_cast(device):
 @pytest.mark.parametrize("wide", [False, True], ids=["bf16", "fp32-weight"])
 def test_e5m2_grads_are_the_fp8_gemms(device, m, k, n, wide):
     """The FP8 backward's GEMMs (the e4m3 op with backward="e5m2"): dX and dW against float64 of the
-    same e5m2 dh8 (the BN backward's dh' of the op's own h, rounded as quantize_e5m2 rounds it) and
+    same e5m2 dh8 (the BN backward's dh' of the op's own h, rounded as quantize_transposed rounds it to e5m2) and
     the op's e4m3 x8, W8 under their scales, within the one rounding of each output (2x the rounding
     of the float64 value to that dtype, plus a floor); unaligned sizes take the padding to 16.
     wide: an fp32 weight (autocast's layer), so dW comes out in fp32."""

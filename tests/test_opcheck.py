@@ -154,10 +154,9 @@ def test_linear_scale_batch_norm_train_fp8(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("op", ["quantize_e4m3", "quantize_e5m2"])
-def test_quantize_fp8(device, dtype, op):
+def test_quantize_e4m3(device, dtype):
     t = 5 * torch.randn(7, 13, device=device, dtype=dtype)
-    torch.library.opcheck(getattr(ops, op), (t, 1))
+    torch.library.opcheck(ops.quantize_e4m3, (t, 1))
 
 
 @pytest.mark.parametrize("device", DEVICES)

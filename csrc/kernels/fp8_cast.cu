@@ -190,40 +190,43 @@ __global__ void dequantize_kernel(uint8_t const* __restrict__ t8, int64_t n, flo
 
 unsigned grid_for(int64_t packs) { return strided_grid(packs, kThreads, 2048); }
 
+bool aligned16(void const* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// *amax = the bits of max |t| over n elements (abs_bits' order), from zero: 16-byte loads where t
+// is aligned.
+template <typename T>
+void launch_amax(T const* t, int64_t n, unsigned* amax, cudaStream_t stream) {
+  constexpr int V = 16 / sizeof(T);
+  check_cuda(cudaMemsetAsync(amax, 0, sizeof(unsigned), stream), "quantize_fp8 (amax reset)");
+  if (aligned16(t)) {
+    amax_kernel<T, V><<<grid_for(n / V), kThreads, 0, stream>>>(t, n, amax);
+  } else {
+    amax_kernel<T, 1><<<grid_for(n), kThreads, 0, stream>>>(t, n, amax);
+  }
+}
+
 template <typename T, Fp8 F>
 void run(void const* t_, int64_t n, int margin, unsigned* amax, float* scale, uint8_t* out, cudaStream_t stream) {
   auto t = static_cast<T const*>(t_);
   constexpr int V = 16 / sizeof(T);  // 16-byte loads, V-byte stores
-  bool packed = reinterpret_cast<uintptr_t>(t) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % V == 0;
-  check_cuda(cudaMemsetAsync(amax, 0, sizeof(unsigned), stream), "quantize_fp8 (amax reset)");
-  if (packed) {
-    amax_kernel<T, V><<<grid_for(n / V), kThreads, 0, stream>>>(t, n, amax);
+  launch_amax(t, n, amax, stream);
+  if (aligned16(t) && reinterpret_cast<uintptr_t>(out) % V == 0) {
     cast_kernel<T, V, F><<<grid_for(n / V), kThreads, 0, stream>>>(t, n, amax, margin, scale, out);
   } else {
-    amax_kernel<T, 1><<<grid_for(n), kThreads, 0, stream>>>(t, n, amax);
     cast_kernel<T, 1, F><<<grid_for(n), kThreads, 0, stream>>>(t, n, amax, margin, scale, out);
   }
   check_cuda(cudaGetLastError(), "quantize_fp8");
 }
 
-bool aligned16(void const* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 template <typename T, Fp8 F>
 void run_transposed(void const* t_, int64_t rows, int64_t cols, int margin, unsigned* amax, float* scale,
                     uint8_t* out, uint8_t* out_t, cudaStream_t stream) {
   auto t = static_cast<T const*>(t_);
-  int64_t n = rows * cols;
-  constexpr int V = 16 / sizeof(T);
-  check_cuda(cudaMemsetAsync(amax, 0, sizeof(unsigned), stream), "quantize_fp8_transposed (amax reset)");
-  if (n == 0) {
+  launch_amax(t, rows * cols, amax, stream);
+  if (rows * cols == 0) {
     cast_kernel<T, 1, F><<<1, kThreads, 0, stream>>>(t, 0, amax, margin, scale, out_t);  // the scale alone
     check_cuda(cudaGetLastError(), "quantize_fp8_transposed");
     return;
-  }
-  if (aligned16(t)) {
-    amax_kernel<T, V><<<grid_for(n / V), kThreads, 0, stream>>>(t, n, amax);
-  } else {
-    amax_kernel<T, 1><<<grid_for(n), kThreads, 0, stream>>>(t, n, amax);
   }
   int64_t row_tiles = (rows + kTile - 1) / kTile, col_tiles = (cols + kTile - 1) / kTile;
   bool vec_in = aligned16(t) && cols * sizeof(T) % 16 == 0;

@@ -28,12 +28,12 @@ void quantize_fp8(void const* t, DType dtype, Fp8 format, int64_t n, int margin,
 // contiguous) from the same pass, through shared-memory tiles. Hopper's FP8 MMA takes K-major
 // operands only, so the FP8 backward's dW = dh^T x needs dh^T and x^T, and dX = dh W needs W^T;
 // torch's strided copy of a float8 tensor moved ~0.33 TB/s (H200). out may be null (only out_t).
+void quantize_fp8_transposed(void const* t, DType dtype, Fp8 format, int64_t rows, int64_t cols, int margin,
+                             unsigned* amax_bits, float* scale, uint8_t* out, uint8_t* out_t, cudaStream_t stream);
+
 // out[i] = t8[i] (fp8 of `format`) times *scale (1 where scale is null), rounded once to `dtype`:
 // the bf16 FP8 backward's operands, which torch's float8 cast moved at ~0.75 TB/s (H200).
 void dequantize_fp8(uint8_t const* t8, Fp8 format, int64_t n, float const* scale, DType dtype, void* out,
                     cudaStream_t stream);
-
-void quantize_fp8_transposed(void const* t, DType dtype, Fp8 format, int64_t rows, int64_t cols, int margin,
-                             unsigned* amax_bits, float* scale, uint8_t* out, uint8_t* out_t, cudaStream_t stream);
 
 }  // namespace cutlass_fused
