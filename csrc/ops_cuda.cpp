@@ -495,6 +495,7 @@ Backward backward_args(at::Tensor const& dy_in, at::Tensor const& h, at::Tensor 
   poison(b.dh);
   g.dt = dtype_of(h.scalar_type(), "h");
   g.dt_dy = dtype_of(b.dy.scalar_type(), "grad");
+  g.sm_count = at::cuda::getDeviceProperties(h.device().index())->multiProcessorCount;
   g.dy = b.dy.data_ptr();
   g.h = h.data_ptr();
   g.ldh = h.stride(0);
@@ -529,7 +530,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_c
   g.dweight = col_out(dweight, "dweight", n, h.device());
   g.dbias = col_out(dbias, "dbias", n, h.device());
   g.workspace = ws.data_ptr();
-  g.sm_count = pr.sm_count;
   batch_norm_backward(g, plan.backward, plan.pieces, at::cuda::getCurrentCUDAStream().stream());
   return {b.dh, dscale, dweight, dbias};
 }

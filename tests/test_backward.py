@@ -376,8 +376,11 @@ def test_backward_frees_dy_before_the_gemms(family):
 # must write the same bits: slab rows of 128, 64 and 32 bytes (two slabs, dy's and h's: at most
 # 256, 512 and 1024 rows), a last slab with some columns (1032), a slab wider than the layer (24),
 # a mean 1000x the spread; batches too big for a slab (the cooperative kernel's: 1500 rows with a
-# partial last chunk, 4096 rows of 2048 columns, whose items outnumber the co-resident blocks).
-SLAB_SHAPES = [(256, 4096), (500, 8192), (1000, 2048), (200, 1032), (3, 24), (1500, 1032), (4096, 2048)]
+# partial last chunk, 4096 rows of 2048 columns; 520 x 50816, whose fp32 column groups (397) alone
+# outnumber the co-resident blocks (3 x 132 SMs), so that a block takes two items: past the slab's
+# rows the backward's chunks (limits::grad_rows) are as many as one wave of blocks takes).
+SLAB_SHAPES = [(256, 4096), (500, 8192), (1000, 2048), (200, 1032), (3, 24), (1500, 1032), (4096, 2048),
+               (520, 50816)]
 SLAB_ROWS_MAX = 1024  # two slabs of 32-byte rows in 64 KiB
 
 

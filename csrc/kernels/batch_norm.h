@@ -131,7 +131,7 @@ struct BackwardArgs {
   float slope = 0.01f;
   void* workspace;                // limits::backward_workspace(m, n) bytes
   int sm_count = 0;               // of the device (the slab kernel's grid should fill it, the
-                                  // cooperative kernel's must be co-resident)
+                                  // cooperative kernel's must be co-resident; limits::grad_rows)
 };
 
 // The training-mode backward of y = BN(h * scale) over the batch: one pass

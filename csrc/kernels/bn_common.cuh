@@ -362,21 +362,22 @@ __global__ void column_partials_kernel(Terms terms, int m, int n, int rows, doub
   chunk_partials<Terms, V>(terms, m, n, rows, blockIdx.x, blockIdx.y, pa, pb, scratch);
 }
 
-// Both sums of `terms` over all m rows into out[0:n], out[n:2n], through
-// 2 x stat_chunks(m) x n doubles of workspace. ld and ptrs: the strides and
-// pointers `terms` reads, which decide whether it may read 16-byte groups.
-template <class T, class Terms>
+// Both sums of `terms` over all m rows into out[0:n], out[n:2n], in chunks of rows_of(m, groups)
+// rows (groups: of 32 V columns, V as the launch reads them), through 2 x chunks x n doubles of
+// workspace. ld and ptrs: the strides and pointers `terms` reads, which decide whether it may
+// read 16-byte groups.
+template <class T, class Terms, class Rows>
 void column_sums(Terms const& terms, int m, int n, int64_t ld, std::initializer_list<void const*> ptrs, double* out,
-                 double* workspace, cudaStream_t stream) {
-  int rows = stat_rows(m), chunks = stat_chunks(m);
-  double* pb = workspace + static_cast<int64_t>(chunks) * n;
+                 double* workspace, cudaStream_t stream, Rows&& rows_of) {
   constexpr int V = 16 / sizeof(T);
-  if (can_vectorize<T>(n, ld, ptrs)) {
-    column_partials_kernel<Terms, V><<<dim3(blocks(n, 32 * V), chunks), dim3(32, 8), 0, stream>>>(
-        terms, m, n, rows, workspace, pb);
+  bool vec = can_vectorize<T>(n, ld, ptrs);
+  unsigned groups = blocks(n, 32 * (vec ? V : 1));
+  int rows = rows_of(m, static_cast<int>(groups)), chunks = (m + rows - 1) / rows;
+  double* pb = workspace + static_cast<int64_t>(chunks) * n;
+  if (vec) {
+    column_partials_kernel<Terms, V><<<dim3(groups, chunks), dim3(32, 8), 0, stream>>>(terms, m, n, rows, workspace, pb);
   } else {
-    column_partials_kernel<Terms, 1><<<dim3(blocks(n, 32), chunks), dim3(32, 8), 0, stream>>>(terms, m, n, rows,
-                                                                                            workspace, pb);
+    column_partials_kernel<Terms, 1><<<dim3(groups, chunks), dim3(32, 8), 0, stream>>>(terms, m, n, rows, workspace, pb);
   }
   check_cuda(cudaGetLastError(), "column_partials");
   reduce_partials(workspace, pb, chunks, n, n, out, stream);
@@ -663,10 +664,10 @@ __device__ __forceinline__ void piece_columns(C const* cols, int piece, C (&col)
 }
 
 // Launches an elementwise row pass over m x n (see finalize_normalize_kernel)
-// with 16-byte groups where can_vectorize allows, else single columns. R rows
-// in flight and at most max_blocks blocks: the launchers' choices, measured
-// on an H200 (bf16, 1024 x 8192, cold L2): finalize 27 -> 15 us with R = 4 and
-// up to 4096 blocks; grad_input was fastest with R = 1 and ~1024 blocks.
+// with 16-byte groups where can_vectorize allows, else single columns. At least R rows a
+// thread and at most max_blocks blocks: the launchers' choices, measured on an H200 (bf16,
+// 1024 x 8192, cold L2): finalize 27 -> 15 us with R = 4 (its rows in flight) and up to 4096
+// blocks; grad_input ~1024 blocks (and R: kGradInputRows).
 template <class T, int R, class Launch>
 void launch_rows(int m, int n, int64_t ld, std::initializer_list<void const*> ptrs, unsigned max_blocks,
                  Launch&& launch) {

@@ -50,7 +50,7 @@ void column_stats(DType dt, void const* h, int m, int n, int64_t ldh, double* st
   dispatch(dt, [&](auto t) {
     using T = decltype(t);
     column_sums<T>(SumSquares<T>{static_cast<T const*>(h), ldh}, m, n, ldh, {h}, stats,
-                   static_cast<double*>(workspace), stream);
+                   static_cast<double*>(workspace), stream, [](int m, int) { return stat_rows(m); });
   });
 }
 

@@ -52,6 +52,23 @@ constexpr int kSlabBytes = 64 * 1024;
 // 512 x 4096^2 11.1 -> 15.2, 1024 x 8192^2 29.1 -> 32.5).
 constexpr int kSlabRows = 512;
 
+// The backward's chunks (its column sums of g and g (h - mean), g the BN output's gradient)
+// over `groups` column groups: past the slab kernel's rows, as many as give one wave of two
+// blocks a multiprocessor, where stat_chunks' 32 left each lane 16 rows of 4096 or fewer and the
+// grid two waves. The column sums, bf16, 32 chunks -> one wave (H200, a knob's probe): 4096^2
+// 27.2 -> 23.5 us (relu 36.0 -> 27.8), 16384 x 4096 74.0 -> 70.6, 1024 x 8192 (16 chunks -> 4)
+// 15.5 -> 12.9 (relu 25.3 -> 17.4); 2048^2 (8 groups) keeps its 32. Never more chunks than
+// stat_chunks (the workspace's bound), and at most kSlabRows rows as stat_rows (the slab kernel,
+// whose bits every variant shares).
+constexpr int grad_rows(int m, int groups, int sm_count) {
+  if (m <= kSlabRows || sm_count <= 0 || groups <= 0) return stat_rows(m);
+  int chunks = std::clamp(2 * sm_count / groups, 1, stat_chunks(m));
+  return ((m + chunks - 1) / chunks + 7) / 8 * 8;
+}
+constexpr int grad_chunks(int m, int groups, int sm_count) {
+  return (m + grad_rows(m, groups, sm_count) - 1) / grad_rows(m, groups, sm_count);
+}
+
 // Pieces of a slab row: the widest of 8, 4 and 2 (128 to 32 bytes, whole sectors) whose slabs
 // (one an input) fit and whose grid of n / (pieces * v) blocks fills every SM (any grid where a
 // slab kernel is asked for); 0: none.
