@@ -92,11 +92,12 @@ struct GradSums {
   }
 };
 
-// Per-column constants of dh = a g + b (h - mean_h) + c, g = bn_grad(dy) (fwd: its constants).
+// Per-column constants of dh = a g + b (h - mean_h) + c, g = bn_grad(dy): fwd holds mean_h for
+// both (once: a register a column), and BN(z)'s other constants where there is an activation.
 template <class A>
 struct GradColumn {
-  A mean_h, a, b, c;
   Column<A> fwd;
+  A a, b, c;
 };
 
 // From column c's sums of g and g (h - mean_h) over `count` rows; with `outputs` (one thread a
@@ -113,8 +114,9 @@ __device__ GradColumn<A> grad_column(BackwardArgs const& g, double sdy, double q
     // invariant to scale but for eps, and this form has no cancellation.
     store(g.dscale, c, w * istd * q * g.eps * istd * istd);
   }
-  return {static_cast<A>(g.mean_h[c]), static_cast<A>(a), static_cast<A>(-a * s * s * istd * istd * q / count),
-          static_cast<A>(-a * sdy / count), Act != ActSet::none ? forward_column<A>(g, c) : Column<A>{}};
+  Column<A> fwd{static_cast<A>(g.mean_h[c]), A(0), A(0)};
+  if constexpr (Act != ActSet::none) fwd = forward_column<A>(g, c);
+  return {fwd, static_cast<A>(a), static_cast<A>(-a * s * s * istd * istd * q / count), static_cast<A>(-a * sdy / count)};
 }
 
 template <class T, class TY, int V, ActSet Act, class A>
@@ -126,7 +128,7 @@ __device__ __forceinline__ Group<T, V> grad_input(BackwardArgs const& g, GradCol
     for (int v = 0; v < V; ++v) {
       GradColumn<A> const& k = col[v];
       A d = bn_grad<decltype(act)::value>(k.fwd, dy.v[v], h.v[v], g.slope);
-      out.v[v] = from_float<T>(k.a * d + k.b * (A(to_float(h.v[v])) - k.mean_h) + k.c);
+      out.v[v] = from_float<T>(k.a * d + k.b * (A(to_float(h.v[v])) - k.fwd.mean_h) + k.c);
     }
     return out;
   });
