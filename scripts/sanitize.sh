@@ -3,8 +3,10 @@
 # dtype, unaligned shapes (769, 1000, batch 3), train and eval, forward and
 # backward, the fused training kernel's multi-item path (1000 x 5125), and the
 # statistics GEMM with its exact fallback (bf16, TF32 and 3xTF32, sm90), and the
-# sm80 family's rewrite of outputs that an infinite operand reaches, and the sm90
-# GEMMs in forced tile orders.
+# sm80 family's rewrite of outputs that an infinite operand reaches, the sm90
+# GEMMs in forced tile orders, the backward's variants (two passes, slab, cooperative,
+# with two-item blocks at 520 x 50816) and the FP8 kernels (amax, cast, the
+# transposing cast's shared-memory tiles, dequantize, the e4m3 rows).
 # PyTorch's caching allocator would hide out-of-bounds accesses inside its
 # blocks, so memcheck runs with it off.
 # Usage: bash scripts/sanitize.sh [memcheck] [racecheck] [synccheck]   (default: all three)
@@ -20,9 +22,12 @@ FILES=(
   "tests/test_stats_gemm.py"
   "tests/test_fp32.py::test_infinite_operands_in_a_forward_only_loop"
   "tests/test_tile_order.py"
+  "tests/test_backward.py::test_backward_kernels_agree"
+  "tests/test_fp8.py"
 )
 KEYS=("cuda and (3x769x1000 or 1000x1000x769)" "cuda" "1000x96x5125 or 333x128x130" "1000x96x5125 or falls_back"
-      "cuda" "1000x96x5125 or 3x64x769")
+      "cuda" "1000x96x5125 or 3x64x769" "spread and (bf16 or f32)"
+      "(cuda and (values_transposed or torchs_cast or op_edges or e5m2_backward_in_the_layer)) or each_e4m3_row")
 rc=0
 tools=("$@")
 [ ${#tools[@]} -eq 0 ] && tools=(memcheck racecheck synccheck)
