@@ -170,7 +170,7 @@ __global__ void grad_input_kernel(BackwardArgs g, double const* __restrict__ sum
   GradColumn<A> col[V];
   double total = count != nullptr ? *count : g.m;
   bool outputs = count == nullptr && blockIdx.y == 0;
-  block_columns<V>(g.n, blockIdx.x, col,
+  block_columns<V, true>(g.n, blockIdx.x, col,
                    [&](int c) { return grad_column<A, Act>(g, sums[c], sums[g.n + c], total, c, outputs); });
   int c0 = (blockIdx.x * 32 + threadIdx.x) * V;
   if (c0 >= g.n) return;
@@ -219,7 +219,7 @@ __global__ void __launch_bounds__(256, kBackwardBlocksPerSm) batch_norm_backward
   for (int item = blockIdx.x; item < items; item += gridDim.x) {
     int group = item % groups, chunk = item / groups;
     GradColumn<A> col[V];
-    block_columns<V>(g.n, group, col, [&](int c) {
+    block_columns<V, true>(g.n, group, col, [&](int c) {
       double sdy = 0, q = 0;
 #pragma unroll 8
       for (int r = 0; r < chunks; ++r) {

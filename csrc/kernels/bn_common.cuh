@@ -511,16 +511,42 @@ __device__ Column<A> finish_column(TrainArgs const& a, int c, double s, double q
 // one of the block's 256 threads (fp64 division and square root are slow
 // enough that all 8 row lanes computing them cost more than the data pass),
 // then shared. Every thread of the block must call it.
-template <int V, class Col, class Make>
+// Spread: in shared memory as words, a lane's V columns an odd number of words after the lane
+// before's, so that the 32 lanes, each reading its columns' k-th word, meet 32 banks. As an
+// array of Col, a lane's columns are V W words apart (W: a column's words), a multiple of 8:
+// 8-way conflicts or worse, eight warps over. The backward's dh takes it: with a 6-word
+// GradColumn (48 words a lane, 16-way) it took 32.6 us at bf16 4096^2 against 28.5 with 7 words
+// (56, 8-way; H200). Not the forward tails: their kernels, at their register bounds, spilled
+// (the cooperative bf16 tail 0 -> 22 spill stores, sm_90).
+template <int V, bool Spread = false, class Col, class Make>
 __device__ void block_columns(int n, int group, Col (&col)[V], Make&& make) {
-  __shared__ Col shared[32 * V];
   int base = group * 32 * V;
-  for (int i = threadIdx.y * 32 + threadIdx.x; i < 32 * V; i += 256) {
-    if (base + i < n) shared[i] = make(base + i);
-  }
-  __syncthreads();
+  if constexpr (!Spread) {
+    __shared__ Col shared[32 * V];
+    for (int i = threadIdx.y * 32 + threadIdx.x; i < 32 * V; i += 256) {
+      if (base + i < n) shared[i] = make(base + i);
+    }
+    __syncthreads();
 #pragma unroll
-  for (int v = 0; v < V; ++v) col[v] = shared[threadIdx.x * V + v];
+    for (int v = 0; v < V; ++v) col[v] = shared[threadIdx.x * V + v];
+  } else {
+    static_assert(sizeof(Col) % 4 == 0, "columns of whole words");
+    constexpr int W = sizeof(Col) / 4, kLane = (V * W) | 1;
+    __shared__ uint32_t shared[32 * kLane];
+    for (int i = threadIdx.y * 32 + threadIdx.x; i < 32 * V; i += 256) {
+      if (base + i < n) {
+        Col c = make(base + i);
+#pragma unroll
+        for (int w = 0; w < W; ++w) shared[i / V * kLane + i % V * W + w] = reinterpret_cast<uint32_t const*>(&c)[w];
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+#pragma unroll
+      for (int w = 0; w < W; ++w) reinterpret_cast<uint32_t*>(&col[v])[w] = shared[threadIdx.x * kLane + v * W + w];
+    }
+  }
   __syncthreads();  // before a caller's next group may overwrite `shared`
 }
 
