@@ -62,8 +62,10 @@ def _entry(rank, fn, backend, store, args):
     os._exit(0)
 
 
-def run(fn, backend, *args, limit=90):
-    """fn(rank, device, *args) on WORLD processes; a failure in any fails the test, as does a hang."""
+def run(fn, backend, *args, limit=300):
+    """fn(rank, device, *args) on WORLD processes; a failure in any fails the test, as does a hang.
+    The limit only catches hangs: gloo's DDP test took ~9 s alone and over 90 s under 16 pytest
+    workers on a 16-core GPU host."""
     with tempfile.TemporaryDirectory() as d:
         procs = mp.start_processes(_entry, args=(fn, backend, os.path.join(d, "store"), args), nprocs=WORLD,
                                    join=False, start_method="spawn")
