@@ -116,7 +116,8 @@ __device__ GradColumn<A> grad_column(BackwardArgs const& g, double sdy, double q
   }
   Column<A> fwd{static_cast<A>(g.mean_h[c]), A(0), A(0)};
   if constexpr (Act != ActSet::none) fwd = forward_column<A>(g, c);
-  return {fwd, static_cast<A>(a), static_cast<A>(-a * s * s * istd * istd * q / count), static_cast<A>(-a * sdy / count)};
+  return {fwd, static_cast<A>(a), static_cast<A>(-a * s * s * istd * istd * q / count),
+          static_cast<A>(-a * sdy / count)};
 }
 
 template <class T, class TY, int V, ActSet Act, class A>
@@ -171,7 +172,7 @@ __global__ void grad_input_kernel(BackwardArgs g, double const* __restrict__ sum
   double total = count != nullptr ? *count : g.m;
   bool outputs = count == nullptr && blockIdx.y == 0;
   block_columns<V, true>(g.n, blockIdx.x, col,
-                   [&](int c) { return grad_column<A, Act>(g, sums[c], sums[g.n + c], total, c, outputs); });
+                         [&](int c) { return grad_column<A, Act>(g, sums[c], sums[g.n + c], total, c, outputs); });
   int c0 = (blockIdx.x * 32 + threadIdx.x) * V;
   if (c0 >= g.n) return;
   auto const* dy = static_cast<TY const*>(g.dy);

@@ -375,9 +375,11 @@ void column_sums(Terms const& terms, int m, int n, int64_t ld, std::initializer_
   int rows = rows_of(m, static_cast<int>(groups)), chunks = (m + rows - 1) / rows;
   double* pb = workspace + static_cast<int64_t>(chunks) * n;
   if (vec) {
-    column_partials_kernel<Terms, V><<<dim3(groups, chunks), dim3(32, 8), 0, stream>>>(terms, m, n, rows, workspace, pb);
+    column_partials_kernel<Terms, V><<<dim3(groups, chunks), dim3(32, 8), 0, stream>>>(terms, m, n, rows, workspace,
+                                                                                      pb);
   } else {
-    column_partials_kernel<Terms, 1><<<dim3(groups, chunks), dim3(32, 8), 0, stream>>>(terms, m, n, rows, workspace, pb);
+    column_partials_kernel<Terms, 1><<<dim3(groups, chunks), dim3(32, 8), 0, stream>>>(terms, m, n, rows, workspace,
+                                                                                      pb);
   }
   check_cuda(cudaGetLastError(), "column_partials");
   reduce_partials(workspace, pb, chunks, n, n, out, stream);
@@ -514,10 +516,10 @@ __device__ Column<A> finish_column(TrainArgs const& a, int c, double s, double q
 // Spread: in shared memory as words, a lane's V columns an odd number of words after the lane
 // before's, so that the 32 lanes, each reading its columns' k-th word, meet 32 banks. As an
 // array of Col, a lane's columns are V W words apart (W: a column's words), a multiple of 8:
-// 8-way conflicts or worse, eight warps over. The backward's dh takes it: with a 6-word
-// GradColumn (48 words a lane, 16-way) it took 32.6 us at bf16 4096^2 against 28.5 with 7 words
-// (56, 8-way; H200). Not the forward tails: their kernels, at their register bounds, spilled
-// (the cooperative bf16 tail 0 -> 22 spill stores, sm_90).
+// 8-way conflicts or worse, eight warps over. The backward's dh and cooperative kernels take it:
+// with a 6-word GradColumn (48 words a lane, 16-way) dh took 32.6 us at bf16 4096^2 against 28.5
+// with 7 words (56, 8-way), and 27.6 spread (H200). Not the forward tails: their kernels, at
+// their register bounds, spilled (the cooperative bf16 tail 0 -> 22 spill stores, sm_90).
 template <int V, bool Spread = false, class Col, class Make>
 __device__ void block_columns(int n, int group, Col (&col)[V], Make&& make) {
   int base = group * 32 * V;
