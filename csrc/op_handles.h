@@ -30,7 +30,6 @@ using Fp8TrainSig = TrainOut(
     OptTensor const&, OptTensor const&, OptTensor const&, c10::optional<double>, double, c10::string_view,
     c10::string_view, double, c10::optional<at::ScalarType>);
 using QuantizeE4M3Sig = std::tuple<at::Tensor, at::Tensor>(at::Tensor const&, int64_t, bool);
-using QuantizeE5M2Sig = std::tuple<at::Tensor, at::Tensor>(at::Tensor const&, int64_t);
 using DequantizeSig = at::Tensor(at::Tensor const&, OptTensor const&, at::ScalarType);
 using QuantizeTransposedSig =
     std::tuple<at::Tensor, at::Tensor, at::Tensor>(at::Tensor const&, at::ScalarType, int64_t, bool);
