@@ -49,7 +49,7 @@ void quantize_into(at::Tensor const& t, int64_t margin, Fp8 format, at::Tensor* 
     return reinterpret_cast<uint8_t*>(out->data_ptr());
   };
   uint8_t* out = bytes(t8);
-  uint8_t* out_t = bytes(t8_t);
+  uint8_t* out_t = bytes(t8_t);  // null where t is empty: then only the scale is written
   poison(scale);
   auto amax = at::empty({}, src.options().dtype(at::kInt));
   // Past +-252 the exponent saturates at +-126 whatever the margin (fp8.scale_from_amax's clamp),
@@ -57,11 +57,12 @@ void quantize_into(at::Tensor const& t, int64_t margin, Fp8 format, at::Tensor* 
   int m = static_cast<int>(std::clamp<int64_t>(margin, -1000, 1000));
   auto amax_bits = reinterpret_cast<unsigned*>(amax.data_ptr<int>());
   auto stream = at::cuda::getCurrentCUDAStream().stream();
-  if (out_t) {
+  if (t8_t) {
     quantize_fp8_transposed(src.data_ptr(), dt, format, src.size(0), src.size(1), m, amax_bits,
                             scale.data_ptr<float>(), out, out_t, stream);
   } else {
-    quantize_fp8(src.data_ptr(), dt, format, src.numel(), m, amax_bits, scale.data_ptr<float>(), out, stream);
+    TORCH_INTERNAL_ASSERT(format == Fp8::e4m3, "the flat cast is e4m3's (kernels/fp8_cast.h)");
+    quantize_e4m3(src.data_ptr(), dt, src.numel(), m, amax_bits, scale.data_ptr<float>(), out, stream);
   }
 }
 

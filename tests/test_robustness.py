@@ -237,3 +237,56 @@ def test_bitwise_equal_across_processes(device, family):
     code = f"sys.argv = ['-', {device!r}, {family!r}]\n" + _CHILD
     runs = [run_child(code) for _ in range(2)]
     assert len(runs[0]) > 0 and runs[0] == runs[1]
+
+
+SYNC_SHAPES = [(3, 64, 128), (1000, 96, 769), (256, 128, 8192), (4096, 256, 512)]
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("family", [f for d, f in FAMILIES if d == "cuda"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
+@pytest.mark.parametrize("activation", [None, "relu"])
+def test_no_host_sync(family, dtype, activation):
+    """The hot path never waits for the GPU: the training forward and backward, under autocast too,
+    eval, and (sm90) the e4m3 path, at shapes that take each tail and backward kernel the plan picks
+    by shape, run clean under torch's sync debug mode, which raises at any synchronizing call. One
+    call of each first, outside it: what a first call sets up (plans, handles) is not the hot path."""
+    torch.manual_seed(0)
+    fp8 = family == "sm90" and dtype == torch.bfloat16 and cutlass_fused.fp8.e4m3_kernels(torch.device("cuda"))
+
+    # Built outside the checked calls: construction is not the hot path (its torch.tensor copies
+    # a host value to the GPU).
+    cases = []
+    for m, k, n in SYNC_SHAPES:
+        x = torch.randn(m, k, device="cuda", dtype=dtype, requires_grad=True)
+        dy = torch.randn(m, n, device="cuda", dtype=dtype)
+        recipes = [None]
+        if fp8 and k % 16 == 0 and n % 16 == 0:
+            recipes += [dict(backward="e5m2"), dict(), dict(scaling="delayed")]
+        for recipe in recipes:
+            layer = cutlass_fused.LinearScaleBatchNorm1d(k, n, activation=activation, device="cuda", dtype=dtype)
+            if recipe is not None:
+                layer.fp8 = cutlass_fused.Float8Recipe(**recipe)
+            cases.append((layer, x, dy))
+
+    def calls():
+        for layer, x, dy in cases:
+            layer.train()
+            train_step(layer, x, dy)
+            if dtype == torch.float32:
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    y = layer(x)
+                y.backward(dy)
+            layer.eval()
+            with torch.no_grad():
+                layer(x)
+
+    with cutlass_fused.use_kernel_family(family):
+        calls()
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            calls()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()

@@ -20,6 +20,7 @@
 #include "kernels/activation.cuh"
 #include "kernels/batch_norm.h"
 #include "kernels/check.h"
+#include "kernels/dispatch.cuh"
 #include "kernels/limits.h"
 
 namespace cutlass_fused {
@@ -35,15 +36,6 @@ template <> __device__ __forceinline__ __half from_float(float v) { return __flo
 // Arithmetic type of the elementwise passes: fp32 data gets fp64, so that the
 // one rounding is the store's; bf16/f16 get fp32, whose error is far below theirs.
 template <class T> using Acc = std::conditional_t<std::is_same_v<T, float>, double, float>;
-
-template <class F>
-void dispatch(DType dt, F&& f) {
-  switch (dt) {
-    case DType::bf16: f(__nv_bfloat16{}); break;
-    case DType::f16: f(__half{}); break;
-    case DType::f32: f(float{}); break;
-  }
-}
 
 // T and a second dtype that is either T or fp32: the (h, y) and (h, dy) pairs.
 template <class F>

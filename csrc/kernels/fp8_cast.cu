@@ -2,7 +2,10 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <type_traits>
+
 #include "kernels/check.h"
+#include "kernels/dispatch.cuh"
 #include "kernels/fp8_cast.h"
 #include "kernels/grid.h"
 
@@ -197,7 +200,7 @@ bool aligned16(void const* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 template <typename T>
 void launch_amax(T const* t, int64_t n, unsigned* amax, cudaStream_t stream) {
   constexpr int V = 16 / sizeof(T);
-  check_cuda(cudaMemsetAsync(amax, 0, sizeof(unsigned), stream), "quantize_fp8 (amax reset)");
+  check_cuda(cudaMemsetAsync(amax, 0, sizeof(unsigned), stream), "fp8 cast (amax reset)");
   if (aligned16(t)) {
     amax_kernel<T, V><<<grid_for(n / V), kThreads, 0, stream>>>(t, n, amax);
   } else {
@@ -215,7 +218,7 @@ void run(void const* t_, int64_t n, int margin, unsigned* amax, float* scale, ui
   } else {
     cast_kernel<T, 1, F><<<grid_for(n), kThreads, 0, stream>>>(t, n, amax, margin, scale, out);
   }
-  check_cuda(cudaGetLastError(), "quantize_fp8");
+  check_cuda(cudaGetLastError(), "quantize_e4m3");
 }
 
 template <typename T, Fp8 F>
@@ -239,27 +242,6 @@ void run_transposed(void const* t_, int64_t rows, int64_t cols, int margin, unsi
   check_cuda(cudaGetLastError(), "quantize_fp8_transposed");
 }
 
-template <Fp8 F>
-void run_transposed_format(void const* t, DType dtype, int64_t rows, int64_t cols, int margin, unsigned* amax_bits,
-                           float* scale, uint8_t* out, uint8_t* out_t, cudaStream_t stream) {
-  switch (dtype) {
-    case DType::bf16:
-      return run_transposed<__nv_bfloat16, F>(t, rows, cols, margin, amax_bits, scale, out, out_t, stream);
-    case DType::f16: return run_transposed<__half, F>(t, rows, cols, margin, amax_bits, scale, out, out_t, stream);
-    case DType::f32: return run_transposed<float, F>(t, rows, cols, margin, amax_bits, scale, out, out_t, stream);
-  }
-}
-
-template <Fp8 F>
-void run_format(void const* t, DType dtype, int64_t n, int margin, unsigned* amax_bits, float* scale, uint8_t* out,
-                cudaStream_t stream) {
-  switch (dtype) {
-    case DType::bf16: return run<__nv_bfloat16, F>(t, n, margin, amax_bits, scale, out, stream);
-    case DType::f16: return run<__half, F>(t, n, margin, amax_bits, scale, out, stream);
-    case DType::f32: return run<float, F>(t, n, margin, amax_bits, scale, out, stream);
-  }
-}
-
 template <typename T, Fp8 F>
 void run_dequantize(uint8_t const* t8, int64_t n, float const* scale, void* out_, cudaStream_t stream) {
   auto out = static_cast<T*>(out_);
@@ -273,35 +255,36 @@ void run_dequantize(uint8_t const* t8, int64_t n, float const* scale, void* out_
   check_cuda(cudaGetLastError(), "dequantize_fp8");
 }
 
-template <Fp8 F>
-void run_dequantize_format(uint8_t const* t8, int64_t n, float const* scale, DType dtype, void* out,
-                           cudaStream_t stream) {
-  switch (dtype) {
-    case DType::bf16: return run_dequantize<__nv_bfloat16, F>(t8, n, scale, out, stream);
-    case DType::f16: return run_dequantize<__half, F>(t8, n, scale, out, stream);
-    case DType::f32: return run_dequantize<float, F>(t8, n, scale, out, stream);
-  }
+// f(format), the format a template value.
+template <class F>
+void dispatch_format(Fp8 format, F&& f) {
+  if (format == Fp8::e4m3)
+    f(std::integral_constant<Fp8, Fp8::e4m3>{});
+  else
+    f(std::integral_constant<Fp8, Fp8::e5m2>{});
 }
 
 }  // namespace
 
-void quantize_fp8(void const* t, DType dtype, Fp8 format, int64_t n, int margin, unsigned* amax_bits, float* scale,
-                  uint8_t* out, cudaStream_t stream) {
-  if (format == Fp8::e4m3) return run_format<Fp8::e4m3>(t, dtype, n, margin, amax_bits, scale, out, stream);
-  run_format<Fp8::e5m2>(t, dtype, n, margin, amax_bits, scale, out, stream);
+void quantize_e4m3(void const* t, DType dtype, int64_t n, int margin, unsigned* amax_bits, float* scale, uint8_t* out,
+                   cudaStream_t stream) {
+  dispatch(dtype, [&](auto v) { run<decltype(v), Fp8::e4m3>(t, n, margin, amax_bits, scale, out, stream); });
 }
 
 void dequantize_fp8(uint8_t const* t8, Fp8 format, int64_t n, float const* scale, DType dtype, void* out,
                     cudaStream_t stream) {
-  if (format == Fp8::e4m3) return run_dequantize_format<Fp8::e4m3>(t8, n, scale, dtype, out, stream);
-  run_dequantize_format<Fp8::e5m2>(t8, n, scale, dtype, out, stream);
+  dispatch(dtype, [&](auto v) {
+    dispatch_format(format, [&](auto f) { run_dequantize<decltype(v), decltype(f)::value>(t8, n, scale, out, stream); });
+  });
 }
 
 void quantize_fp8_transposed(void const* t, DType dtype, Fp8 format, int64_t rows, int64_t cols, int margin,
                              unsigned* amax_bits, float* scale, uint8_t* out, uint8_t* out_t, cudaStream_t stream) {
-  if (format == Fp8::e4m3)
-    return run_transposed_format<Fp8::e4m3>(t, dtype, rows, cols, margin, amax_bits, scale, out, out_t, stream);
-  run_transposed_format<Fp8::e5m2>(t, dtype, rows, cols, margin, amax_bits, scale, out, out_t, stream);
+  dispatch(dtype, [&](auto v) {
+    dispatch_format(format, [&](auto f) {
+      run_transposed<decltype(v), decltype(f)::value>(t, rows, cols, margin, amax_bits, scale, out, out_t, stream);
+    });
+  });
 }
 
 }  // namespace cutlass_fused

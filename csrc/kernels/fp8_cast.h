@@ -19,10 +19,11 @@ namespace cutlass_fused {
 
 enum class Fp8 { e4m3, e5m2 };
 
-// out[i] = fp8(t[i] * scale) for the n contiguous elements of t (bf16, f16 or f32); *scale
-// written as fp32. amax_bits is one 4-byte word of workspace, which this zeroes first.
-void quantize_fp8(void const* t, DType dtype, Fp8 format, int64_t n, int margin, unsigned* amax_bits, float* scale,
-                  uint8_t* out, cudaStream_t stream);
+// out[i] = e4m3(t[i] * scale) for the n contiguous elements of t (bf16, f16 or f32); *scale
+// written as fp32. amax_bits is one 4-byte word of workspace, which this zeroes first. e4m3 only:
+// e5m2 (dh) is always wanted transposed too, below.
+void quantize_e4m3(void const* t, DType dtype, int64_t n, int margin, unsigned* amax_bits, float* scale,
+                   uint8_t* out, cudaStream_t stream);
 
 // The same for t a contiguous rows x cols matrix, also writing its transpose: out_t (cols x rows,
 // contiguous) from the same pass, through shared-memory tiles. Hopper's FP8 MMA takes K-major
