@@ -32,9 +32,10 @@ struct ColOut {
 };
 
 // stats[c] = sum_r partials[r * ld + c], in a fixed order, for both halves:
-// partials holds `rows` rows of sums then `rows` rows of sums of squares.
+// partials holds `rows` rows of sums then `rows` rows of sums of squares (or, in the backward,
+// of sums of g h, which `center` (mean_h) turns into sums of g (h - mean_h); see centered).
 void reduce_partials(double const* partial_sum, double const* partial_sumsq, int rows, int64_t ld, int n,
-                     double* stats, cudaStream_t stream);
+                     double* stats, cudaStream_t stream, double const* center = nullptr);
 
 // Deterministic column sums of h (m x n, row stride ldz) into stats, through
 // `workspace` (limits::column_stats_workspace(m, n) bytes, kernels/limits.h).

@@ -5,14 +5,6 @@
 namespace cutlass_fused {
 namespace {
 
-// A column as the backward's passes see it: mean(h), and the forward's constants of BN(z),
-// whose activation derivative turns dy into the BN output's gradient (unused without one).
-template <class A>
-struct GradCenter {
-  double mean_h;
-  Column<A> fwd;
-};
-
 // The forward's Column of c, with column_of's bits: the activation's derivative is taken at the
 // very value the forward activated.
 template <class A>
@@ -47,13 +39,15 @@ void dispatch_act_set(Activation act, F&& f) {
 
 // f(K) for g's activation K, chosen once a group of elements by uniform ifs (with_activation's
 // reason: a runtime act tested per element compiled to jump tables), among Set's.
+// The select set has one arm, leaky_relu's, which is relu's with slope 0 (grad_slope): the same
+// bits (dy times 1 or 0), where relu's and leaky_relu's arms, chosen once a group, were both
+// issued, predicated (sm_90 SASS of the column partials).
 template <ActSet Set, class F>
 __device__ __forceinline__ decltype(auto) per_activation(BackwardArgs const& g, F&& f) {
   using K = Activation;
   if constexpr (Set == ActSet::none) {
     return f(std::integral_constant<K, K::none>{});
   } else if constexpr (Set == ActSet::select) {
-    if (g.act == K::relu) return f(std::integral_constant<K, K::relu>{});
     return f(std::integral_constant<K, K::leaky_relu>{});
   } else {
     if (g.act == K::gelu) return f(std::integral_constant<K, K::gelu>{});
@@ -62,16 +56,21 @@ __device__ __forceinline__ decltype(auto) per_activation(BackwardArgs const& g, 
   }
 }
 
-// (dy, h) -> (g, g (h - mean_h)): the backward's sums, g = bn_grad(dy).
+// The negative slope per_activation's select arm takes: 0 for relu.
+__device__ __forceinline__ float grad_slope(BackwardArgs const& g) {
+  return g.act == Activation::relu ? 0.f : g.slope;
+}
+
+// (dy, h) -> (g, g h): the backward's sums, g = bn_grad(dy), uncentered; the reductions then
+// take mean_h out once a column (centered). A row costs one fp64 add and one fma a column, where
+// g (h - mean_h) cost two adds and a multiply.
 template <class T, class TY, ActSet Act>
 struct GradSums {
   using A = Acc<T>;
-  using Center = GradCenter<A>;
+  using Center = Column<A>;  // BN(z)'s constants where there is an activation
   BackwardArgs args;  // a copy: the two-pass path hands GradSums to a kernel by value
   TY const* dy; T const* h;
-  __device__ Center center(int c) const {
-    return {args.mean_h[c], Act != ActSet::none ? forward_column<A>(args, c) : Column<A>{}};
-  }
+  __device__ Center center(int c) const { return Act != ActSet::none ? forward_column<A>(args, c) : Column<A>{}; }
   static constexpr bool kPipelined = sizeof(TY) == sizeof(T);  // dy's groups are 16 bytes too
   static constexpr int kInputs = 2;
   __device__ void const* input(int k, int64_t r, int c0) const {
@@ -81,12 +80,13 @@ struct GradSums {
   __device__ void add(int64_t r, int c0, Center const (&mu)[V], double (&a)[V], double (&b)[V], Load const& load) const {
     auto d = load(0, dy + r * args.n + c0);
     auto x = load(1, h + r * args.ldh + c0);
+    float slope = grad_slope(args);
     per_activation<Act>(args, [&](auto k) {
 #pragma unroll
       for (int v = 0; v < V; ++v) {
-        double e = bn_grad<decltype(k)::value>(mu[v].fwd, d.v[v], x.v[v], args.slope);
+        double e = bn_grad<decltype(k)::value>(mu[v], d.v[v], x.v[v], slope);
         a[v] += e;
-        b[v] += e * (static_cast<double>(to_float(x.v[v])) - mu[v].mean_h);
+        b[v] = __fma_rn(e, static_cast<double>(to_float(x.v[v])), b[v]);
       }
     });
   }
@@ -123,12 +123,13 @@ __device__ GradColumn<A> grad_column(BackwardArgs const& g, double sdy, double q
 template <class T, class TY, int V, ActSet Act, class A>
 __device__ __forceinline__ Group<T, V> grad_input(BackwardArgs const& g, GradColumn<A> const (&col)[V],
                                                   Group<TY, V> const& dy, Group<T, V> const& h) {
+  float slope = grad_slope(g);
   return per_activation<Act>(g, [&](auto act) {
     Group<T, V> out;
 #pragma unroll
     for (int v = 0; v < V; ++v) {
       GradColumn<A> const& k = col[v];
-      A d = bn_grad<decltype(act)::value>(k.fwd, dy.v[v], h.v[v], g.slope);
+      A d = bn_grad<decltype(act)::value>(k.fwd, dy.v[v], h.v[v], slope);
       out.v[v] = from_float<T>(k.a * d + k.b * (A(to_float(h.v[v])) - k.fwd.mean_h) + k.c);
     }
     return out;
@@ -227,7 +228,7 @@ __global__ void __launch_bounds__(256, kBackwardBlocksPerSm) batch_norm_backward
         sdy += pa[r * static_cast<int64_t>(g.n) + c];
         q += pb[r * static_cast<int64_t>(g.n) + c];
       }
-      return grad_column<A, Act>(g, sdy, q, g.m, c, chunk == 0);
+      return grad_column<A, Act>(g, sdy, centered(sdy, q, g.mean_h[c]), g.m, c, chunk == 0);
     });
     int c0 = (group * 32 + threadIdx.x) * V;
     int64_t first = static_cast<int64_t>(chunk) * rows + threadIdx.y;
@@ -275,7 +276,7 @@ __global__ void __launch_bounds__(256, 3) batch_norm_backward_slab_kernel(Backwa
   if (int c = base + tid; tid < width && c < g.n) {
     double sdy, q;
     slab_totals(sums, chunks, width, tid, sdy, q);
-    cols[tid] = grad_column<A, Act>(g, sdy, q, g.m, c, true);
+    cols[tid] = grad_column<A, Act>(g, sdy, centered(sdy, q, g.mean_h[c]), g.m, c, true);
   }
   __syncthreads();
   if (!live) return;
@@ -294,7 +295,7 @@ __global__ void __launch_bounds__(256, 3) batch_norm_backward_slab_kernel(Backwa
 template <class T, class TY, ActSet Act>
 void sum_pass(BackwardArgs const& g, double* sums, double* partials, cudaStream_t stream) {
   GradSums<T, TY, Act> terms{g, static_cast<TY const*>(g.dy), static_cast<T const*>(g.h)};
-  column_sums<T>(terms, g.m, g.n, g.ldh, {g.dy, g.h}, sums, partials, stream,
+  column_sums<T>(terms, g.m, g.n, g.ldh, {g.dy, g.h}, sums, partials, g.mean_h, stream,
                  [&](int m, int groups) { return limits::grad_rows(m, groups, g.sm_count); });
 }
 
@@ -323,19 +324,22 @@ void batch_norm_backward(BackwardArgs const& g, BackwardKernels kernels, int pie
     constexpr ActSet Act = decltype(act)::value;
     constexpr int V = 16 / sizeof(T);
     if constexpr (std::is_same_v<T, TY>) {
+      // Every variant sums in the passes' chunks (limits::grad_rows), so all give the same bits:
+      // the reductions center sum g h on mean_h (centered), which cancels, so a sum in another
+      // order can round dh 1 ulp apart (a slab forced past its 512 rows did, fp32, mean 500x the
+      // spread).
+      int groups = static_cast<int>(blocks(g.n, 32 * V));
+      int rows = limits::grad_rows(g.m, groups, g.sm_count), chunks = limits::grad_chunks(g.m, groups, g.sm_count);
       if (kernels == BackwardKernels::slab) {
         constexpr auto kernel = batch_norm_backward_slab_kernel<T, V, Act>;
         allow_slab<kernel>();
-        int chunks = stat_chunks(g.m);
         size_t smem = slab_smem<GradColumn<Acc<T>>>(g.m, 2, chunks, pieces, V);
-        kernel<<<blocks(g.n, pieces * V), 256, smem, stream>>>(g, stat_rows(g.m), chunks, pieces);
+        kernel<<<blocks(g.n, pieces * V), 256, smem, stream>>>(g, rows, chunks, pieces);
         return;
       }
       if (kernels == BackwardKernels::cooperative) {
-        int groups = static_cast<int>(blocks(g.n, 32 * V));
-        launch_cooperative<batch_norm_backward_kernel<T, V, Act>>(
-            g, g.n, g.sm_count, limits::grad_rows(g.m, groups, g.sm_count),
-            limits::grad_chunks(g.m, groups, g.sm_count), V, stream, "batch_norm_backward");
+        launch_cooperative<batch_norm_backward_kernel<T, V, Act>>(g, g.n, g.sm_count, rows, chunks, V, stream,
+                                                                  "batch_norm_backward");
         return;
       }
     }

@@ -59,6 +59,12 @@ void dispatch_act(Activation act, F&& f) {
     f(std::true_type{});
 }
 
+// sum g (h - mean) from sum g and sum g h, in one rounding: every backward kernel (and
+// reduce_partials for the two passes) centers its totals here, so all give the same bits.
+__device__ __forceinline__ double centered(double sum_g, double sum_gh, double mean) {
+  return __fma_rn(-mean, sum_g, sum_gh);
+}
+
 // Element c of a per-column vector as fp64; `none` where the vector is absent.
 __device__ __forceinline__ double load(ColVec v, int c, double none) {
   if (v.p == nullptr) return none;
@@ -356,11 +362,11 @@ __global__ void column_partials_kernel(Terms terms, int m, int n, int rows, doub
 
 // Both sums of `terms` over all m rows into out[0:n], out[n:2n], in chunks of rows_of(m, groups)
 // rows (groups: of 32 V columns, V as the launch reads them), through 2 x chunks x n doubles of
-// workspace. ld and ptrs: the strides and pointers `terms` reads, which decide whether it may
-// read 16-byte groups.
+// workspace; the second sum centered on `center` where given (reduce_partials). ld and ptrs: the
+// strides and pointers `terms` reads, which decide whether it may read 16-byte groups.
 template <class T, class Terms, class Rows>
 void column_sums(Terms const& terms, int m, int n, int64_t ld, std::initializer_list<void const*> ptrs, double* out,
-                 double* workspace, cudaStream_t stream, Rows&& rows_of) {
+                 double* workspace, double const* center, cudaStream_t stream, Rows&& rows_of) {
   constexpr int V = 16 / sizeof(T);
   bool vec = can_vectorize<T>(n, ld, ptrs);
   unsigned groups = blocks(n, 32 * (vec ? V : 1));
@@ -374,7 +380,7 @@ void column_sums(Terms const& terms, int m, int n, int64_t ld, std::initializer_
                                                                                       pb);
   }
   check_cuda(cudaGetLastError(), "column_partials");
-  reduce_partials(workspace, pb, chunks, n, n, out, stream);
+  reduce_partials(workspace, pb, chunks, n, n, out, stream, center);
 }
 
 // Column c's statistics of z = h * scale, in fp64 (var is biased, as BN normalizes).

@@ -6,7 +6,7 @@ namespace cutlass_fused {
 namespace {
 
 __global__ void reduce_partials_kernel(double const* __restrict__ psum, double const* __restrict__ psumsq, int rows,
-                                       int64_t ld, int n, double* __restrict__ stats) {
+                                       int64_t ld, int n, double* __restrict__ stats, double const* __restrict__ center) {
   int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= n) return;
   double s = 0, q = 0;
@@ -15,7 +15,7 @@ __global__ void reduce_partials_kernel(double const* __restrict__ psum, double c
     q += psumsq[r * ld + c];
   }
   stats[c] = s;
-  stats[n + c] = q;
+  stats[n + c] = center ? centered(s, q, center[c]) : q;
 }
 
 __global__ void update_running_kernel(int n, double const* __restrict__ stats, ColVec scale, double count, ColOut rm,
@@ -40,8 +40,9 @@ __global__ void finalize_normalize_kernel(FinalizeArgs a) {
 }  // namespace
 
 void reduce_partials(double const* partial_sum, double const* partial_sumsq, int rows, int64_t ld, int n,
-                     double* stats, cudaStream_t stream) {
-  reduce_partials_kernel<<<blocks(n, 256), 256, 0, stream>>>(partial_sum, partial_sumsq, rows, ld, n, stats);
+                     double* stats, cudaStream_t stream, double const* center) {
+  reduce_partials_kernel<<<blocks(n, 256), 256, 0, stream>>>(partial_sum, partial_sumsq, rows, ld, n, stats,
+                                                             center);
   check_cuda(cudaGetLastError(), "reduce_partials");
 }
 
@@ -50,7 +51,7 @@ void column_stats(DType dt, void const* h, int m, int n, int64_t ldh, double* st
   dispatch(dt, [&](auto t) {
     using T = decltype(t);
     column_sums<T>(SumSquares<T>{static_cast<T const*>(h), ldh}, m, n, ldh, {h}, stats,
-                   static_cast<double*>(workspace), stream, [](int m, int) { return stat_rows(m); });
+                   static_cast<double*>(workspace), nullptr, stream, [](int m, int) { return stat_rows(m); });
   });
 }
 

@@ -59,8 +59,8 @@ constexpr int kSlabRows = 512;
 // 4096^2 32 -> 16 (this rule) 27.2 -> 23.5 us, relu 36.0 -> 27.8; 16384 x 4096 32 -> 16 74.0 ->
 // 70.6; 1024 x 8192 16 -> 4 15.5 -> 12.9, relu 25.3 -> 17.4 (the rule's 8 not probed); 2048^2
 // (8 groups) keeps its 32, where 8 took 10.4 against 8.3. Never more chunks than stat_chunks (the
-// workspace's bound), and stat_rows up to kSlabRows rows (the slab kernel's, whose bits every
-// variant shares). The bits then follow the SM count past 512 rows: one GPU model's, run to run.
+// workspace's bound), and stat_rows up to kSlabRows rows. Every backward kernel sums in these
+// chunks, so all share their bits, which follow the SM count past 512 rows: one GPU model's.
 constexpr int grad_rows(int m, int groups, int sm_count) {
   if (m <= kSlabRows || sm_count <= 0 || groups <= 0) return stat_rows(m);
   int chunks = std::clamp(2 * sm_count / groups, 1, stat_chunks(m));
