@@ -150,20 +150,26 @@ def test_forced_tails():
 
 @pytest.mark.parametrize("shape,dtype,kernels", [
     ((256, 8192), torch.bfloat16, "slab"),
-    ((768, 8192), torch.bfloat16, "cooperative"),   # one item a block: 32 column groups x 12 chunks <= 3 x 132
-    ((1024, 8192), torch.bfloat16, "passes"),       # two items a block lost (43.7 -> 54.2 us)
+    ((768, 8192), torch.bfloat16, "cooperative"),    # one item a block: 32 column groups x 8 chunks <= 3 x 132
+    ((1024, 8192), torch.bfloat16, "cooperative"),   # 8 chunks (limits::grad_rows): 37.1 -> 31.9 us
+    ((16384, 4096), torch.float16, "cooperative"),   # 16 groups x 16 chunks
     ((768, 8192), torch.float32, "passes"),
+    ((600, 262144), torch.bfloat16, "passes"),       # 1024 column groups alone: four items a block
     ((256, 777), torch.bfloat16, "passes")])
 def test_backward_kernels_by_shape(shape, dtype, kernels):
     assert plan(*shape, 0, dtype=dtype, mode="backward", **H100)["backward"] == kernels
 
 
-@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("activation", ["relu", "leaky_relu", "gelu", "silu"])
 def test_backward_with_an_activation_keeps_the_passes(activation):
-    """With an activation the cooperative backward lost to the passes (its 80 registers spill
-    more); the slab kernel stays."""
-    assert plan(768, 8192, 0, mode="backward", activation=activation, **H100)["backward"] == "passes"
+    """With an activation the cooperative kernel's 80 registers spill: it lost to the passes or
+    was level with them (relu at 768 x 8192); the slab kernel stays."""
+    for shape in [(768, 8192), (1024, 8192), (4096, 4096)]:
+        assert plan(*shape, 0, mode="backward", activation=activation, **H100)["backward"] == "passes"
     assert plan(256, 8192, 0, mode="backward", activation=activation, **H100)["backward"] == "slab"
+
+
+def test_backward_with_an_unknown_activation():
     with pytest.raises(ValueError, match="activation"):
         plan(768, 8192, 0, mode="backward", activation="tanh", **H100)
 

@@ -233,19 +233,23 @@ Tail pick_tail(Problem const& p, int* pieces) {
 
 // The backward's kernels and the slab kernel's pieces; throws where an override cannot run. The
 // slab kernel where it measured faster: as the training tail's (kSlabRows), with dy in h's
-// dtype. The cooperative kernel (dy in h's dtype, 16-byte groups) for 16-bit batches past that
-// where every block takes one item a phase. GPU us, passes -> cooperative (H100): bf16 768 x
-// 8192 34.8 -> 27.3, fp16 32.5 -> 23.8; with two items a block or more it lost: bf16 1024 x 8192
-// 43.7 -> 54.2, 2048 x 8192 80.3 -> 92.5, 4096 x 4096 76.3 -> 92.3, 16384 x 4096 246.3 -> 306.1
-// (docs/decisions.md, "Backward"). Only without an activation: with one, the kernel's 80 registers
-// spill more, and bf16 768 x 8192 relu took 55.8 us against the passes' 45.0, gelu 89.2 against
-// 61.4 (H200, once the activation was chosen once a group in both).
+// dtype. Past that, without an activation, the cooperative kernel (dy in h's dtype, 16-byte
+// groups) where every block takes one item a phase (with two or more it lost: bf16 1024 x 8192
+// 43.7 -> 54.2 us, H100, before limits::grad_rows). H100, 1bbf7da, us, passes -> cooperative
+// (`benchmarks/backward_time.py`; docs/decisions.md, "Backward"): bf16 none 640 x 8192 20.7 ->
+// 18.2, 1024 x 8192 37.1 -> 31.9, 2048 x 8192 70.0 -> 66.2, 4096^2 68.9 -> 67.0, 16384 x 4096
+// 238.9 -> 237.6. With an activation its 80 registers spill (sm_90 bf16: relu 10 / 10 STL / LDL,
+// gelu 37 / 65): relu won at 640 x 8192 (28.9 -> 26.6) and 1536 x 1024 (17.8 -> 16.8), was level
+// at 768 x 8192 (31.0 -> 29.9, then 31.3 -> 31.9 in a second run) and 2048^2, and lost at 1024 x
+// 8192 (41.9 -> 43.3), 4096^2 (77.2 -> 83.4) and 16384 x 4096 (246.8 -> 303.4); gelu lost past
+// 640 x 8192 (4096^2 108.1 -> 134.8). So the passes keep every activation.
 BackwardKernels pick_backward(Problem const& p, int* pieces) {
   BackwardKernels forced = p.overrides.backward;
   int bytes = bytes_of(p.x), m = static_cast<int>(p.m), n = static_cast<int>(p.n);
   bool streams = !p.y_wider && p.groups16;
   *pieces = streams ? limits::slab_pieces(m, n, 16 / bytes, 2, p.sm_count, forced == BackwardKernels::slab) : 0;
-  int64_t items = int64_t{limits::blocks(n, 32 * (16 / bytes))} * limits::stat_chunks(m);
+  int groups = static_cast<int>(limits::blocks(n, 32 * (16 / bytes)));
+  int64_t items = int64_t{groups} * limits::grad_chunks(m, groups, p.sm_count);
   switch (forced) {
     case BackwardKernels::automatic:
       if (bytes != 2) return BackwardKernels::passes;
