@@ -136,7 +136,7 @@ struct BackwardArgs {
 };
 
 // The training-mode backward of y = BN(h * scale) over the batch: one pass
-// reduces sum dy and sum dy (h - mean_h) per column (fp64, fixed order), then
+// reduces sum dy and sum dy h per column (fp64, fixed order; then centered: sum dy (h - mean_h)), then
 // one pass writes dh = A dy + B (h - mean_h) + C; dscale, dweight and dbias
 // follow from the sums. Nothing divides by scale or weight. fp32 data is
 // evaluated in fp64 and rounded once; bf16/f16 in fp32, far below their rounding.

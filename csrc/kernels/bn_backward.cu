@@ -290,7 +290,8 @@ __global__ void __launch_bounds__(256, 3) batch_norm_backward_slab_kernel(Backwa
   }
 }
 
-// The two passes: the sums of g and g (h - mean_h) (partials: the column pass's workspace),
+// The two passes: the sums of g and g h, the second centered to g (h - mean_h) by the reduction
+// (partials: the column pass's workspace),
 // then dh from sums over `count` rows (grad_input_kernel).
 template <class T, class TY, ActSet Act>
 void sum_pass(BackwardArgs const& g, double* sums, double* partials, cudaStream_t stream) {

@@ -52,7 +52,7 @@ constexpr int kSlabBytes = 64 * 1024;
 // 512 x 4096^2 11.1 -> 15.2, 1024 x 8192^2 29.1 -> 32.5).
 constexpr int kSlabRows = 512;
 
-// The backward's chunks (its column sums of g and g (h - mean), g the BN output's gradient)
+// The backward's chunks (its column sums of g and g h, g the BN output's gradient)
 // over `groups` column groups: past the slab kernel's rows, as many as give one wave of two
 // blocks a multiprocessor, where stat_chunks' 32 left each lane 16 rows of a 4096-row batch and
 // the grid two waves. The column sums, bf16, by chunks (H200, a probe with the chunks a knob):
