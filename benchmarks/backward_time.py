@@ -5,7 +5,12 @@ in turn, the order reversed every other round.
 
     python benchmarks/backward_time.py [--dtype bf16 --dtype f16 ...] [--shape B,N ...] [--rounds 3]
                                        [--kernels passes --kernels cooperative ...] [--act relu ...]
-                                       [--by-kernel]
+                                       [--by-kernel] [--cold]
+
+--cold writes a 256 MiB buffer before each call, as do_bench does, and counts only our kernels: so
+that a call's first pass does not find dy and h in L2 from the call before, which back-to-back
+calls of one backward leave there and a training step's does not (its dy is new, its h was written
+a layer's forward ago).
 """
 import argparse
 import statistics
@@ -30,6 +35,7 @@ def main():
     ap.add_argument("--act", action="append", choices=["none", "relu", "gelu", "silu"],
                     help="the activation whose derivative the backward folds in; repeatable, default none")
     ap.add_argument("--by-kernel", action="store_true", help="also each kernel's median µs")
+    ap.add_argument("--cold", action="store_true", help="a 256 MiB write before each call (L2 flushed)")
     args = ap.parse_args()
     choices = args.kernels or ["passes", "slab"]
     for dtype, act in ((d, a) for d in args.dtype or ["bf16"] for a in args.act or ["none"]):
@@ -40,12 +46,16 @@ def main():
             _, mean, invstd = ops.batch_norm_finalize(h, stats, scale, m, gamma, None, 1e-5)
             dy = torch.randn_like(h)
             beta = torch.randn(n, device="cuda")
-            call = lambda: ops.batch_norm_backward(dy, h, mean, invstd, scale, gamma, 1e-5, beta, act)
+            backward = lambda: ops.batch_norm_backward(dy, h, mean, invstd, scale, gamma, 1e-5, beta, act)
+            flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda") if args.cold else None
+            call = (lambda: (flush.zero_(), backward())) if args.cold else backward
             us = {c: [] for c in choices}
             per_kernel = {c: {} for c in choices}
             for c in alternating(choices, args.rounds):
                 with cutlass_fused.overrides(backward=c):
                     kernels = profile(call, calls=20)[1]
+                if args.cold:
+                    kernels = {k: t for k, t in kernels.items() if "cutlass_fused" in k}
                 us[c].append(sum(kernels.values()))
                 for name, t in kernels.items():
                     per_kernel[c].setdefault(name, []).append(t)

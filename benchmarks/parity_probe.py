@@ -6,8 +6,10 @@ the largest relative difference from eager's loss over the first 30 steps, same 
 Beside the benchmark's rows (compile, fused) it runs eager variants that differ from eager only in
 rounding: eager again (is eager deterministic), eager with BatchNorm computed in float64 (as our
 kernels take the statistics), and eager from weights moved by one fp32 ulp (how much 30 steps
-amplify a difference of that size). Each line: a row's parity against eager, and the step where it
-peaked.
+amplify a difference of that size). Under amp-bf16 it also runs the fused model with each fused
+layer's dW rounded to bf16 before AdamW, as the unfused model's autocast rounds it (ours comes from the
+GEMM in fp32: docs/decisions.md, "Autocast"). Each line: a row's parity against eager, and the step
+where it peaked.
 """
 import argparse
 import copy
@@ -16,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import cutlass_fused
 from cutlass_fused import bench_step
 from cutlass_fused.seed import SeedModel
 
@@ -57,6 +60,23 @@ def one_ulp(model):
     return model
 
 
+class Bf16Dw(bench_step.Row):
+    """The fused row with each fused layer's weight gradient rounded to bf16 and back before the
+    optimizer, as eager's autocast gives it."""
+
+    def step(self, x, target):
+        with torch.autocast(self.device.type, dtype=torch.bfloat16):
+            loss = F.cross_entropy(self.call(x), target)
+        loss.backward()
+        with torch.no_grad():
+            for m in self.call.modules():
+                if isinstance(m, cutlass_fused.LinearScaleBatchNorm1d) and m.gemm.weight.grad is not None:
+                    m.gemm.weight.grad.copy_(m.gemm.weight.grad.to(torch.bfloat16))
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return loss
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--case", type=bench_step.parse_case, default=bench_step.Case("amp-bf16", 256, 2048, 6, "relu"))
@@ -72,6 +92,8 @@ def main():
             "eager, weights +1 ulp": bench_step.Row("eager", one_ulp(base), args.case, device, reports).losses,
             "fused": bench_step.Row("fused", base, args.case, device, reports).losses,
         }
+        if args.case.precision == "amp-bf16":
+            rows["fused, dW through bf16"] = Bf16Dw("fused", base, args.case, device, reports).losses
         if device.type == "cuda":  # no triton on the CPU
             rows["compile"] = bench_step.Row("compile", base, args.case, device, reports).losses
     print(f"{bench_step.label(args.case)}: loss parity against eager over {len(eager)} steps")

@@ -159,10 +159,19 @@ __device__ void grad_input_rows(BackwardArgs const& g, GradColumn<A> const (&col
   }
 }
 
+// Which rows a block of the dh pass takes, in which order: `portion` rows of one of the sum
+// pass's chunks (`rows` a chunk; blockIdx.y = part x chunks + chunk), walked last-first, so that
+// the first wave of blocks re-reads the rows the sum pass read last, which are still in L2 (that
+// pass's lanes walk each chunk first-to-last, all chunks at once). portion 0: every row, strided.
+struct RowOrder {
+  int rows = 0, portion = 0;
+};
+
 // count: the batch the sums are over, on the device (SyncBatchNorm's group), or null for this m
 // rows, whose dscale, dweight and dbias it then writes too.
 template <class T, class TY, int V, int R, ActSet Act>
-__global__ void grad_input_kernel(BackwardArgs g, double const* __restrict__ sums, double const* __restrict__ count) {
+__global__ void grad_input_kernel(BackwardArgs g, double const* __restrict__ sums, double const* __restrict__ count,
+                                  RowOrder order) {
   using A = Acc<T>;
   // dy and h of kSumStages rows a thread in flight (pipelined_rows), read as the column sums
   // read them (GradSums), where both come in 16-byte groups.
@@ -181,15 +190,32 @@ __global__ void grad_input_kernel(BackwardArgs g, double const* __restrict__ sum
   auto* dh = static_cast<T*>(g.dh);
   if constexpr (kPipelined) {
     Terms terms{g, dy, h};
-    int64_t first = blockIdx.y * 8 + threadIdx.y, step = int64_t{gridDim.y} * 8;
-    int count = first < g.m ? static_cast<int>((g.m - first + step - 1) / step) : 0;
-    pipelined_rows<kSumStages, Terms::kInputs>(
-        count, stage, [&](int j, int k) { return terms.input(k, first + j * step, c0); },
-        [&](int j, auto piece) {
-          auto const& d = *reinterpret_cast<Group<TY, V> const*>(piece(0));
-          auto const& x = *reinterpret_cast<Group<T, V> const*>(piece(1));
-          store_group<T, V>(dh + (first + j * step) * g.n + c0, grad_input<T, TY, V, Act>(g, col, d, x));
-        });
+    auto rows = [&](auto first, auto step, int count) {
+      pipelined_rows<kSumStages, Terms::kInputs>(
+          count, stage, [&](int j, int k) { return terms.input(k, static_cast<int64_t>(first) + j * step, c0); },
+          [&](int j, auto piece) {
+            auto const& d = *reinterpret_cast<Group<TY, V> const*>(piece(0));
+            auto const& x = *reinterpret_cast<Group<T, V> const*>(piece(1));
+            store_group<T, V>(dh + (static_cast<int64_t>(first) + j * step) * g.n + c0,
+                              grad_input<T, TY, V, Act>(g, col, d, x));
+          });
+    };
+    if constexpr (Act == ActSet::smooth) {
+      // Strided, in int64: these kernels' code as before RowOrder, whose branch, compiled in, cost
+      // gelu's dh 3-8% though never taken (H100, 4096^2 47.1 -> 51.6 us, 16384 x 4096 153.3 -> 165.4).
+      int64_t first = blockIdx.y * 8 + threadIdx.y, step = int64_t{gridDim.y} * 8;
+      rows(first, step, first < g.m ? static_cast<int>((g.m - first + step - 1) / step) : 0);
+    } else if (order.portion > 0) {
+      // Rows fit an int (m does), which kept relu's kernel at 76 registers (96 in int64).
+      int chunks = (g.m + order.rows - 1) / order.rows, chunk = blockIdx.y % chunks, part = blockIdx.y / chunks;
+      int lo = chunk * order.rows, hi = lo + min(order.rows, g.m - lo) - part * order.portion;
+      lo = max(lo, hi - order.portion);
+      int first = hi - 1 - static_cast<int>(threadIdx.y);
+      rows(first, -8, first >= lo ? (first - lo) / 8 + 1 : 0);
+    } else {
+      int first = blockIdx.y * 8 + threadIdx.y, step = gridDim.y * 8;
+      rows(first, step, first < g.m ? (g.m - first + step - 1) / step : 0);
+    }
   } else {
     grad_input_rows<T, TY, V, R, Act>(g, col, c0, dy, h, dh);
   }
@@ -234,12 +260,15 @@ __global__ void __launch_bounds__(256, kBackwardBlocksPerSm) batch_norm_backward
     int64_t first = static_cast<int64_t>(chunk) * rows + threadIdx.y;
     int64_t end = std::min<int64_t>(g.m, static_cast<int64_t>(chunk + 1) * rows);
     int count = c0 < g.n && first < end ? static_cast<int>((end - first + 7) / 8) : 0;
+    // Last-first: the rows this block read last before the barrier are the likeliest still in L2
+    // (RowOrder's reason).
+    auto row = [&](int j) { return first + 8 * (count - 1 - j); };
     pipelined_rows<kSumStages, Terms::kInputs>(
-        count, stage, [&](int j, int k) { return terms.input(k, first + 8 * j, c0); },
+        count, stage, [&](int j, int k) { return terms.input(k, row(j), c0); },
         [&](int j, auto piece) {
           auto const& d = *reinterpret_cast<Group<T, V> const*>(piece(0));
           auto const& x = *reinterpret_cast<Group<T, V> const*>(piece(1));
-          store_group<T, V>(dh + (first + 8 * j) * g.n + c0, grad_input<T, T, V, Act>(g, col, d, x));
+          store_group<T, V>(dh + row(j) * g.n + c0, grad_input<T, T, V, Act>(g, col, d, x));
         });
   }
 }
@@ -308,7 +337,22 @@ constexpr int kGradInputRows = 8;
 template <class T, class TY, ActSet Act>
 void input_pass(BackwardArgs const& g, double const* sums, double const* count, cudaStream_t stream) {
   launch_rows<T, kGradInputRows>(g.m, g.n, g.ldh, {g.h, g.dy, g.dh}, 1024, [&](auto v, dim3 grid) {
-    grad_input_kernel<T, TY, decltype(v)::value, 1, Act><<<grid, dim3(32, 8), 0, stream>>>(g, sums, count);
+    constexpr int V = decltype(v)::value;
+    RowOrder order;
+    // In the sum pass's chunks (sum_pass), parts of at least kGradInputRows rows a lane, about as
+    // many blocks as launch_rows gives. Not for gelu, gelu_tanh and silu, whose dh is bound by its
+    // arithmetic more than by its bytes: there the order cost (H100, bf16 gelu, L2 flushed before
+    // each call: dh 46.6 -> 51.1 us at 4096^2, 151.6 -> 165.8 at 16384 x 4096), where without an
+    // activation it gained (34.2 -> 30.4, 137.4 -> 131.9; 1024 x 8192 19.8 -> 14.3) and with relu
+    // a little (38.2 -> 36.4, 140.4 -> 135.0).
+    int rows = limits::grad_rows(g.m, static_cast<int>(grid.x), g.sm_count);
+    if (pipelined_sums<GradSums<T, TY, Act>, V>() && Act != ActSet::smooth && rows >= 8 * kGradInputRows) {
+      int chunks = (g.m + rows - 1) / rows;
+      int parts = std::max(1, std::min(rows / (8 * kGradInputRows), static_cast<int>(grid.y) / chunks));
+      order = {rows, (rows + parts - 1) / parts};
+      grid.y = chunks * ((rows + order.portion - 1) / order.portion);
+    }
+    grad_input_kernel<T, TY, V, 1, Act><<<grid, dim3(32, 8), 0, stream>>>(g, sums, count, order);
   });
 }
 
