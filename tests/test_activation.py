@@ -137,6 +137,31 @@ def test_every_kernel_same_bits(override, act, dtype, scale_dtype, n):
             assert torch.equal(got, want), b
 
 
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("m,n,dtype", [(1500, 1032, torch.bfloat16), (4096, 2048, torch.bfloat16),
+                                       (4096, 2048, torch.float32), (520, 50816, torch.float32)],
+                         ids=["1500x1032-bf16", "4096x2048-bf16", "4096x2048-f32", "520x50816-f32"])
+def test_backward_kernels_agree_past_the_slab(override, act, m, n, dtype):
+    """Past the slab's 512 rows, with an activation: the passes (dh in the sums' chunks, last rows
+    first, for relu and leaky_relu) and the cooperative kernel (two blocks an SM with an
+    activation; at 520 x 50816 fp32 its 397 column groups make blocks take two items) write the
+    same bits."""
+    g = torch.Generator().manual_seed(m + n)
+    h = (torch.randn(m, n, generator=g) * 2 + 0.5).to("cuda", dtype)
+    scale, gamma, beta = (torch.randn(n, generator=g).cuda() for _ in range(3))
+    stats = torch.stack([h.double().sum(0), (h.double() ** 2).sum(0)])
+    _, mean, invstd = ops.batch_norm_finalize(h, stats, scale, m, gamma, None, 1e-5)
+    dy = torch.randn(m, n, generator=g).to("cuda", dtype)
+    outs = {}
+    for kernels in ("passes", "cooperative"):
+        override(backward=kernels)
+        outs[kernels] = ops.batch_norm_backward(dy, h, mean, invstd, scale, gamma, 1e-5, beta, act, SLOPE)
+    assert all(torch.isfinite(t).all() for t in outs["passes"])
+    for name, a, b in zip(("dh", "dscale", "dweight", "dbias"), outs["passes"], outs["cooperative"]):
+        assert torch.equal(a, b), name
+
+
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA else []))
 @pytest.mark.parametrize("act", ["none", "relu", "gelu"])
 def test_output_dtype_is_the_wide_y_rounded_once(device, act):

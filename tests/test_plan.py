@@ -161,11 +161,15 @@ def test_backward_kernels_by_shape(shape, dtype, kernels):
 
 
 @pytest.mark.parametrize("activation", ["relu", "leaky_relu", "gelu", "silu"])
-def test_backward_with_an_activation_keeps_the_passes(activation):
-    """With an activation the cooperative kernel's 80 registers spill: it lost to the passes or
-    was level with them (relu at 768 x 8192); the slab kernel stays."""
-    for shape in [(768, 8192), (1024, 8192), (4096, 4096)]:
-        assert plan(*shape, 0, mode="backward", activation=activation, **H100)["backward"] == "passes"
+def test_backward_with_an_activation(activation):
+    """With an activation the cooperative kernel holds two blocks an SM (it spilled under three)
+    and takes one item a block, past the slab's rows: 2 x 132 SMs at most (16384 x 4096: 16 column
+    groups x 16 chunks); wider layers, fp32 and the slab's rows keep their kernels."""
+    for shape in [(768, 8192), (1024, 8192), (4096, 4096), (16384, 4096)]:
+        assert plan(*shape, 0, mode="backward", activation=activation, **H100)["backward"] == "cooperative"
+    assert plan(4096, 4096, 0, dtype=torch.float32, mode="backward", activation=activation,
+                **H100)["backward"] == "passes"
+    assert plan(600, 131072, 0, mode="backward", activation=activation, **H100)["backward"] == "passes"
     assert plan(256, 8192, 0, mode="backward", activation=activation, **H100)["backward"] == "slab"
 
 

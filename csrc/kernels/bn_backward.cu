@@ -225,13 +225,14 @@ __global__ void grad_input_kernel(BackwardArgs g, double const* __restrict__ sum
 // column sums' chunk partials (column_partials' items and order), one grid barrier, then each
 // item's column totals in reduce_partials' order and dh over its chunk's rows, which the same
 // block read before the barrier (from L2 where dy and h fit there). The two passes' bits, in one
-// launch instead of three. dy in h's dtype, 16-byte groups (the pipelined rows). 80 registers
-// (limits::kBackwardBlocksPerSm blocks an SM; ptxas: 72-92 bytes of spill stores for 16-bit h on sm_90).
-using limits::kBackwardBlocksPerSm;
+// launch instead of three. dy in h's dtype, 16-byte groups (the pipelined rows). Blocks an SM:
+// limits::cooperative_blocks_per_sm.
+template <ActSet Act>
+constexpr int kCooperativeBlocks = limits::cooperative_blocks_per_sm(Act != ActSet::none);
 
 template <class T, int V, ActSet Act>
-__global__ void __launch_bounds__(256, kBackwardBlocksPerSm) batch_norm_backward_kernel(BackwardArgs g, int rows,
-                                                                                        int chunks, int groups) {
+__global__ void __launch_bounds__(256, kCooperativeBlocks<Act>) batch_norm_backward_kernel(BackwardArgs g, int rows,
+                                                                                          int chunks, int groups) {
   using A = Acc<T>;
   using Terms = GradSums<T, T, Act>;
   static_assert(pipelined_sums<Terms, V>(), "the cooperative backward streams 16-byte groups of dy and h");

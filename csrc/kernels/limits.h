@@ -81,8 +81,12 @@ constexpr int slab_pieces(int m, int n, int v, int inputs, int sm_count, bool an
   return 0;
 }
 
-// Blocks an SM of the cooperative backward kernel (its __launch_bounds__).
+// Blocks an SM of the cooperative backward kernel (its __launch_bounds__): 3 without an
+// activation (80 registers, no spills on sm_90), 2 with one, whose derivative's registers spilled
+// under 80 (bf16 relu 10 / 10 STL / LDL, gelu 37 / 65). Two a multiprocessor is the wave the
+// backward's chunks are counted for (grad_rows), so its blocks still take one item each.
 constexpr int kBackwardBlocksPerSm = 3;
+constexpr int cooperative_blocks_per_sm(bool activation) { return activation ? 2 : kBackwardBlocksPerSm; }
 
 // Workspace bytes: column_stats' fp64 partials; the training tail's partials and one flag byte
 // a column (the GEMM-statistics path); the backward's partials and its two fp64 sums a column.

@@ -233,16 +233,16 @@ Tail pick_tail(Problem const& p, int* pieces) {
 
 // The backward's kernels and the slab kernel's pieces; throws where an override cannot run. The
 // slab kernel where it measured faster: as the training tail's (kSlabRows), with dy in h's
-// dtype. Past that, without an activation, the cooperative kernel (dy in h's dtype, 16-byte
-// groups) where every block takes one item a phase (with two or more it lost: bf16 1024 x 8192
-// 43.7 -> 54.2 us, H100, before limits::grad_rows). H100, 1bbf7da, us, passes -> cooperative
-// (`benchmarks/backward_time.py`; docs/decisions.md, "Backward"): bf16 none 640 x 8192 20.7 ->
-// 18.2, 1024 x 8192 37.1 -> 31.9, 2048 x 8192 70.0 -> 66.2, 4096^2 68.9 -> 67.0, 16384 x 4096
-// 238.9 -> 237.6. With an activation its 80 registers spill (sm_90 bf16: relu 10 / 10 STL / LDL,
-// gelu 37 / 65): relu won at 640 x 8192 (28.9 -> 26.6) and 1536 x 1024 (17.8 -> 16.8), was level
-// at 768 x 8192 (31.0 -> 29.9, then 31.3 -> 31.9 in a second run) and 2048^2, and lost at 1024 x
-// 8192 (41.9 -> 43.3), 4096^2 (77.2 -> 83.4) and 16384 x 4096 (246.8 -> 303.4); gelu lost past
-// 640 x 8192 (4096^2 108.1 -> 134.8). So the passes keep every activation.
+// dtype. Past that the cooperative kernel (dy in h's dtype, 16-byte groups) where every block
+// takes one item a phase (with two or more it lost: bf16 1024 x 8192 43.7 -> 54.2 us, H100, before
+// limits::grad_rows). H100, 1bbf7da, us, passes -> cooperative (`benchmarks/backward_time.py`;
+// docs/decisions.md, "Backward"): bf16 none 640 x 8192 20.7 -> 18.2, 1024 x 8192 37.1 -> 31.9,
+// 2048 x 8192 70.0 -> 66.2, 4096^2 68.9 -> 67.0, 16384 x 4096 238.9 -> 237.6. With an activation,
+// since it holds 2 blocks an SM (limits::cooperative_blocks_per_sm) and so no longer spills (H100,
+// L2 flushed, ad08e1f's kernels): relu 4096^2 79.3 -> 71.1, 1024 x 8192 46.6 -> 40.8, 16384 x 4096
+// 244.5 -> 241.9, 640 x 8192 32.6 -> 30.5; gelu 4096^2 111.1 -> 90.5, 16384 x 4096 349.5 -> 308.0;
+// it won at all nine shapes measured. fp32 keeps the passes (fp32 gelu's cooperative kernel
+// still spills under 128 registers).
 BackwardKernels pick_backward(Problem const& p, int* pieces) {
   BackwardKernels forced = p.overrides.backward;
   int bytes = bytes_of(p.x), m = static_cast<int>(p.m), n = static_cast<int>(p.n);
@@ -254,8 +254,8 @@ BackwardKernels pick_backward(Problem const& p, int* pieces) {
     case BackwardKernels::automatic:
       if (bytes != 2) return BackwardKernels::passes;
       if (m <= limits::kSlabRows && *pieces >= 4) return BackwardKernels::slab;
-      return streams && m > limits::kSlabRows && p.act == Activation::none &&
-                     items <= int64_t{limits::kBackwardBlocksPerSm} * p.sm_count
+      return streams && m > limits::kSlabRows &&
+                     items <= int64_t{limits::cooperative_blocks_per_sm(p.act != Activation::none)} * p.sm_count
                  ? BackwardKernels::cooperative
                  : BackwardKernels::passes;
     case BackwardKernels::slab:
