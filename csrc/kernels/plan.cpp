@@ -241,8 +241,9 @@ Tail pick_tail(Problem const& p, int* pieces) {
 // since it holds 2 blocks an SM (limits::cooperative_blocks_per_sm) and so no longer spills (H100,
 // L2 flushed, ad08e1f's kernels): relu 4096^2 79.3 -> 71.1, 1024 x 8192 46.6 -> 40.8, 16384 x 4096
 // 244.5 -> 241.9, 640 x 8192 32.6 -> 30.5; gelu 4096^2 111.1 -> 90.5, 16384 x 4096 349.5 -> 308.0;
-// it won at all nine shapes measured. fp32 keeps the passes (fp32 gelu's cooperative kernel
-// still spills under 128 registers).
+// it won at all nine shapes measured. fp32 keeps the passes: its cooperative kernel with gelu
+// still spills (79 / 127 STL / LDL under 128 registers); without an activation and with relu it
+// led by 0-8% in one run (a lead, docs/decisions.md, "Backward").
 BackwardKernels pick_backward(Problem const& p, int* pieces) {
   BackwardKernels forced = p.overrides.backward;
   int bytes = bytes_of(p.x), m = static_cast<int>(p.m), n = static_cast<int>(p.n);
