@@ -52,9 +52,13 @@ constexpr int kSlabBytes = 64 * 1024;
 // 512 x 4096^2 11.1 -> 15.2, 1024 x 8192^2 29.1 -> 32.5).
 constexpr int kSlabRows = 512;
 
+// Blocks a multiprocessor the backward's chunks fill in one wave (grad_rows): its column partials
+// hold 2 with an activation (relu's 96 registers); more blocks of fewer rows lost without one.
+constexpr int kGradBlocksPerSm = 2;
+
 // The backward's chunks (its column sums of g and g h, g the BN output's gradient)
-// over `groups` column groups: past the slab kernel's rows, as many as give one wave of two
-// blocks a multiprocessor, where stat_chunks' 32 left each lane 16 rows of a 4096-row batch and
+// over `groups` column groups: past the slab kernel's rows, as many as give one wave of
+// kGradBlocksPerSm blocks a multiprocessor, where stat_chunks' 32 left each lane 16 rows of a 4096-row batch and
 // the grid two waves. The column sums, bf16, by chunks (H200, a probe with the chunks a knob):
 // 4096^2 32 -> 16 (this rule) 27.2 -> 23.5 us, relu 36.0 -> 27.8; 16384 x 4096 32 -> 16 74.0 ->
 // 70.6; 1024 x 8192 16 -> 4 15.5 -> 12.9, relu 25.3 -> 17.4 (the rule's 8 not probed); 2048^2
@@ -63,7 +67,7 @@ constexpr int kSlabRows = 512;
 // chunks, so all share their bits, which follow the SM count past 512 rows: one GPU model's.
 constexpr int grad_rows(int m, int groups, int sm_count) {
   if (m <= kSlabRows || sm_count <= 0 || groups <= 0) return stat_rows(m);
-  int chunks = std::clamp(2 * sm_count / groups, 1, stat_chunks(m));
+  int chunks = std::clamp(kGradBlocksPerSm * sm_count / groups, 1, stat_chunks(m));
   return ((m + chunks - 1) / chunks + 7) / 8 * 8;
 }
 constexpr int grad_chunks(int m, int groups, int sm_count) {
@@ -82,11 +86,13 @@ constexpr int slab_pieces(int m, int n, int v, int inputs, int sm_count, bool an
 }
 
 // Blocks an SM of the cooperative backward kernel (its __launch_bounds__): 3 without an
-// activation (80 registers, no spills on sm_90), 2 with one, whose derivative's registers spilled
-// under 80 (bf16 relu 10 / 10 STL / LDL, gelu 37 / 65). Two a multiprocessor is the wave the
-// backward's chunks are counted for (grad_rows), so its blocks still take one item each.
+// activation (80 registers, no spills on sm_90); with one, the chunks' own wave (kGradBlocksPerSm),
+// so that its blocks still take one item each, where under 80 registers the derivative spilled
+// (bf16 relu 10 / 10 STL / LDL, gelu 37 / 65).
 constexpr int kBackwardBlocksPerSm = 3;
-constexpr int cooperative_blocks_per_sm(bool activation) { return activation ? 2 : kBackwardBlocksPerSm; }
+constexpr int cooperative_blocks_per_sm(bool activation) {
+  return activation ? kGradBlocksPerSm : kBackwardBlocksPerSm;
+}
 
 // Workspace bytes: column_stats' fp64 partials; the training tail's partials and one flag byte
 // a column (the GEMM-statistics path); the backward's partials and its two fp64 sums a column.
