@@ -150,11 +150,12 @@ def test_forced_tails():
 
 @pytest.mark.parametrize("shape,dtype,kernels", [
     ((256, 8192), torch.bfloat16, "slab"),
-    ((768, 8192), torch.bfloat16, "cooperative"),    # one item a block: 32 column groups x 8 chunks <= 3 x 132
+    ((768, 8192), torch.bfloat16, "cooperative"),    # one item a block: 32 column groups x 8 chunks <= 2 x 132
     ((1024, 8192), torch.bfloat16, "cooperative"),   # 8 chunks (limits::grad_rows): 37.1 -> 31.9 us
     ((16384, 4096), torch.float16, "cooperative"),   # 16 groups x 16 chunks
     ((768, 8192), torch.float32, "passes"),
     ((600, 262144), torch.bfloat16, "passes"),       # 1024 column groups alone: some blocks take three
+    ((600, 76800), torch.bfloat16, "passes"),        # 300 column groups: more items than 2 x 132 blocks
     ((256, 777), torch.bfloat16, "passes")])
 def test_backward_kernels_by_shape(shape, dtype, kernels):
     assert plan(*shape, 0, dtype=dtype, mode="backward", **H100)["backward"] == kernels

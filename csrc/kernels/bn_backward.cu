@@ -224,25 +224,38 @@ __global__ void grad_input_kernel(BackwardArgs g, double const* __restrict__ sum
 // The backward's BN part in one cooperative launch, for batches past the slab kernel's: the
 // column sums' chunk partials (column_partials' items and order), one grid barrier, then each
 // item's column totals in reduce_partials' order and dh over its chunk's rows, which the same
-// block read before the barrier (from L2 where dy and h fit there). The two passes' bits, in one
-// launch instead of three. dy in h's dtype, 16-byte groups (the pipelined rows). Blocks an SM:
-// limits::cooperative_blocks_per_sm.
+// block read before the barrier. The two passes' bits, in one launch instead of three. dy in h's
+// dtype, 16-byte groups (the pipelined rows). Blocks an SM: at most
+// limits::kCooperativeBackwardBlocksPerSm.
+// The re-read after the barrier: a block's first item keeps the first `keep` rows a thread
+// (dy's and h's pieces) in dynamic shared memory, and the rest is read last row first, from L2
+// where it still is. Those first rows are the ones L2 has lost by then (read first, and
+// followed by every block's other rows and by dh's stores): at 4096^2 bf16 the kernel read 106.8
+// MiB from memory for the 64 MiB of dy and h (ncu, H100). Not for gelu, gelu_tanh and silu,
+// whose dh is bound by its arithmetic (RowOrder's reason): kept rows cost them (H100, bf16 gelu,
+// L2 flushed: 16384 x 4096 308.7 -> 314.6 us; 4096^2 level), where without an activation they
+// gained (66.3 -> 61.6 us at 4096^2, 65.1 -> 59.6 at 2048 x 8192) and with relu (71.4 -> 67.1,
+// 70.8 -> 66.2).
+constexpr int kCooperativeBlocks = limits::kCooperativeBackwardBlocksPerSm;
 template <ActSet Act>
-constexpr int kCooperativeBlocks = limits::cooperative_blocks_per_sm(Act != ActSet::none);
+constexpr bool kKeepsRows = Act != ActSet::smooth;
 
 template <class T, int V, ActSet Act>
-__global__ void __launch_bounds__(256, kCooperativeBlocks<Act>) batch_norm_backward_kernel(BackwardArgs g, int rows,
-                                                                                          int chunks, int groups) {
+__global__ void __launch_bounds__(256, kCooperativeBlocks) batch_norm_backward_kernel(BackwardArgs g, int rows,
+                                                                                          int chunks, int groups,
+                                                                                          int keep) {
   using A = Acc<T>;
   using Terms = GradSums<T, T, Act>;
   static_assert(pipelined_sums<Terms, V>(), "the cooperative backward streams 16-byte groups of dy and h");
   auto* pa = static_cast<double*>(g.workspace) + 2 * static_cast<int64_t>(g.n);  // batch_norm_backward's layout
   auto* pb = pa + static_cast<int64_t>(chunks) * g.n;
   __shared__ uint4 stage[partials_scratch<Terms, V>() / sizeof(uint4)];
+  extern __shared__ uint4 kept_slots[];
   Terms terms{g, static_cast<T const*>(g.dy), static_cast<T const*>(g.h)};
   int items = groups * chunks;
   for (int item = blockIdx.x; item < items; item += gridDim.x)
-    chunk_partials<Terms, V>(terms, g.m, g.n, rows, item % groups, item / groups, pa, pb, stage);
+    chunk_partials<Terms, V, kKeepsRows<Act>>(terms, g.m, g.n, rows, item % groups, item / groups, pa, pb, stage,
+                                              {kept_slots, kKeepsRows<Act> && item == blockIdx.x ? keep : 0});
   cooperative_groups::this_grid().sync();
   auto* dh = static_cast<T*>(g.dh);
   for (int item = blockIdx.x; item < items; item += gridDim.x) {
@@ -261,17 +274,68 @@ __global__ void __launch_bounds__(256, kCooperativeBlocks<Act>) batch_norm_backw
     int64_t first = static_cast<int64_t>(chunk) * rows + threadIdx.y;
     int64_t end = std::min<int64_t>(g.m, static_cast<int64_t>(chunk + 1) * rows);
     int count = c0 < g.n && first < end ? static_cast<int>((end - first + 7) / 8) : 0;
-    // Last-first: the rows this block read last before the barrier are the likeliest still in L2
-    // (RowOrder's reason).
+    Kept<Terms::kInputs> kept{kept_slots, kKeepsRows<Act> && item == blockIdx.x ? min(keep, count) : 0};
+    // Row i of this thread's at j = count - 1 - i: last-first, as RowOrder's reason; the kept rows
+    // (i < kept.rows) come last.
     auto row = [&](int j) { return first + 8 * (count - 1 - j); };
+    auto use = [&](int j, auto piece) {
+      auto const& d = *reinterpret_cast<Group<T, V> const*>(piece(0));
+      auto const& x = *reinterpret_cast<Group<T, V> const*>(piece(1));
+      store_group<T, V>(dh + row(j) * g.n + c0, grad_input<T, T, V, Act>(g, col, d, x));
+    };
     pipelined_rows<kSumStages, Terms::kInputs>(
-        count, stage, [&](int j, int k) { return terms.input(k, row(j), c0); },
-        [&](int j, auto piece) {
-          auto const& d = *reinterpret_cast<Group<T, V> const*>(piece(0));
-          auto const& x = *reinterpret_cast<Group<T, V> const*>(piece(1));
-          store_group<T, V>(dh + row(j) * g.n + c0, grad_input<T, T, V, Act>(g, col, d, x));
-        });
+        count - kept.rows, stage, [&](int j, int k) { return terms.input(k, row(j), c0); }, use);
+    for (int j = count - kept.rows; j < count; ++j) use(j, [&](int k) { return kept.slot(count - 1 - j, k); });
   }
+}
+
+// Launches batch_norm_backward_kernel: as many blocks an SM as the items need (at most its
+// bound), each keeping as many rows as the shared memory those blocks leave an SM allows (whole
+// rows of the block, at most its chunk's; none for kKeepsRows' exceptions).
+template <class T, int V, ActSet Act>
+void launch_backward_cooperative(BackwardArgs const& g, int rows, int chunks, cudaStream_t stream) {
+  constexpr auto kernel = batch_norm_backward_kernel<T, V, Act>;
+  constexpr int kRowBytes = 256 * 2 * 16;  // a row of the block: dy's and h's 16-byte pieces
+  static DeviceCache opted{}, layout[kCooperativeBlocks];
+  int device = current_device();
+  int groups = static_cast<int>(blocks(g.n, 32 * V)), items = groups * chunks;
+  int per_sm = std::clamp((items + g.sm_count - 1) / std::max(1, g.sm_count), 1, kCooperativeBlocks);
+  int most = once_per_device(opted, device, [&] {
+    if (!kKeepsRows<Act>) return 1;  // no rows: + 1 below
+    int block_max = 0;
+    cudaFuncAttributes attr{};
+    check_cuda(cudaDeviceGetAttribute(&block_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "smem");
+    check_cuda(cudaFuncGetAttributes(&attr, kernel), "batch_norm_backward");
+    int bytes = std::max(0, block_max - static_cast<int>(attr.sharedSizeBytes)) / kRowBytes * kRowBytes;
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+               "batch_norm_backward shared memory");
+    return bytes / kRowBytes + 1;  // + 1: a cache's 0 is "not asked yet"
+  }) - 1;
+  // Once a device and blocks an SM: the kept rows and the blocks an SM that fit with them, as
+  // (rows + 1) * 4 + blocks.
+  int fits = once_per_device(layout[per_sm - 1], device, [&] {
+    int sm_bytes = 0, reserved = 0;
+    cudaFuncAttributes attr{};
+    check_cuda(cudaDeviceGetAttribute(&sm_bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device), "smem");
+    check_cuda(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device), "smem");
+    check_cuda(cudaFuncGetAttributes(&attr, kernel), "batch_norm_backward");
+    int n = std::clamp((sm_bytes / per_sm - reserved - static_cast<int>(attr.sharedSizeBytes)) / kRowBytes, 0, most);
+    int fit = 0;
+    // Fewer rows where the occupancy calculator disagrees: the grid barrier needs every block resident.
+    for (;; --n) {
+      check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, 256, static_cast<size_t>(n) * kRowBytes),
+                 "batch_norm_backward");
+      if (fit >= per_sm || n == 0) break;
+    }
+    return (n + 1) * 4 + std::min(fit, 3);
+  });
+  int keep = std::min(fits / 4 - 1, (rows + 7) / 8), fit = fits % 4;
+  int grid = std::max(1, std::min(items, std::min(per_sm, fit) * g.sm_count));
+  BackwardArgs copy = g;
+  void* params[] = {&copy, &rows, &chunks, &groups, &keep};
+  check_cuda(cudaLaunchCooperativeKernel(reinterpret_cast<void const*>(kernel), dim3(grid), dim3(32, 8), params,
+                                         static_cast<size_t>(keep) * kRowBytes, stream),
+             "batch_norm_backward");
 }
 
 // The backward for a block that holds every row of its columns, dy's and h's, in shared memory
@@ -384,8 +448,7 @@ void batch_norm_backward(BackwardArgs const& g, BackwardKernels kernels, int pie
         return;
       }
       if (kernels == BackwardKernels::cooperative) {
-        launch_cooperative<batch_norm_backward_kernel<T, V, Act>>(g, g.n, g.sm_count, rows, chunks, V, stream,
-                                                                  "batch_norm_backward");
+        launch_backward_cooperative<T, V, Act>(g, rows, chunks, stream);
         return;
       }
     }

@@ -199,15 +199,14 @@ __device__ __forceinline__ void copy_async(uint4* dst, void const* src) {
 }
 
 // A thread's rows through a cp.async pipeline: row j (0 <= j < count) is K 16-byte pieces
-// (one a tensor it reads), fetched S - 1 rows ahead into this thread's own slots of `stage`
-// (S * K * 256 slots: blocks of 32 x 8 threads), then handed to use(j, piece) in order. Loads in
-// flight live in shared memory, not registers: the row passes run under 64-96 registers a thread,
-// where two rows in registers reached ~2.3-2.6 TB/s at 16384 x 4096 and a copy ~2.9 (H100,
-// docs/decisions.md, "Row passes"). Only the issuing thread reads a slot, so wait_group alone orders it.
-template <int S, int K, class Addr, class Use>
-__device__ __forceinline__ void pipelined_rows(int count, uint4* stage, Addr&& addr, Use&& use) {
-  int tid = threadIdx.y * 32 + threadIdx.x;
-  auto slot = [&](int j, int k) { return stage + ((j % S) * K + k) * 256 + tid; };
+// (one a tensor it reads), fetched S - 1 rows ahead into slot(j, k), this thread's own, then
+// handed to use(j, piece) in order. A row's slots must not be those of rows j - S + 1 .. j - 1
+// (in flight or in use). Loads in flight live in shared memory, not registers: the row passes run
+// under 64-96 registers a thread, where two rows in registers reached ~2.3-2.6 TB/s at 16384 x 4096
+// and a copy ~2.9 (H100, docs/decisions.md, "Row passes"). Only the issuing thread reads a slot, so
+// wait_group alone orders it.
+template <int S, int K, class Slot, class Addr, class Use>
+__device__ __forceinline__ void pipelined_rows_in(int count, Slot&& slot, Addr&& addr, Use&& use) {
   auto issue = [&](int j) {
     if (j < count) {
 #pragma unroll
@@ -223,6 +222,14 @@ __device__ __forceinline__ void pipelined_rows(int count, uint4* stage, Addr&& a
     use(j, [&](int k) { return slot(j, k); });
   }
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
+// pipelined_rows_in through a ring of S rows of `stage` (S * K * 256 slots: blocks of 32 x 8
+// threads).
+template <int S, int K, class Addr, class Use>
+__device__ __forceinline__ void pipelined_rows(int count, uint4* stage, Addr&& addr, Use&& use) {
+  int tid = threadIdx.y * 32 + threadIdx.x;
+  pipelined_rows_in<S, K>(count, [&](int j, int k) { return stage + ((j % S) * K + k) * 256 + tid; }, addr, use);
 }
 
 // Loaders for the Terms below: straight from memory, or a pipelined row's pieces.
@@ -302,9 +309,20 @@ constexpr int partials_scratch() {
   return std::max<int>(sizeof(PartialsShared<V>), pipelined_sums<Terms, V>() ? kSumStages * Terms::kInputs * 4096 : 0);
 }
 
-template <class Terms, int V>
+// Rows a thread keeps in shared memory past the pipeline that read them (the cooperative
+// backward's, read again after its grid barrier): its first `rows` rows, piece k of row j in
+// slot(j, k) (K pieces a row).
+template <int K>
+struct Kept {
+  uint4* slots = nullptr;
+  int rows = 0;
+  __device__ uint4* slot(int j, int k) const { return slots + (j * K + k) * 256 + threadIdx.y * 32 + threadIdx.x; }
+};
+
+template <class Terms, int V, bool kKeeps = false>
 __device__ void chunk_partials(Terms const& terms, int m, int n, int rows, int group, int chunk,
-                               double* __restrict__ pa, double* __restrict__ pb, uint4* scratch) {
+                               double* __restrict__ pa, double* __restrict__ pb, uint4* scratch,
+                               Kept<Terms::kInputs> kept = {}) {
   int c0 = (group * 32 + threadIdx.x) * V;  // n % V == 0 when V > 1: groups are whole
   int r0 = chunk * rows;
   int r1 = min(m, r0 + rows);
@@ -319,11 +337,21 @@ __device__ void chunk_partials(Terms const& terms, int m, int n, int rows, int g
   if constexpr (pipelined_sums<Terms, V>()) {
     int first = r0 + threadIdx.y;
     int count = live && first < r1 ? (r1 - first + 7) / 8 : 0;
-    pipelined_rows<kSumStages, Terms::kInputs>(
-        count, scratch, [&](int j, int k) { return terms.input(k, first + 8 * j, c0); },
-        [&](int j, auto piece) {
-          terms.template add<V>(first + 8 * j, c0, mu, a, b, LoadStaged<V, decltype(piece)>{piece});
-        });
+    auto addr = [&](int j, int k) { return terms.input(k, first + 8 * j, c0); };
+    auto use = [&](int j, auto piece) {
+      terms.template add<V>(first + 8 * j, c0, mu, a, b, LoadStaged<V, decltype(piece)>{piece});
+    };
+    if constexpr (kKeeps) {
+      int tid = threadIdx.y * 32 + threadIdx.x;
+      pipelined_rows_in<kSumStages, Terms::kInputs>(
+          count,
+          [&](int j, int k) {
+            return j < kept.rows ? kept.slot(j, k) : scratch + ((j % kSumStages) * Terms::kInputs + k) * 256 + tid;
+          },
+          addr, use);
+    } else {
+      pipelined_rows<kSumStages, Terms::kInputs>(count, scratch, addr, use);
+    }
     __syncthreads();  // the slots are `sh` below
   } else if (live) {
 #pragma unroll 4

@@ -85,14 +85,12 @@ constexpr int slab_pieces(int m, int n, int v, int inputs, int sm_count, bool an
   return 0;
 }
 
-// Blocks an SM of the cooperative backward kernel (its __launch_bounds__): 3 without an
-// activation (80 registers, no spills on sm_90); with one, the chunks' own wave (kGradBlocksPerSm),
-// so that its blocks still take one item each, where under 80 registers the derivative spilled
-// (bf16 relu 10 / 10 STL / LDL, gelu 37 / 65).
-constexpr int kBackwardBlocksPerSm = 3;
-constexpr int cooperative_blocks_per_sm(bool activation) {
-  return activation ? kGradBlocksPerSm : kBackwardBlocksPerSm;
-}
+// Blocks an SM of the cooperative backward kernel (its __launch_bounds__), with or without an
+// activation: the chunks' own wave (kGradBlocksPerSm), so that each block takes one item and
+// keeps its first rows in the shared memory two blocks leave (bn_backward.cu). Under three blocks'
+// 80 registers the derivative spilled (bf16 relu 10 / 10 STL / LDL, gelu 37 / 65), and so did the
+// kernel without an activation once it kept rows (6 / 9, one LDL a row).
+constexpr int kCooperativeBackwardBlocksPerSm = kGradBlocksPerSm;
 
 // Workspace bytes: column_stats' fp64 partials; the training tail's partials and one flag byte
 // a column (the GEMM-statistics path); the backward's partials and its two fp64 sums a column.

@@ -238,10 +238,12 @@ Tail pick_tail(Problem const& p, int* pieces) {
 // limits::grad_rows). H100, 1bbf7da, us, passes -> cooperative (`benchmarks/backward_time.py`;
 // docs/decisions.md, "Backward"): bf16 none 640 x 8192 20.7 -> 18.2, 1024 x 8192 37.1 -> 31.9,
 // 2048 x 8192 70.0 -> 66.2, 4096^2 68.9 -> 67.0, 16384 x 4096 238.9 -> 237.6. With an activation,
-// since it holds 2 blocks an SM (limits::cooperative_blocks_per_sm) and so no longer spills (H100,
+// since it holds 2 blocks an SM (limits::kCooperativeBackwardBlocksPerSm) and so no longer spills (H100,
 // L2 flushed, ad08e1f's kernels): relu 4096^2 79.3 -> 71.1, 1024 x 8192 46.6 -> 40.8, 16384 x 4096
 // 244.5 -> 241.9, 640 x 8192 32.6 -> 30.5; gelu 4096^2 111.1 -> 90.5, 16384 x 4096 349.5 -> 308.0;
-// it won at all nine shapes measured. fp32 keeps the passes: its cooperative kernel with gelu
+// it won at all nine shapes measured. Its blocks keep their first rows in shared memory, so it
+// holds 2 blocks an SM without an activation too: wider layers (more items) take the passes.
+// fp32 keeps the passes: its cooperative kernel with gelu
 // still spills (79 / 127 STL / LDL under 128 registers); without an activation and with relu it
 // led by 0-8% in one run (a lead, docs/decisions.md, "Backward").
 BackwardKernels pick_backward(Problem const& p, int* pieces) {
@@ -256,7 +258,7 @@ BackwardKernels pick_backward(Problem const& p, int* pieces) {
       if (bytes != 2) return BackwardKernels::passes;
       if (m <= limits::kSlabRows && *pieces >= 4) return BackwardKernels::slab;
       return streams && m > limits::kSlabRows &&
-                     items <= int64_t{limits::cooperative_blocks_per_sm(p.act != Activation::none)} * p.sm_count
+                     items <= int64_t{limits::kCooperativeBackwardBlocksPerSm} * p.sm_count
                  ? BackwardKernels::cooperative
                  : BackwardKernels::passes;
     case BackwardKernels::slab:
