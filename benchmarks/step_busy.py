@@ -79,18 +79,7 @@ def graphed(row, amp):
         loss.backward()
         opt.step()
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            opt.zero_grad(set_to_none=True)
-            body()
-    torch.cuda.current_stream().wait_stream(side)
-    opt.zero_grad(set_to_none=True)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        body()
-    return bench.median_ms(graph.replay, True)
+    return bench.median_ms(bench.graphed(body, before=lambda: opt.zero_grad(set_to_none=True)), True)
 
 
 def main():

@@ -129,14 +129,20 @@ def profile(fn, calls=5, trace=None):
     return count / calls, kernels
 
 
-def graphed(fn):
-    """fn captured once in a CUDA graph; returns the replay."""
+def graphed(fn, before=None):
+    """fn captured once in a CUDA graph, after three warm-up calls on a side stream; returns the
+    replay. `before` (not captured) runs ahead of each warm-up call and of the capture: a training
+    step's zero_grad(set_to_none=True), so that the captured backward allocates its gradients."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
         for _ in range(3):
+            if before is not None:
+                before()
             fn()
     torch.cuda.current_stream().wait_stream(s)
+    if before is not None:
+        before()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         fn()
