@@ -22,19 +22,19 @@ __device__ __forceinline__ A bn_grad(Column<A> const& fwd, TY dy, T h, float slo
   return d * activation_grad(pre_activation(fwd, h), K, slope);
 }
 
-// Which activations a kernel takes: none; relu and leaky_relu, whose derivative is a select; or
-// gelu, gelu_tanh and silu. A template value, so that the kernels without an activation hold no
-// forward constants in registers (the cooperative kernel already spills under its 80), and relu's
-// kernels are not sized by the transcendental arms: with all five in one kernel, each chosen once
-// a group, the column partials took 168 registers (1 block an SM; relu 4096^2 bf16 42.0 -> 46.3 us)
-// and the cooperative kernel's spills doubled (768 x 8192 48.0 -> 89.0 us; H200).
-enum class ActSet { none, select, smooth };
-
+// Which activations a kernel takes (ActSet, types.h). A template value, so that the kernels
+// without an activation hold no forward constants in registers (the cooperative kernel already
+// spills under its 80), and relu's kernels are not sized by the transcendental arms: with all five
+// in one kernel, each chosen once a group, the column partials took 168 registers (1 block an SM;
+// relu 4096^2 bf16 42.0 -> 46.3 us) and the cooperative kernel's spills doubled (768 x 8192 48.0 ->
+// 89.0 us; H200).
 template <class F>
 void dispatch_act_set(Activation act, F&& f) {
-  if (act == Activation::none) f(std::integral_constant<ActSet, ActSet::none>{});
-  else if (act == Activation::relu || act == Activation::leaky_relu) f(std::integral_constant<ActSet, ActSet::select>{});
-  else f(std::integral_constant<ActSet, ActSet::smooth>{});
+  switch (act_set(act)) {
+    case ActSet::none: f(std::integral_constant<ActSet, ActSet::none>{}); break;
+    case ActSet::select: f(std::integral_constant<ActSet, ActSet::select>{}); break;
+    default: f(std::integral_constant<ActSet, ActSet::smooth>{});
+  }
 }
 
 // f(K) for g's activation K, chosen once a group of elements by uniform ifs (with_activation's
@@ -289,6 +289,14 @@ __global__ void __launch_bounds__(256, kCooperativeBlocks) batch_norm_backward_k
   }
 }
 
+// The static shared memory of a kernel, in bytes.
+template <class Kernel>
+int static_shared_bytes(Kernel kernel) {
+  cudaFuncAttributes attr{};
+  check_cuda(cudaFuncGetAttributes(&attr, kernel), "batch_norm_backward");
+  return static_cast<int>(attr.sharedSizeBytes);
+}
+
 // Launches batch_norm_backward_kernel: as many blocks an SM as the items need (at most its
 // bound), each keeping as many rows as the shared memory those blocks leave an SM allows (whole
 // rows of the block, at most its chunk's; none for kKeepsRows' exceptions).
@@ -303,10 +311,8 @@ void launch_backward_cooperative(BackwardArgs const& g, int rows, int chunks, cu
   int most = once_per_device(opted, device, [&] {
     if (!kKeepsRows<Act>) return 1;  // no rows: + 1 below
     int block_max = 0;
-    cudaFuncAttributes attr{};
     check_cuda(cudaDeviceGetAttribute(&block_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "smem");
-    check_cuda(cudaFuncGetAttributes(&attr, kernel), "batch_norm_backward");
-    int bytes = std::max(0, block_max - static_cast<int>(attr.sharedSizeBytes)) / kRowBytes * kRowBytes;
+    int bytes = std::max(0, block_max - static_shared_bytes(kernel)) / kRowBytes * kRowBytes;
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
                "batch_norm_backward shared memory");
     return bytes / kRowBytes + 1;  // + 1: a cache's 0 is "not asked yet"
@@ -315,11 +321,9 @@ void launch_backward_cooperative(BackwardArgs const& g, int rows, int chunks, cu
   // (rows + 1) * 4 + blocks.
   int fits = once_per_device(layout[per_sm - 1], device, [&] {
     int sm_bytes = 0, reserved = 0;
-    cudaFuncAttributes attr{};
     check_cuda(cudaDeviceGetAttribute(&sm_bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device), "smem");
     check_cuda(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device), "smem");
-    check_cuda(cudaFuncGetAttributes(&attr, kernel), "batch_norm_backward");
-    int n = std::clamp((sm_bytes / per_sm - reserved - static_cast<int>(attr.sharedSizeBytes)) / kRowBytes, 0, most);
+    int n = std::clamp((sm_bytes / per_sm - reserved - static_shared_bytes(kernel)) / kRowBytes, 0, most);
     int fit = 0;
     // Fewer rows where the occupancy calculator disagrees: the grid barrier needs every block resident.
     for (;; --n) {
@@ -331,11 +335,8 @@ void launch_backward_cooperative(BackwardArgs const& g, int rows, int chunks, cu
   });
   int keep = std::min(fits / 4 - 1, (rows + 7) / 8), fit = fits % 4;
   int grid = std::max(1, std::min(items, std::min(per_sm, fit) * g.sm_count));
-  BackwardArgs copy = g;
-  void* params[] = {&copy, &rows, &chunks, &groups, &keep};
-  check_cuda(cudaLaunchCooperativeKernel(reinterpret_cast<void const*>(kernel), dim3(grid), dim3(32, 8), params,
-                                         static_cast<size_t>(keep) * kRowBytes, stream),
-             "batch_norm_backward");
+  launch_grid_synced<kernel>(grid, static_cast<size_t>(keep) * kRowBytes, stream, "batch_norm_backward", g, rows,
+                             chunks, groups, keep);
 }
 
 // The backward for a block that holds every row of its columns, dy's and h's, in shared memory

@@ -224,12 +224,18 @@ __device__ __forceinline__ void pipelined_rows_in(int count, Slot&& slot, Addr&&
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 }
 
-// pipelined_rows_in through a ring of S rows of `stage` (S * K * 256 slots: blocks of 32 x 8
-// threads).
+// This thread's slot for piece k of row j in a ring of S rows of `stage` (S * K * 256 slots:
+// blocks of 32 x 8 threads).
+template <int S, int K>
+__device__ __forceinline__ uint4* ring_slot(uint4* stage, int j, int k) {
+  int tid = threadIdx.y * 32 + threadIdx.x;
+  return stage + ((j % S) * K + k) * 256 + tid;
+}
+
+// pipelined_rows_in through a ring of S rows of `stage`.
 template <int S, int K, class Addr, class Use>
 __device__ __forceinline__ void pipelined_rows(int count, uint4* stage, Addr&& addr, Use&& use) {
-  int tid = threadIdx.y * 32 + threadIdx.x;
-  pipelined_rows_in<S, K>(count, [&](int j, int k) { return stage + ((j % S) * K + k) * 256 + tid; }, addr, use);
+  pipelined_rows_in<S, K>(count, [&](int j, int k) { return ring_slot<S, K>(stage, j, k); }, addr, use);
 }
 
 // Loaders for the Terms below: straight from memory, or a pipelined row's pieces.
@@ -342,11 +348,10 @@ __device__ void chunk_partials(Terms const& terms, int m, int n, int rows, int g
       terms.template add<V>(first + 8 * j, c0, mu, a, b, LoadStaged<V, decltype(piece)>{piece});
     };
     if constexpr (kKeeps) {
-      int tid = threadIdx.y * 32 + threadIdx.x;
       pipelined_rows_in<kSumStages, Terms::kInputs>(
           count,
           [&](int j, int k) {
-            return j < kept.rows ? kept.slot(j, k) : scratch + ((j % kSumStages) * Terms::kInputs + k) * 256 + tid;
+            return j < kept.rows ? kept.slot(j, k) : ring_slot<kSumStages, Terms::kInputs>(scratch, j, k);
           },
           addr, use);
     } else {
@@ -776,9 +781,20 @@ void allow_slab() {
   });
 }
 
+// Kernel(params...) as a cooperative launch of `grid` blocks of 32 x 8 threads with `shared`
+// bytes of dynamic shared memory. The parameters are taken by value: the launch reads them
+// through pointers, and their types must be the kernel's.
+template <auto Kernel, class... Params>
+void launch_grid_synced(int grid, size_t shared, cudaStream_t stream, char const* what, Params... params) {
+  void* pointers[] = {&params...};
+  check_cuda(cudaLaunchCooperativeKernel(reinterpret_cast<void const*>(Kernel), dim3(grid), dim3(32, 8), pointers,
+                                         shared, stream),
+             what);
+}
+
 // Launches a cooperative Kernel(args, rows, chunks, groups) over the (column group of v columns,
-// row chunk) items of n columns, 32 x 8 threads a block, all blocks resident at once as its grid
-// barrier needs: its grid is at most what the occupancy calculator fits on sm_count SMs.
+// row chunk) items of n columns, all blocks resident at once as its grid barrier needs: its grid is
+// at most what the occupancy calculator fits on sm_count SMs.
 template <auto Kernel, class Args>
 void launch_cooperative(Args const& args, int n, int sm_count, int rows, int chunks, int v, cudaStream_t stream,
                         char const* what) {
@@ -790,11 +806,7 @@ void launch_cooperative(Args const& args, int n, int sm_count, int rows, int chu
   });
   int groups = static_cast<int>(blocks(n, 32 * v));
   int grid = std::max(1, std::min(groups * chunks, fit * sm_count));
-  Args copy = args;
-  void* params[] = {&copy, &rows, &chunks, &groups};
-  check_cuda(cudaLaunchCooperativeKernel(reinterpret_cast<void const*>(Kernel), dim3(grid), dim3(32, 8), params, 0,
-                                         stream),
-             what);
+  launch_grid_synced<Kernel>(grid, 0, stream, what, args, rows, chunks, groups);
 }
 
 }  // namespace

@@ -243,9 +243,11 @@ Tail pick_tail(Problem const& p, int* pieces) {
 // 244.5 -> 241.9, 640 x 8192 32.6 -> 30.5; gelu 4096^2 111.1 -> 90.5, 16384 x 4096 349.5 -> 308.0;
 // it won at all nine shapes measured. Its blocks keep their first rows in shared memory, so it
 // holds 2 blocks an SM without an activation too: wider layers (more items) take the passes.
-// fp32 keeps the passes: its cooperative kernel with gelu
-// still spills (79 / 127 STL / LDL under 128 registers); without an activation and with relu it
-// led by 0-8% in one run (a lead, docs/decisions.md, "Backward").
+// fp32 takes it without an activation and with relu or leaky_relu (H100, L2 flushed, b4fd449's
+// kernels, passes -> cooperative, us: none 4096^2 118.6 -> 109.7, 1024 x 8192 63.4 -> 53.3, 16384
+// x 4096 453.1 -> 445.8, 768 x 8192 48.6 -> 38.9, 2048^2 36.5 -> 27.2; relu 127.7 -> 113.6, 71.8 ->
+// 57.4, 456.1 -> 450.2); with gelu, gelu_tanh and silu it keeps the passes, where its kernel
+// spills (79 / 127 STL / LDL under 128 registers).
 BackwardKernels pick_backward(Problem const& p, int* pieces) {
   BackwardKernels forced = p.overrides.backward;
   int bytes = bytes_of(p.x), m = static_cast<int>(p.m), n = static_cast<int>(p.n);
@@ -255,8 +257,8 @@ BackwardKernels pick_backward(Problem const& p, int* pieces) {
   int64_t items = int64_t{groups} * limits::grad_chunks(m, groups, p.sm_count);
   switch (forced) {
     case BackwardKernels::automatic:
-      if (bytes != 2) return BackwardKernels::passes;
-      if (m <= limits::kSlabRows && *pieces >= 4) return BackwardKernels::slab;
+      if (bytes == 4 && act_set(p.act) == ActSet::smooth) return BackwardKernels::passes;
+      if (bytes == 2 && m <= limits::kSlabRows && *pieces >= 4) return BackwardKernels::slab;
       return streams && m > limits::kSlabRows &&
                      items <= int64_t{limits::kCooperativeBackwardBlocksPerSm} * p.sm_count
                  ? BackwardKernels::cooperative

@@ -35,6 +35,17 @@ enum class BackwardKernels { automatic, passes, slab, cooperative };
 // recomputes its derivative from h and the saved statistics.
 enum class Activation { none, relu, leaky_relu, gelu, gelu_tanh, silu };
 
+// The BatchNorm backward's kernels by activation set (bn_backward.cu's reason): none; relu and
+// leaky_relu, whose derivative is a select; or gelu, gelu_tanh and silu. The plan reads it too:
+// the sets' kernels differ in registers, so in which shapes they win.
+enum class ActSet { none, select, smooth };
+
+constexpr ActSet act_set(Activation a) {
+  return a == Activation::none ? ActSet::none
+         : a == Activation::relu || a == Activation::leaky_relu ? ActSet::select
+                                                                : ActSet::smooth;
+}
+
 char const* to_string(Family f);
 char const* to_string(KernelDtype d);
 char const* to_string(Mode m);
