@@ -49,8 +49,8 @@ def check_row(k: Kernel) -> None:
         bad("promote is for the sm90 f32x3 mainloop only")
     if k.schedule.endswith("FP8FastAccum") and k.dtype != "e4m3":
         bad("the FP8 fast-accumulation schedule is for e4m3 rows only")
-    if k.dtype == "e4m3" and (k.family, k.mode) != ("sm90", "stats"):
-        bad("e4m3 rows are sm90 statistics kernels (the training forward) only")
+    if k.dtype == "e4m3" and k.family != "sm90":
+        bad("e4m3 rows are sm90 kernels only (Hopper's FP8 tensor cores)")
     if k.family == "sm90":
         if k.schedule not in _SCHEDULES:
             bad(f"schedule {k.schedule!r} is none of {', '.join(_SCHEDULES)}")

@@ -176,6 +176,9 @@ _SM90 += [Kernel("sm90", "f32x3", "stats", (128, 128, 32), c, promote=8) for c i
 # bf16's 64.
 _SM90 += [Kernel("sm90", "e4m3", "stats", (128, 128, 128), (1, 1, 1)),
           Kernel("sm90", "e4m3", "stats", (128, 256, 128), (2, 1, 1), "TmaWarpSpecializedCooperativeFP8FastAccum")]
+# Its eval GEMM (inference over e4m3 x and W, the fold in the epilogue): the statistics row's tile and
+# promoted mainloop, the eval epilogue (bf16 bias and y, fp32 fold vectors).
+_SM90 += [Kernel("sm90", "e4m3", "eval", (128, 128, 128), (1, 1, 1))]
 
 # sm80: the tile cutlass_cppgen picks by default for bf16 (256x128x64, 4 warps
 # of 64x64, 3 stages), known to run correctly on Hopper too. fp32 kernels use

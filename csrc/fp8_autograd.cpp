@@ -188,10 +188,29 @@ at::Tensor e4m3_plain(at::Tensor const& x, at::Tensor const& weight, OptTensor c
       .y;
 }
 
+// The e4m3 eval path (linear_scale_batch_norm_eval_e4m3): x and W rounded as the training path
+// rounds them, then the FP8 eval op with bias / alpha and scale * alpha, which carries alpha into
+// the fold (a = scale alpha gamma invstd): one e4m3 GEMM, the emulated path's y. No autograd.
+at::Tensor eval_e4m3(at::Tensor const& x, at::Tensor const& weight, OptTensor const& bias, at::Tensor const& scale,
+                     OptTensor const& bn_weight, OptTensor const& bn_bias, at::Tensor const& running_mean,
+                     at::Tensor const& running_var, double eps, c10::string_view family, c10::string_view activation,
+                     double negative_slope, c10::optional<at::ScalarType> output_dtype, int64_t margin, bool cache) {
+  static auto quantize = op_handle<QuantizeE4M3Sig>("cutlass_fused::quantize_e4m3");
+  static auto eval = op_handle<Fp8EvalSig>("cutlass_fused::linear_scale_batch_norm_eval_fp8");
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);  // as e4m3_forward's
+  auto [x8, s_x] = quantize.call(x, margin, false);
+  auto [w8, s_w] = quantize.call(weight, margin, cache);
+  auto alpha = (s_x * s_w).reciprocal();
+  OptTensor b = bias.has_value() ? OptTensor(cast(*bias / alpha, at::kBFloat16)) : c10::nullopt;
+  return eval.call(x8, w8, b, cast(scale * alpha, scale.scalar_type()), bn_weight, bn_bias, running_mean, running_var,
+                   eps, family, activation, negative_slope, output_dtype);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(cutlass_fused, CompositeExplicitAutograd, m) {
   m.impl("linear_scale_batch_norm_train_e4m3", &e4m3_plain);
+  m.impl("linear_scale_batch_norm_eval_e4m3", &eval_e4m3);
 }
 
 TORCH_LIBRARY_IMPL(cutlass_fused, Autograd, m) {

@@ -29,6 +29,9 @@ using Fp8TrainSig = TrainOut(
     at::Tensor const&, at::Tensor const&, OptTensor const&, at::Tensor const&, OptTensor const&, OptTensor const&,
     OptTensor const&, OptTensor const&, OptTensor const&, c10::optional<double>, double, c10::string_view,
     c10::string_view, double, c10::optional<at::ScalarType>);
+using Fp8EvalSig = at::Tensor(at::Tensor const&, at::Tensor const&, OptTensor const&, at::Tensor const&,
+                              OptTensor const&, OptTensor const&, at::Tensor const&, at::Tensor const&, double,
+                              c10::string_view, c10::string_view, double, c10::optional<at::ScalarType>);
 using QuantizeE4M3Sig = std::tuple<at::Tensor, at::Tensor>(at::Tensor const&, int64_t, bool);
 using DequantizeSig = at::Tensor(at::Tensor const&, OptTensor const&, at::ScalarType);
 using QuantizeTransposedSig =

@@ -350,6 +350,22 @@ TORCH_LIBRARY(cutlass_fused, m) {
       "linear_scale_batch_norm_eval(Tensor x, Tensor weight, Tensor? bias, Tensor scale, Tensor? bn_weight,"
       " Tensor? bn_bias, Tensor running_mean, Tensor running_var, float eps, str family, bool cache=False,"
       " str activation=\"none\", float negative_slope=0.01, ScalarType? output_dtype=None) -> Tensor");
+  // FP8 (issue 33): the eval op over e4m3 x and W that the caller scaled and rounded, given bias /
+  // alpha and scale * alpha, as the FP8 training op: one e4m3 GEMM with the fold in its epilogue,
+  // y = act((x8 W8^T + bias / alpha) (scale alpha) gamma invstd + ...), the emulated layer's y. No
+  // cache (alpha moves with x's scale every call) and no autograd: inference.
+  m.def(
+      "linear_scale_batch_norm_eval_fp8(Tensor x, Tensor weight, Tensor? bias, Tensor scale, Tensor? bn_weight,"
+      " Tensor? bn_bias, Tensor running_mean, Tensor running_var, float eps, str family,"
+      " str activation=\"none\", float negative_slope=0.01, ScalarType? output_dtype=None) -> Tensor");
+  // The e4m3 eval path as one op (csrc/fp8_autograd.cpp): x and W rounded by quantize_e4m3 under
+  // current scaling (a frozen W8 kept where `cache` allows), then the op above. No autograd: the
+  // layer takes it where no gradient is asked for.
+  m.def(
+      "linear_scale_batch_norm_eval_e4m3(Tensor x, Tensor weight, Tensor? bias, Tensor scale, Tensor? bn_weight,"
+      " Tensor? bn_bias, Tensor running_mean, Tensor running_var, float eps, str family,"
+      " str activation=\"none\", float negative_slope=0.01, ScalarType? output_dtype=None, int margin=0,"
+      " bool cache=False) -> Tensor");
   // a @ b in the precision of the layer's forward for `family` (3xTF32 for fp32
   // without TF32 on sm90; torch.mm otherwise): the backward's dX and dW GEMMs.
   m.def("matmul(Tensor a, Tensor b, str family) -> Tensor");

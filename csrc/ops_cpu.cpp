@@ -246,6 +246,24 @@ at::Tensor linear_scale_batch_norm_eval_cpu(at::Tensor const& x, at::Tensor cons
   return activated((z.to(acc) * alpha.to(acc) + beta.to(acc)).to(out), act, negative_slope).to(y_dt).contiguous();
 }
 
+// The FP8 eval op on the CPU: the eval op over the e4m3 values' bf16 copies (exact), as the FP8
+// training op's.
+at::Tensor linear_scale_batch_norm_eval_fp8_cpu(at::Tensor const& x, at::Tensor const& weight,
+                                                c10::optional<at::Tensor> const& bias, at::Tensor const& scale,
+                                                c10::optional<at::Tensor> const& bn_weight,
+                                                c10::optional<at::Tensor> const& bn_bias,
+                                                at::Tensor const& running_mean, at::Tensor const& running_var,
+                                                double eps, c10::string_view family, c10::string_view activation,
+                                                double negative_slope, c10::optional<at::ScalarType> output_dtype_) {
+  check_linear_args(x, weight, bias, scale);
+  TORCH_CHECK(x.scalar_type() == at::kFloat8_e4m3fn, "cutlass_fused: expected input and weight to be float8_e4m3fn, ",
+              "but got ", x.scalar_type());
+  auto b = bias.has_value() ? c10::optional<at::Tensor>(bias->to(at::kBFloat16)) : c10::nullopt;
+  return linear_scale_batch_norm_eval_cpu(x.to(at::kBFloat16), weight.to(at::kBFloat16), b, scale, bn_weight,
+                                          bn_bias, running_mean, running_var, eps, family, false, activation,
+                                          negative_slope, output_dtype_);
+}
+
 at::Tensor matmul_cpu(at::Tensor const& a, at::Tensor const& b, c10::string_view) { return at::mm(a, b); }
 
 }  // namespace
@@ -319,6 +337,7 @@ TORCH_LIBRARY_IMPL(cutlass_fused, CPU, m) {
   m.impl("batch_norm_backward_reduce", &batch_norm_backward_reduce_cpu);
   m.impl("batch_norm_backward_elemt", &batch_norm_backward_elemt_cpu);
   m.impl("linear_scale_batch_norm_eval", &linear_scale_batch_norm_eval_cpu);
+  m.impl("linear_scale_batch_norm_eval_fp8", &linear_scale_batch_norm_eval_fp8_cpu);
 }
 
 }  // namespace cutlass_fused

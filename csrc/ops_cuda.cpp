@@ -571,25 +571,26 @@ at::Tensor batch_norm_backward_elemt_cuda(at::Tensor const& dy, at::Tensor const
   return b.dh;
 }
 
-at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor const& weight,
-                                             c10::optional<at::Tensor> const& bias, at::Tensor const& scale_in,
-                                             c10::optional<at::Tensor> const& bn_weight_in,
-                                             c10::optional<at::Tensor> const& bn_bias_in,
-                                             at::Tensor const& running_mean_in, at::Tensor const& running_var_in,
-                                             double eps, c10::string_view family, bool cache,
-                                             c10::string_view activation, double negative_slope,
-                                             c10::optional<at::ScalarType> output_dtype_) {
-  check_gemm_inputs(x, weight, bias, scale_in);
+// The eval forward: the plan's eval GEMM with the fold in its epilogue.
+// fp8: x and W in e4m3 (linear_scale_batch_norm_eval_fp8), y and the rest as bf16 x's.
+at::Tensor eval_cuda(at::Tensor const& x, at::Tensor const& weight, c10::optional<at::Tensor> const& bias,
+                     at::Tensor const& scale_in, c10::optional<at::Tensor> const& bn_weight_in,
+                     c10::optional<at::Tensor> const& bn_bias_in, at::Tensor const& running_mean_in,
+                     at::Tensor const& running_var_in, double eps, c10::string_view family, bool cache,
+                     c10::string_view activation, double negative_slope,
+                     c10::optional<at::ScalarType> output_dtype_, bool fp8) {
+  check_gemm_inputs(x, weight, bias, scale_in, fp8);
   int64_t m = x.size(0), n = weight.size(0), k = x.size(1);
   auto dev = x.device();
   Activation act = activation_of(activation);
-  auto z = output_dtype(x.scalar_type(), scale_in.scalar_type());
-  auto y_dt = y_dtype(x.scalar_type(), scale_in.scalar_type(), output_dtype_);
+  auto xt = element_dtype(x);  // h's (and a 16-bit y's) dtype
+  auto z = output_dtype(xt, scale_in.scalar_type());
+  auto y_dt = y_dtype(xt, scale_in.scalar_type(), output_dtype_);
   check_running_stats(running_mean_in, running_var_in, n, z);
   // The epilogue writes y in x's dtype (from its fp32 value) or in z's. fp16 with an fp32 z is
   // not x's route: its fold rounds z to fp16 (fold_scale_apart), which an fp32 z never is.
-  bool narrow = y_dt == x.scalar_type() && !(y_dt == at::kHalf && z != at::kHalf);
-  auto out = narrow ? x.scalar_type() : z;
+  bool narrow = y_dt == xt && !(y_dt == at::kHalf && z != at::kHalf);
+  auto out = narrow ? xt : z;
   // After the epilogue: the activation where the epilogue did not apply it (on y in its dtype, as
   // the unfused model applies it), then a requested dtype the epilogue does not write.
   auto finish = [&](at::Tensor y, bool activation_done) {
@@ -605,17 +606,20 @@ at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor con
   col_vec(running_var, "running_var", n, dev);
   if (m == 0) return at::empty({0, n}, x.options().dtype(y_dt));
   c10::cuda::CUDAGuard guard(dev);
-  Plan plan = planned(problem(Op::eval, m, n, k, x.scalar_type(), out != x.scalar_type(), family, dev));
+  Problem pr = problem(Op::eval, m, n, k, xt, out != xt, family, dev);
+  pr.fp8 = fp8;
+  Plan plan = planned(pr);
   // One (2 or 3, kn) allocation: each row starts a multiple of kn floats in,
   // which keeps it 16-byte aligned for the EVT.
   auto ac = eval_fold(scale, bn_weight, bn_bias, running_mean, running_var, eps, plan.gemm.kn, cache,
                       plan.fold_scale_apart);
   if (plan.eval_in_fp32) {
     // y = h * a + c in one fp32 pass, which moves the bytes that widening a 16-bit y would.
-    auto y = at::addcmul(ac[1].narrow(0, 0, n), linear_h(plan, x, weight, bias, cache).first, ac[0].narrow(0, 0, n));
+    auto y =
+        at::addcmul(ac[1].narrow(0, 0, n), linear_h(plan, x, weight, bias, cache, xt).first, ac[0].narrow(0, 0, n));
     return finish(y.scalar_type() == out ? y : y.to(out), false);
   }
-  auto y = empty_padded(m, n, x.options());
+  auto y = empty_padded(m, n, x.options().dtype(xt));
   poison(y);
   // The epilogue applies the activation before y's one rounding, as the training tails do,
   // except where sm80's 3xTF32 infinity fix rewrites outputs after it (inf_fix.h: it knows no
@@ -626,6 +630,29 @@ at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor con
              static_cast<float>(negative_slope)};
   run_gemm(plan, x, weight, bias, e, y, cache);
   return finish(y.is_contiguous() ? y : y.contiguous(), in_epilogue);
+}
+
+at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor const& weight,
+                                             c10::optional<at::Tensor> const& bias, at::Tensor const& scale,
+                                             c10::optional<at::Tensor> const& bn_weight,
+                                             c10::optional<at::Tensor> const& bn_bias,
+                                             at::Tensor const& running_mean, at::Tensor const& running_var,
+                                             double eps, c10::string_view family, bool cache,
+                                             c10::string_view activation, double negative_slope,
+                                             c10::optional<at::ScalarType> output_dtype_) {
+  return eval_cuda(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, eps, family, cache,
+                   activation, negative_slope, output_dtype_, false);
+}
+
+at::Tensor linear_scale_batch_norm_eval_fp8_cuda(at::Tensor const& x, at::Tensor const& weight,
+                                                 c10::optional<at::Tensor> const& bias, at::Tensor const& scale,
+                                                 c10::optional<at::Tensor> const& bn_weight,
+                                                 c10::optional<at::Tensor> const& bn_bias,
+                                                 at::Tensor const& running_mean, at::Tensor const& running_var,
+                                                 double eps, c10::string_view family, c10::string_view activation,
+                                                 double negative_slope, c10::optional<at::ScalarType> output_dtype_) {
+  return eval_cuda(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, eps, family, false,
+                   activation, negative_slope, output_dtype_, true);
 }
 
 // The backward's GEMMs in the forward's precision: fp32 without TF32 on the
@@ -665,6 +692,7 @@ TORCH_LIBRARY_IMPL(cutlass_fused, CUDA, m) {
   m.impl("batch_norm_backward_reduce", &batch_norm_backward_reduce_cuda);
   m.impl("batch_norm_backward_elemt", &batch_norm_backward_elemt_cuda);
   m.impl("linear_scale_batch_norm_eval", &linear_scale_batch_norm_eval_cuda);
+  m.impl("linear_scale_batch_norm_eval_fp8", &linear_scale_batch_norm_eval_fp8_cuda);
 }
 
 }  // namespace cutlass_fused

@@ -18,13 +18,15 @@ The state is the layer's buffers `fp8_amax_history` (history length x 2: x, W) a
 (2), in its state_dict. Before any step the scales are 1; an amax that is 0 or not finite keeps the
 scale it had (TransformerEngine's rule). Values past 448 / scale saturate, as there.
 
-The e4m3 kernels (train_e4m3 below): current scaling in training, through ops.quantize_e4m3 (the
-amax and the cast on the GPU, this file's scale_of and quantize op for op) and the e4m3 statistics
-GEMM; the module picks them (LinearScaleBatchNorm1d._runs_e4m3). Every other FP8 call runs the
-same rounding through the 16-bit kernels ("emulated"), which emulate=True forces; on a GPU whose
-build has no e4m3 kernels, a recipe without emulate=True is refused. Inside frozen_weights(), W8
-and its scale are kept between calls while W is unchanged (csrc/derived_cache.h). Not built: e4m3
-eval, delayed scaling through the kernels.
+The e4m3 kernels (train_e4m3 and eval_e4m3 below): current scaling in training, through
+ops.quantize_e4m3 (the amax and the cast on the GPU, this file's scale_of and quantize op for op)
+and the e4m3 statistics GEMM; and in eval where no gradient is asked for (inference), the same casts
+and one e4m3 GEMM with the BatchNorm fold in its epilogue. The module picks them
+(LinearScaleBatchNorm1d._runs_e4m3, _runs_e4m3_eval). Every other FP8 call runs the same rounding
+through the 16-bit kernels ("emulated"), which emulate=True forces; on a GPU whose build has no e4m3
+kernels, a recipe without emulate=True is refused. Inside frozen_weights(), W8 and its scale are
+kept between calls while W is unchanged (csrc/derived_cache.h). Not built: delayed scaling through
+the kernels.
 """
 import dataclasses
 
@@ -230,3 +232,16 @@ def train_e4m3(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running
     return ops.linear_scale_batch_norm_train_e4m3(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var,
                                                   num_batches_tracked, momentum, eps, family, activation,
                                                   negative_slope, output_dtype, margin, backward, cache)
+
+
+def eval_e4m3(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, eps, family, activation="none",
+              negative_slope=0.01, margin=0, output_dtype=None):
+    """y of the eval op with x and W rounded to e4m3 under current scaling, through the e4m3 eval
+    GEMM with the fold in its epilogue (on the CPU, the op's bf16 reference): the emulated path's y.
+    x and W as train_e4m3 takes them. No autograd (ops.linear_scale_batch_norm_eval_e4m3): for
+    inference; the layer takes it where no gradient is asked for."""
+    from .frozen import may_cache
+    from .ops import ops
+    cache = may_cache(weight, bias, scale, bn_weight, bn_bias, running_mean, running_var)
+    return ops.linear_scale_batch_norm_eval_e4m3(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var,
+                                                 eps, family, activation, negative_slope, output_dtype, margin, cache)

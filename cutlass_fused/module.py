@@ -5,7 +5,7 @@ from torch import nn
 from . import _activation
 from . import _family
 from .fp8 import DelayedState
-from .fp8 import e4m3_kernels, train_e4m3
+from .fp8 import e4m3_kernels, eval_e4m3, train_e4m3
 from .fp8 import check as fp8_check
 from .fp8 import operands as fp8_operands
 from .functional import linear_scale_batch_norm
@@ -107,15 +107,31 @@ class LinearScaleBatchNorm1d(nn.Module):
         return self.output_dtype
 
     def _runs_e4m3(self, x, use_batch_stats, output_dtype):
-        """Whether this call runs the e4m3 training op (fp8.train_e4m3): a current-scaling recipe
-        without emulate, training with batch statistics on one process, bf16 x and W (or under bf16
-        autocast an fp32 W and an fp32 or bf16 x), on the CPU or where e4m3_kernels says. Other FP8 calls run
-        the emulated path: the same values at the 16-bit kernels' speed."""
-        r, w = self.fp8, self.gemm.weight
+        """Whether this call runs the e4m3 training op (fp8.train_e4m3): training with batch
+        statistics on one process, where _e4m3_takes(x). Other FP8 calls run the emulated path: the
+        same values at the 16-bit kernels' speed."""
+        r = self.fp8
         if r is None or r.emulate or r.delayed or not use_batch_stats or not self.bn.training:
             return False
         if should_sync(self.process_group, True):
             return False
+        return self._e4m3_takes(x)
+
+    def _runs_e4m3_eval(self, x, use_batch_stats):
+        """Whether this call runs the e4m3 eval op (fp8.eval_e4m3): eval with the running statistics,
+        no gradient asked for (the op has no autograd: inference), where _e4m3_takes(x)."""
+        r = self.fp8
+        if r is None or r.emulate or r.delayed or use_batch_stats:
+            return False
+        if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters())):
+            return False
+        return self._e4m3_takes(x)
+
+    def _e4m3_takes(self, x):
+        """Whether the e4m3 ops take x and W for a current-scaling recipe without emulate: bf16 x and
+        W (or under bf16 autocast an fp32 W and an fp32 or bf16 x), on the CPU or where e4m3_kernels
+        says."""
+        w = self.gemm.weight
         if x.device.type == "cuda" and not e4m3_kernels(x.device):
             return False
         amp = torch.is_autocast_enabled(x.device.type)
@@ -139,6 +155,10 @@ class LinearScaleBatchNorm1d(nn.Module):
             return train_e4m3(x, self.gemm.weight, self.gemm.bias, self.scale, bn.weight, bn.bias, running_mean,
                               running_var, nbt, bn.momentum, bn.eps, _family.current(), self.activation,
                               self.negative_slope, self.fp8.margin, output_dtype, self.fp8.backward)
+        if self._runs_e4m3_eval(x, use_batch_stats):
+            return eval_e4m3(x, self.gemm.weight, self.gemm.bias, self.scale, bn.weight, bn.bias, running_mean,
+                             running_var, bn.eps, _family.current(), self.activation, self.negative_slope,
+                             self.fp8.margin, output_dtype)
         x, weight = fp8_operands(x, self.gemm.weight, self.fp8, self._fp8_state(), update=self.training)
         if should_sync(self.process_group, bn.training):
             return sync_linear_scale_batch_norm(x, weight, self.gemm.bias, self.scale, bn.weight, bn.bias,

@@ -357,13 +357,14 @@ def test_layer_matches_quantized_reference(device, family, dt, train):
         assert_close_rule_scaled(p.grad.cpu(), q.grad, r.grad, dt, f"d{name}")
 
 
-E4M3_ROWS = [k.name for k in KERNELS if k.dtype == "e4m3"]
+E4M3_ROWS = [k.name for k in KERNELS if k.dtype == "e4m3" and k.mode == "stats"]
 
 
 @pytest.mark.skipif(not CUDA, reason="the e4m3 rows are sm90 kernels")
 @pytest.mark.parametrize("row", E4M3_ROWS)
 def test_each_e4m3_row(row, override):
-    """Each e4m3 statistics GEMM of the table, forced in turn (the plan picks one): the layer's y and
+    """Each e4m3 statistics GEMM of the table, forced in turn (the plan picks one; the eval row has
+    its own test, test_module_e4m3_eval_is_the_emulated_one): the layer's y and
     running stats against float64 of the unfused model on the same quantized operands, within 2x the
     same model's bf16 error; 1000 rows leave a partial batch tile out of the sums."""
     skip_without_e4m3("cuda")
@@ -796,3 +797,79 @@ def test_module_e4m3_path_is_the_emulated_one(device, amp, y_dtype, x_dtype):
             continue
         rule = assert_close_rule if name in ("y", "running_mean", "running_var") else assert_close_rule_scaled
         rule(got.cpu().float(), want.cpu().float(), ref.detach(), "bf16", name)
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+@pytest.mark.parametrize("amp,y_dtype,x_dtype", [(False, None, None), (True, None, None),
+                                                 (True, torch.bfloat16, None), (True, torch.bfloat16, torch.bfloat16)],
+                         ids=["bf16", "autocast", "autocast-bf16-y", "autocast-bf16-x-and-y"])
+@pytest.mark.parametrize("m,k,n", [(96, 64, 48), (3, 769, 1000), (1000, 96, 72)],
+                         ids=["96x64x48", "3x769x1000", "1000x96x72"])
+def test_module_e4m3_eval_is_the_emulated_one(device, amp, y_dtype, x_dtype, m, k, n):
+    """LinearScaleBatchNorm1d(fp8=Float8Recipe()) in eval, with no gradient asked for, runs the e4m3
+    eval op (fp8.eval_e4m3: one e4m3 GEMM with the fold in its epilogue; on the CPU its bf16
+    reference) and gives what fp8=Float8Recipe(emulate=True) gives: y bit for bit on the CPU; on a
+    GPU, y's error against float64 of the same quantized operands within 2x the emulated path's plus
+    bf16's floor. Unaligned sizes, and the training test's dtype cases."""
+    skip_without_e4m3(device)
+    dtype = torch.float32 if amp else torch.bfloat16
+    layers = {}
+    for emulate in (True, False):
+        torch.manual_seed(4)
+        layer = cutlass_fused.LinearScaleBatchNorm1d(k, n, activation="relu", device=device, dtype=dtype,
+                                                     output_dtype=y_dtype,
+                                                     fp8=cutlass_fused.Float8Recipe(emulate=emulate))
+        with torch.no_grad():
+            layer.scale.uniform_(0.5, 2)
+            layer.bn.running_mean.normal_()
+            layer.bn.running_var.uniform_(0.5, 2)
+        layers[emulate] = layer.eval()
+    x = (3 * torch.randn(m, k)).to(device, x_dtype or dtype)
+    calls = []
+    import cutlass_fused.module as module
+    orig = module.eval_e4m3
+    out = {}
+    for emulate, layer in layers.items():
+        module.eval_e4m3 = lambda *a: (calls.append(emulate), orig(*a))[1]
+        try:
+            with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16, enabled=amp):
+                out[emulate] = layer(x)
+        finally:
+            module.eval_e4m3 = orig
+    assert calls == [False]  # the e4m3 eval op ran for emulate=False alone
+    want_dtype = y_dtype or (torch.float32 if amp else torch.bfloat16)
+    assert out[False].dtype == out[True].dtype == want_dtype
+    if device == "cpu":
+        assert torch.equal(out[False], out[True])
+        return
+    seed = Seed(k, n).double().eval()
+    seed.load_state_dict({key: v.detach().cpu().double() for key, v in layers[True].state_dict().items()},
+                         strict=False)
+    with torch.no_grad():
+        seed.gemm.weight.copy_(fp8.round_to_e4m3(layers[True].gemm.weight.detach().cpu()).double())
+        y64 = F.relu(seed(fp8.round_to_e4m3(x.cpu()).double()))
+    assert_close_rule(out[False].cpu().float(), out[True].cpu().float(), y64, "bf16", "y")
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+def test_e4m3_eval_only_without_a_gradient(device):
+    """The e4m3 eval op has no autograd: in eval with a gradient asked for (a parameter or x that
+    requires one, grad mode on) the layer takes the emulated path, whose y has a gradient; in
+    no_grad and in inference_mode it takes the op. Training is never routed there."""
+    skip_without_e4m3(device)
+    torch.manual_seed(5)
+    layer = cutlass_fused.LinearScaleBatchNorm1d(32, 16, device=device, dtype=torch.bfloat16,
+                                                 fp8=cutlass_fused.Float8Recipe()).eval()
+    x = torch.randn(8, 32, device=device, dtype=torch.bfloat16)
+    assert not layer._runs_e4m3_eval(x, False) and layer(x).requires_grad
+    with torch.no_grad():
+        assert layer._runs_e4m3_eval(x, False)
+    with torch.inference_mode():
+        assert layer._runs_e4m3_eval(x, False)
+        layer(x)
+    layer.requires_grad_(False)
+    assert layer._runs_e4m3_eval(x, False)
+    assert not layer._runs_e4m3_eval(x.requires_grad_(), False)
+    layer.train()
+    with torch.no_grad():
+        assert not layer._runs_e4m3_eval(x, True)

@@ -152,6 +152,32 @@ def test_linear_scale_batch_norm_train_fp8(device):
             else torch.equal(t, b)
 
 
+@pytest.mark.parametrize("device", fp8_devices())
+def test_linear_scale_batch_norm_eval_fp8(device):
+    x, w, v = samples(device, torch.float32, m=8, k=16, n=16)
+    x8, w8 = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
+    args = (x8, w8, v(), v(), v(), v(), v(), v().abs() + 1, 1e-5, "auto", "relu")
+    # Not test_schema, as for linear_scale_batch_norm_train_fp8: the inputs are checked below.
+    torch.library.opcheck(ops.linear_scale_batch_norm_eval_fp8, args,
+                          test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_static",
+                                      "test_aot_dispatch_dynamic"))
+    before = [t.clone() for t in args[:8]]
+    ops.linear_scale_batch_norm_eval_fp8(*args)
+    for t, b in zip(args[:8], before):  # every tensor input is read only
+        assert torch.equal(t.view(torch.uint8), b.view(torch.uint8)) if t.dtype == torch.float8_e4m3fn \
+            else torch.equal(t, b)
+
+
+@pytest.mark.parametrize("device", fp8_devices())
+def test_linear_scale_batch_norm_eval_e4m3(device):
+    x, w, v = samples(device, torch.bfloat16, m=8, k=16, n=16)
+    args = (x, w, v(), v(), v(), v(), v(), v().abs() + 1, 1e-5, "auto", "relu", 0.01, None, 0, False)
+    # Not test_schema: its check multiplies the inner FP8 op's float8 inputs (as above).
+    torch.library.opcheck(ops.linear_scale_batch_norm_eval_e4m3, args,
+                          test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_static",
+                                      "test_aot_dispatch_dynamic"))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_quantize_e4m3(device, dtype):

@@ -356,9 +356,11 @@ Plan make_plan(Problem const& p) {
               : p.allow_tf32      ? KernelDtype::tf32
                                   : KernelDtype::f32x3;
   if (p.fp8) {
-    // e4m3 operands (issue 33): the sm90 statistics GEMMs only, with h and the tail in bf16.
-    if (p.op != Op::train || p.x != DType::bf16)
-      throw std::runtime_error("cutlass_fused: e4m3 operands are taken by the training op only, with h in bfloat16");
+    // e4m3 operands (issue 33): the sm90 statistics GEMMs (training) and the e4m3 eval GEMM, with h
+    // (or y) and the tail in bf16.
+    if ((p.op != Op::train && p.op != Op::eval) || p.x != DType::bf16)
+      throw std::runtime_error("cutlass_fused: e4m3 operands are taken by the training and eval ops only, with h in "
+                               "bfloat16");
     if (plan.family != Family::sm90)
       throw std::runtime_error("cutlass_fused: e4m3 operands need the sm90 family (Hopper's FP8 tensor cores)");
     plan.math = KernelDtype::e4m3;
