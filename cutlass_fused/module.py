@@ -130,9 +130,10 @@ class LinearScaleBatchNorm1d(nn.Module):
     def _e4m3_takes(self, x):
         """Whether the e4m3 ops take x and W for a current-scaling recipe without emulate: bf16 x and
         W (or under bf16 autocast an fp32 W and an fp32 or bf16 x), on the CPU or where e4m3_kernels
-        says."""
+        says and the sm90 family is in force (the sm80 family, forced on a Hopper GPU, has no e4m3
+        kernels: its FP8 calls run emulated)."""
         w = self.gemm.weight
-        if x.device.type == "cuda" and not e4m3_kernels(x.device):
+        if x.device.type == "cuda" and (_family.current() == "sm80" or not e4m3_kernels(x.device)):
             return False
         amp = torch.is_autocast_enabled(x.device.type)
         if amp:

@@ -873,3 +873,31 @@ def test_e4m3_eval_only_without_a_gradient(device):
     layer.train()
     with torch.no_grad():
         assert not layer._runs_e4m3_eval(x, True)
+
+
+@pytest.mark.skipif(not CUDA, reason="the sm80 family is forced on a GPU")
+def test_e4m3_ops_stay_with_the_sm90_family():
+    """With the sm80 family forced (use_kernel_family("sm80"), how the Ampere kernels run on a
+    Hopper GPU), which has no e4m3 kernels, a Float8Recipe() layer's training and eval calls run the
+    emulated path, as on a GPU without the e4m3 rows: the values of Float8Recipe(emulate=True), bit
+    for bit (the same kernels)."""
+    skip_without_e4m3("cuda")
+    layers = {}
+    for emulate in (True, False):
+        torch.manual_seed(6)
+        layers[emulate] = cutlass_fused.LinearScaleBatchNorm1d(64, 48, device="cuda", dtype=torch.bfloat16,
+                                                               fp8=cutlass_fused.Float8Recipe(emulate=emulate))
+    x = torch.randn(96, 64, device="cuda", dtype=torch.bfloat16)
+    out = {}
+    with cutlass_fused.use_kernel_family("sm80"):
+        assert not layers[False]._runs_e4m3(x, True, None)
+        for emulate, layer in layers.items():
+            y = layer(x)
+            with torch.no_grad():
+                out[emulate] = (y, layer.eval()(x))
+        with torch.no_grad():
+            assert not layers[False]._runs_e4m3_eval(x, False)
+    for got, want in zip(out[False], out[True]):
+        assert torch.equal(got, want)
+    with torch.no_grad():
+        assert layers[False]._runs_e4m3_eval(x, False)  # the sm90 family again
