@@ -110,21 +110,23 @@ def _(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, eps
     return x.new_empty((x.shape[0], weight.shape[0]), dtype=output_dtype or torch.promote_types(x.dtype, scale.dtype))
 
 
-@torch.library.register_fake("cutlass_fused::linear_scale_batch_norm_eval_fp8")
-def _(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, eps, family, activation="none",
-      negative_slope=0.01, output_dtype=None):
-    # As the eval op's over bf16 x and W.
+def _fp8_eval_y(x, weight, scale, output_dtype):
+    """The FP8 eval ops' y: as the eval op's over bf16 x and W (bf16 h times scale, or output_dtype)."""
     torch._check(x.shape[1] == weight.shape[1], lambda: "cutlass_fused: mat1 and mat2 shapes cannot be multiplied")
     return x.new_empty((x.shape[0], weight.shape[0]),
                        dtype=output_dtype or torch.promote_types(torch.bfloat16, scale.dtype))
+
+
+@torch.library.register_fake("cutlass_fused::linear_scale_batch_norm_eval_fp8")
+def _(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, eps, family, activation="none",
+      negative_slope=0.01, output_dtype=None):
+    return _fp8_eval_y(x, weight, scale, output_dtype)
 
 
 @torch.library.register_fake("cutlass_fused::linear_scale_batch_norm_eval_e4m3")
 def _(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, eps, family, activation="none",
       negative_slope=0.01, output_dtype=None, margin=0, cache=False):
-    torch._check(x.shape[1] == weight.shape[1], lambda: "cutlass_fused: mat1 and mat2 shapes cannot be multiplied")
-    return x.new_empty((x.shape[0], weight.shape[0]),
-                       dtype=output_dtype or torch.promote_types(torch.bfloat16, scale.dtype))
+    return _fp8_eval_y(x, weight, scale, output_dtype)
 
 
 @torch.library.register_fake("cutlass_fused::matmul")

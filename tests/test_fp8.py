@@ -456,6 +456,23 @@ def test_e4m3_path_under_compile(backward):
         assert torch.equal(got, want)
 
 
+def test_e4m3_eval_under_compile():
+    """torch.compile(fullgraph=True) traces the e4m3 eval path (the op has a fake: the quantize
+    passes and the FP8 eval op run inside it) with no graph break, and Inductor's graph gives eager's
+    y bit for bit (on the CPU, where the op's bf16 reference runs)."""
+    torch.manual_seed(0)
+    layer = cutlass_fused.LinearScaleBatchNorm1d(64, 48, activation="relu", dtype=torch.bfloat16,
+                                                 fp8=cutlass_fused.Float8Recipe()).eval()
+    with torch.no_grad():
+        layer.bn.running_mean.normal_()
+        layer.bn.running_var.uniform_(0.5, 2)
+    x = (3 * torch.randn(96, 64)).bfloat16()
+    compiled = torch.compile(layer, fullgraph=True)
+    with torch.no_grad():
+        assert layer._runs_e4m3_eval(x, False)
+        assert torch.equal(compiled(x), layer(x))
+
+
 def test_backward_recipe_checks():
     assert cutlass_fused.Float8Recipe(backward="e5m2").backward == "e5m2"
     with pytest.raises(ValueError, match="expected Float8Recipe backward to be 'bf16' or 'e5m2'"):
