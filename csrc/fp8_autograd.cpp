@@ -23,9 +23,17 @@
 namespace cutlass_fused {
 namespace {
 
-struct Forward {
+// The FP8 ops' operands: x8, W8 and their scales, and the bias and scale the ops take in their
+// place, bias / alpha in bf16 and scale * alpha (alpha = 1 / (s_x s_w)).
+struct Operands {
   // x8_t, w8_t: x8 and W8 transposed, made for the e5m2 backward only.
-  at::Tensor y, x8, w8, x8_t, w8_t, h, mean, invstd, sc, s_x, s_w;
+  at::Tensor x8, w8, x8_t, w8_t, s_x, s_w, sc;
+  OptTensor b;
+};
+
+struct Forward {
+  Operands o;
+  at::Tensor y, h, mean, invstd;
 };
 
 // t in dtype dt, t itself where it is already (aten::to would return its input, which the
@@ -37,34 +45,75 @@ void check_backward(c10::string_view backward) {
                     "cutlass_fused: expected backward to be 'bf16' or 'e5m2', but got '", backward, "'");
 }
 
+// Delayed scaling's state, where the recipe has one (fp8_scale given): the layer's scales, read,
+// and with amax_history, updated in place after the casts (training).
+struct Delayed {
+  OptTensor const& amax_history;
+  OptTensor const& fp8_scale;
+  c10::string_view algo;
+};
+
+// x and W rounded to e4m3: under current scaling (W8 kept where `cache` allows), or under the
+// delayed state's scales, whose step then records the amaxes the casts measured. Called below
+// autocast (the callers' guard).
+Operands e4m3_operands(at::Tensor const& x, at::Tensor const& weight, OptTensor const& bias, at::Tensor const& scale,
+                       int64_t margin, bool cache, bool transposed, Delayed const& delayed) {
+  static auto quantize = op_handle<QuantizeE4M3Sig>("cutlass_fused::quantize_e4m3");
+  static auto quantize_t = op_handle<QuantizeTransposedSig>("cutlass_fused::quantize_transposed");
+  static auto quantize_s = op_handle<QuantizeWithScaleSig>("cutlass_fused::quantize_with_scale");
+  static auto record = op_handle<Fp8RecordSig>("cutlass_fused::fp8_record");
+  Operands o;
+  TORCH_CHECK(!delayed.amax_history.has_value() || delayed.fp8_scale.has_value(),
+              "cutlass_fused: amax_history is delayed scaling's, which needs fp8_scale too");
+  if (delayed.fp8_scale.has_value()) {
+    // sym_: traced with symbolic sizes (torch.compile's dynamic shapes) too.
+    TORCH_CHECK(delayed.fp8_scale->dim() == 1 && delayed.fp8_scale->sym_numel() == 2,
+                "cutlass_fused: expected fp8_scale to be x's and W's scales, of shape [2], but got ",
+                delayed.fp8_scale->sym_sizes());
+    // A copy: the step below moves the state's scales, and the backward takes this call's. 16
+    // bytes apart: cuBLASLt's FP8 GEMMs (the e5m2 backward's _scaled_mm) refuse a scale that is
+    // not 16-byte aligned (CUBLAS_STATUS_NOT_SUPPORTED, H100).
+    auto scales = at::empty({2, 4}, delayed.fp8_scale->options());
+    scales.select(1, 0).copy_(*delayed.fp8_scale);
+    o.s_x = scales.select(0, 0).select(0, 0);
+    o.s_w = scales.select(0, 1).select(0, 0);
+    at::Tensor amax_x, amax_w;
+    std::tie(o.x8, o.x8_t, amax_x) = quantize_s.call(x, o.s_x, at::kFloat8_e4m3fn, transposed);
+    std::tie(o.w8, o.w8_t, amax_w) = quantize_s.call(weight, o.s_w, at::kFloat8_e4m3fn, transposed);
+    if (delayed.amax_history.has_value()) {
+      auto history = *delayed.amax_history, state = *delayed.fp8_scale;  // handles: the op writes them
+      record.call(history, state, amax_x, amax_w, margin, delayed.algo);
+    }
+  } else if (transposed) {
+    std::tie(o.x8, o.x8_t, o.s_x) = quantize_t.call(x, at::kFloat8_e4m3fn, margin, false);
+    std::tie(o.w8, o.w8_t, o.s_w) = quantize_t.call(weight, at::kFloat8_e4m3fn, margin, cache);
+  } else {
+    std::tie(o.x8, o.s_x) = quantize.call(x, margin, false);
+    std::tie(o.w8, o.s_w) = quantize.call(weight, margin, cache);
+  }
+  auto alpha = (o.s_x * o.s_w).reciprocal();
+  o.b = bias.has_value() ? OptTensor(cast(*bias / alpha, at::kBFloat16)) : c10::nullopt;
+  o.sc = cast(scale * alpha, scale.scalar_type());
+  return o;
+}
+
 Forward e4m3_forward(at::Tensor const& x, at::Tensor const& weight, OptTensor const& bias, at::Tensor const& scale,
                      OptTensor const& bn_weight, OptTensor const& bn_bias, OptTensor const& running_mean,
                      OptTensor const& running_var, OptTensor const& num_batches_tracked,
                      c10::optional<double> momentum, double eps, c10::string_view family, c10::string_view activation,
                      double negative_slope, c10::optional<at::ScalarType> output_dtype, int64_t margin, bool cache,
-                     bool transposed) {
-  static auto quantize = op_handle<QuantizeE4M3Sig>("cutlass_fused::quantize_e4m3");
-  static auto quantize_t = op_handle<QuantizeTransposedSig>("cutlass_fused::quantize_transposed");
+                     bool transposed, Delayed const& delayed) {
   static auto train = op_handle<Fp8TrainSig>("cutlass_fused::linear_scale_batch_norm_train_fp8");
   // Below autocast: this op has no autocast kernel (x and W reach it as the caller has them), and
   // the ops it calls must not be cast either; e4m3 values and a bf16 bias / alpha are exact in the
   // bf16 an autocast would give, so the emulated path's casts change nothing there.
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   Forward f;
-  if (transposed) {
-    std::tie(f.x8, f.x8_t, f.s_x) = quantize_t.call(x, at::kFloat8_e4m3fn, margin, false);
-    std::tie(f.w8, f.w8_t, f.s_w) = quantize_t.call(weight, at::kFloat8_e4m3fn, margin, cache);
-  } else {
-    std::tie(f.x8, f.s_x) = quantize.call(x, margin, false);
-    std::tie(f.w8, f.s_w) = quantize.call(weight, margin, cache);
-  }
-  auto alpha = (f.s_x * f.s_w).reciprocal();
-  OptTensor b = bias.has_value() ? OptTensor(cast(*bias / alpha, at::kBFloat16)) : c10::nullopt;
-  f.sc = cast(scale * alpha, scale.scalar_type());
+  f.o = e4m3_operands(x, weight, bias, scale, margin, cache, transposed, delayed);
   at::Tensor stats;
   std::tie(f.y, f.h, stats, f.mean, f.invstd) =
-      train.call(f.x8, f.w8, b, f.sc, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, momentum, eps,
-                 family, activation, negative_slope, output_dtype);
+      train.call(f.o.x8, f.o.w8, f.o.b, f.o.sc, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked,
+                 momentum, eps, family, activation, negative_slope, output_dtype);
   return f;
 }
 
@@ -90,7 +139,8 @@ struct E4M3Function : torch::autograd::Function<E4M3Function> {
                                OptTensor const& num_batches_tracked, c10::optional<double> momentum, double eps,
                                c10::string_view family, c10::string_view activation, double negative_slope,
                                c10::optional<at::ScalarType> output_dtype, int64_t margin, c10::string_view backward,
-                               bool cache) {
+                               bool cache, OptTensor const& amax_history, OptTensor const& fp8_scale,
+                               c10::string_view amax_compute_algo) {
     check_backward(backward);
     save_needs(ctx, {x.requires_grad(), weight.requires_grad(), requires_grad(bias), scale.requires_grad(),
                      requires_grad(bn_weight), requires_grad(bn_bias)});
@@ -98,10 +148,12 @@ struct E4M3Function : torch::autograd::Function<E4M3Function> {
     at::AutoDispatchBelowAutograd below;
     bool e5m2 = backward == "e5m2";
     auto f = e4m3_forward(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked,
-                          momentum, eps, family, activation, negative_slope, output_dtype, margin, cache, e5m2);
+                          momentum, eps, family, activation, negative_slope, output_dtype, margin, cache, e5m2,
+                          {amax_history, fp8_scale, amax_compute_algo});
+    auto const& o = f.o;
     // The e5m2 backward's GEMMs take x8 and W8 transposed (K-major), the bf16 one's as they are.
-    ctx->save_for_backward({e5m2 ? f.x8_t : f.x8, e5m2 ? f.w8_t : f.w8, f.h, f.mean, f.invstd, f.sc, saved(bn_weight),
-                            saved(bn_bias), f.s_x, f.s_w});
+    ctx->save_for_backward({e5m2 ? o.x8_t : o.x8, e5m2 ? o.w8_t : o.w8, f.h, f.mean, f.invstd, o.sc, saved(bn_weight),
+                            saved(bn_bias), o.s_x, o.s_w});
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["activation"] = std::string(activation);
     ctx->saved_data["negative_slope"] = negative_slope;
@@ -118,7 +170,7 @@ struct E4M3Function : torch::autograd::Function<E4M3Function> {
     static auto bn_backward = op_handle<BackwardSig>("cutlass_fused::batch_norm_backward");
     static auto quantize_t = op_handle<QuantizeTransposedSig>("cutlass_fused::quantize_transposed");
     static auto dequantize = op_handle<DequantizeSig>("cutlass_fused::dequantize");
-    variable_list out(18);  // one per forward argument
+    variable_list out(21);  // one per forward argument
     at::Tensor dy = grads[0];
     if (!dy.defined()) return out;
     auto s = ctx->get_saved_variables();
@@ -168,10 +220,11 @@ at::Tensor e4m3_autograd(at::Tensor const& x, at::Tensor const& weight, OptTenso
                          OptTensor const& num_batches_tracked, c10::optional<double> momentum, double eps,
                          c10::string_view family, c10::string_view activation, double negative_slope,
                          c10::optional<at::ScalarType> output_dtype, int64_t margin, c10::string_view backward,
-                         bool cache) {
+                         bool cache, OptTensor const& amax_history, OptTensor const& fp8_scale,
+                         c10::string_view amax_compute_algo) {
   return E4M3Function::apply(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var,
                              num_batches_tracked, momentum, eps, family, activation, negative_slope, output_dtype,
-                             margin, backward, cache)[0];
+                             margin, backward, cache, amax_history, fp8_scale, amax_compute_algo)[0];
 }
 
 // Without autograd (inference mode, or below Autograd): the forward alone.
@@ -181,29 +234,30 @@ at::Tensor e4m3_plain(at::Tensor const& x, at::Tensor const& weight, OptTensor c
                       c10::optional<double> momentum, double eps, c10::string_view family,
                       c10::string_view activation, double negative_slope,
                       c10::optional<at::ScalarType> output_dtype, int64_t margin, c10::string_view backward,
-                      bool cache) {
+                      bool cache, OptTensor const& amax_history, OptTensor const& fp8_scale,
+                      c10::string_view amax_compute_algo) {
   check_backward(backward);
   return e4m3_forward(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked,
-                      momentum, eps, family, activation, negative_slope, output_dtype, margin, cache, false)
+                      momentum, eps, family, activation, negative_slope, output_dtype, margin, cache, false,
+                      {amax_history, fp8_scale, amax_compute_algo})
       .y;
 }
 
 // The e4m3 eval path (linear_scale_batch_norm_eval_e4m3): x and W rounded as the training path
-// rounds them, then the FP8 eval op with bias / alpha and scale * alpha, which carries alpha into
-// the fold (a = scale alpha gamma invstd): one e4m3 GEMM, the emulated path's y. No autograd.
+// rounds them (a delayed recipe's scales read, not updated), then the FP8 eval op with bias / alpha
+// and scale * alpha, which carries alpha into the fold (a = scale alpha gamma invstd): one e4m3
+// GEMM, the emulated path's y. No autograd.
 at::Tensor eval_e4m3(at::Tensor const& x, at::Tensor const& weight, OptTensor const& bias, at::Tensor const& scale,
                      OptTensor const& bn_weight, OptTensor const& bn_bias, at::Tensor const& running_mean,
                      at::Tensor const& running_var, double eps, c10::string_view family, c10::string_view activation,
-                     double negative_slope, c10::optional<at::ScalarType> output_dtype, int64_t margin, bool cache) {
-  static auto quantize = op_handle<QuantizeE4M3Sig>("cutlass_fused::quantize_e4m3");
+                     double negative_slope, c10::optional<at::ScalarType> output_dtype, int64_t margin, bool cache,
+                     OptTensor const& fp8_scale) {
   static auto eval = op_handle<Fp8EvalSig>("cutlass_fused::linear_scale_batch_norm_eval_fp8");
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);  // as e4m3_forward's
-  auto [x8, s_x] = quantize.call(x, margin, false);
-  auto [w8, s_w] = quantize.call(weight, margin, cache);
-  auto alpha = (s_x * s_w).reciprocal();
-  OptTensor b = bias.has_value() ? OptTensor(cast(*bias / alpha, at::kBFloat16)) : c10::nullopt;
-  return eval.call(x8, w8, b, cast(scale * alpha, scale.scalar_type()), bn_weight, bn_bias, running_mean, running_var,
-                   eps, family, activation, negative_slope, output_dtype);
+  OptTensor no_history;
+  auto o = e4m3_operands(x, weight, bias, scale, margin, cache, false, {no_history, fp8_scale, "max"});
+  return eval.call(o.x8, o.w8, o.b, o.sc, bn_weight, bn_bias, running_mean, running_var, eps, family, activation,
+                   negative_slope, output_dtype);
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
-// FP8 current scaling on CUDA: one amax pass and one cast pass over t, no host sync.
+// FP8 on CUDA: current scaling's amax pass and cast pass over t, delayed scaling's one cast pass
+// that measures the amax, and its history step; no host sync.
 #include "fp8_cuda.h"
 
 #include <algorithm>
@@ -19,6 +20,10 @@ namespace {
 struct Packed {
   at::Tensor bytes, t8, scale;
 };
+
+// Past +-252 the exponent saturates at +-126 whatever the margin (fp8.scale_from_amax's clamp),
+// so a clamped margin gives the same scale and fits the kernel's int.
+int clamped(int64_t margin) { return static_cast<int>(std::clamp<int64_t>(margin, -1000, 1000)); }
 
 int64_t scale_offset(int64_t numel) { return (numel + 15) / 16 * 16; }
 
@@ -52,9 +57,7 @@ void quantize_into(at::Tensor const& t, int64_t margin, Fp8 format, at::Tensor* 
   uint8_t* out_t = bytes(t8_t);  // null where t is empty: then only the scale is written
   poison(scale);
   auto amax = at::empty({}, src.options().dtype(at::kInt));
-  // Past +-252 the exponent saturates at +-126 whatever the margin (fp8.scale_from_amax's clamp),
-  // so a clamped margin gives the same scale and fits the kernel's int.
-  int m = static_cast<int>(std::clamp<int64_t>(margin, -1000, 1000));
+  int m = clamped(margin);
   auto amax_bits = reinterpret_cast<unsigned*>(amax.data_ptr<int>());
   auto stream = at::cuda::getCurrentCUDAStream().stream();
   if (t8_t) {
@@ -121,6 +124,41 @@ at::Tensor dequantize_cuda(at::Tensor const& t8, c10::optional<at::Tensor> const
                  scale.has_value() ? scale->data_ptr<float>() : nullptr, dtype_of(dtype, "dtype"), out.data_ptr(),
                  at::cuda::getCurrentCUDAStream().stream());
   return out;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_with_scale_cuda(at::Tensor const& t, at::Tensor const& scale,
+                                                                        at::ScalarType dtype, bool transposed) {
+  check_quantize_with_scale(t, scale, dtype, transposed);
+  DType dt = dtype_of(t.scalar_type(), "t");
+  c10::cuda::CUDAGuard guard(t.device());
+  auto src = t.contiguous();
+  auto t8 = at::empty(t.sizes(), t.options().dtype(dtype));
+  auto t8_t = transposed ? at::empty({t.size(1), t.size(0)}, t.options().dtype(dtype))
+                         : at::empty({0}, t.options().dtype(dtype));
+  auto amax = at::empty({}, t.options().dtype(at::kFloat));
+  poison(t8);
+  poison(t8_t);
+  poison(amax);
+  auto bytes = [](at::Tensor& out) { return reinterpret_cast<uint8_t*>(out.data_ptr()); };
+  // The amax's fp32 bits: abs_bits' order is |t|'s, so the kernel's unsigned max is the float's.
+  auto amax_bits = reinterpret_cast<unsigned*>(amax.data_ptr<float>());
+  auto stream = at::cuda::getCurrentCUDAStream().stream();
+  if (transposed) {
+    quantize_fp8_transposed_with_scale(src.data_ptr(), dt, format_of(dtype), src.size(0), src.size(1),
+                                       scale.data_ptr<float>(), amax_bits, bytes(t8), bytes(t8_t), stream);
+  } else {
+    quantize_e4m3_with_scale(src.data_ptr(), dt, src.numel(), scale.data_ptr<float>(), amax_bits, bytes(t8), stream);
+  }
+  return {t8, t8_t, amax};
+}
+
+void fp8_record_cuda(at::Tensor& amax_history, at::Tensor& scale, at::Tensor const& amax_x, at::Tensor const& amax_w,
+                     int64_t margin, c10::string_view amax_compute_algo) {
+  check_fp8_record(amax_history, scale, amax_x, amax_w, amax_compute_algo);
+  c10::cuda::CUDAGuard guard(amax_history.device());
+  record_amax(amax_history.data_ptr<float>(), amax_history.size(0), amax_x.data_ptr<float>(),
+              amax_w.data_ptr<float>(), clamped(margin), amax_compute_algo == "max", scale.data_ptr<float>(),
+              at::cuda::getCurrentCUDAStream().stream());
 }
 
 }  // namespace cutlass_fused

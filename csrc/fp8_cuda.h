@@ -1,4 +1,4 @@
-// FP8 current scaling on CUDA (issue 33): the quantize ops' kernels (csrc/kernels/fp8_cast.h).
+// FP8 current and delayed scaling on CUDA (issue 33): the quantize ops' kernels (csrc/kernels/fp8_cast.h).
 #pragma once
 
 #include <tuple>
@@ -15,5 +15,12 @@ at::Tensor dequantize_cuda(at::Tensor const& t8, c10::optional<at::Tensor> const
 // (t8, t8 transposed, scale) for a 2-D t, in e4m3 or e5m2 (`dtype`), from one cast pass.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_transposed_cuda(at::Tensor const& t, at::ScalarType dtype,
                                                                         int64_t margin, bool cache);
+
+// Delayed scaling: (t8, t8_t or an empty tensor, t's amax) under the given scale (quantize_with_scale).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_with_scale_cuda(at::Tensor const& t, at::Tensor const& scale,
+                                                                        at::ScalarType dtype, bool transposed);
+// Delayed scaling's amax-history step, in place (fp8_record).
+void fp8_record_cuda(at::Tensor& amax_history, at::Tensor& scale, at::Tensor const& amax_x, at::Tensor const& amax_w,
+                     int64_t margin, c10::string_view amax_compute_algo);
 
 }  // namespace cutlass_fused

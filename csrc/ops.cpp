@@ -224,16 +224,47 @@ void check_quantize_transposed(at::Tensor const& t, at::ScalarType dtype) {
                     "cutlass_fused: expected dtype to be torch.float8_e4m3fn or torch.float8_e5m2, but got ", dtype);
 }
 
+void check_fp32_element(at::Tensor const& t, char const* name, c10::Device device) {
+  TORCH_CHECK(t.numel() == 1 && t.scalar_type() == at::kFloat && t.device() == device, "cutlass_fused: expected ",
+              name, " to be one float32 element on ", device, ", but got ", t.scalar_type(), " ", t.sizes(), " on ",
+              t.device());
+}
+
 void check_dequantize(at::Tensor const& t8, c10::optional<at::Tensor> const& scale, at::ScalarType dtype) {
   TORCH_CHECK(t8.scalar_type() == at::kFloat8_e4m3fn || t8.scalar_type() == at::kFloat8_e5m2,
               "cutlass_fused: expected t8 to be torch.float8_e4m3fn or torch.float8_e5m2, but got ", t8.scalar_type());
-  if (scale.has_value())
-    TORCH_CHECK(scale->numel() == 1 && scale->scalar_type() == at::kFloat && scale->device() == t8.device(),
-                "cutlass_fused: expected scale to be one float32 element on ", t8.device(), ", but got ",
-                scale->scalar_type(), " ", scale->sizes(), " on ", scale->device());
+  if (scale.has_value()) check_fp32_element(*scale, "scale", t8.device());
   TORCH_CHECK_VALUE(dtype == at::kBFloat16 || dtype == at::kHalf || dtype == at::kFloat,
                     "cutlass_fused: expected dtype to be torch.bfloat16, torch.float16 or torch.float32, but got ",
                     dtype);
+}
+
+void check_quantize_with_scale(at::Tensor const& t, at::Tensor const& scale, at::ScalarType dtype, bool transposed) {
+  if (transposed) {
+    check_quantize_transposed(t, dtype);
+  } else {
+    TORCH_CHECK_VALUE(dtype == at::kFloat8_e4m3fn,
+                      "cutlass_fused: expected dtype to be torch.float8_e4m3fn where transposed is False, but got ",
+                      dtype);
+  }
+  check_fp32_element(scale, "scale", t.device());
+}
+
+void check_fp8_record(at::Tensor const& amax_history, at::Tensor const& scale, at::Tensor const& amax_x,
+                      at::Tensor const& amax_w, c10::string_view amax_compute_algo) {
+  TORCH_CHECK(amax_history.dim() == 2 && amax_history.size(0) >= 1 && amax_history.size(1) == 2 &&
+                  amax_history.scalar_type() == at::kFloat && amax_history.is_contiguous(),
+              "cutlass_fused: expected amax_history to be a contiguous float32 tensor of shape [length >= 1, 2], "
+              "but got ", amax_history.scalar_type(), " ", amax_history.sizes());
+  TORCH_CHECK(scale.dim() == 1 && scale.size(0) == 2 && scale.scalar_type() == at::kFloat && scale.is_contiguous() &&
+                  scale.device() == amax_history.device(),
+              "cutlass_fused: expected scale to be a contiguous float32 tensor of shape [2] on ",
+              amax_history.device(), ", but got ", scale.scalar_type(), " ", scale.sizes(), " on ", scale.device());
+  check_fp32_element(amax_x, "amax_x", amax_history.device());
+  check_fp32_element(amax_w, "amax_w", amax_history.device());
+  TORCH_CHECK_VALUE(amax_compute_algo == "max" || amax_compute_algo == "most_recent",
+                    "cutlass_fused: expected amax_compute_algo to be 'max' or 'most_recent', but got '",
+                    amax_compute_algo, "'");
 }
 
 void check_running_args(c10::optional<at::Tensor> const& running_mean, c10::optional<at::Tensor> const& running_var,
@@ -306,11 +337,16 @@ TORCH_LIBRARY(cutlass_fused, m) {
   // by quantize_e4m3 under current scaling (a frozen W8 kept where `cache` allows), the FP8 op
   // above, and the backward in bf16 over the dequantized operands or, backward="e5m2", as FP8 GEMMs
   // over dh rounded to e5m2. y only: the op's other outputs stay inside.
+  // Delayed scaling (fp8_scale given: a layer's two scales, x's and W's): x and W rounded under
+  // them by quantize_with_scale, which measures their amaxes; fp8_record then updates the layer's
+  // amax_history and fp8_scale in place, as the running stats are (no cache: W8 moves with the
+  // scale).
   m.def(
       "linear_scale_batch_norm_train_e4m3(Tensor x, Tensor weight, Tensor? bias, Tensor scale, Tensor? bn_weight,"
       " Tensor? bn_bias, Tensor(a!)? running_mean, Tensor(b!)? running_var, Tensor(c!)? num_batches_tracked,"
       " float? momentum, float eps, str family, str activation=\"none\", float negative_slope=0.01,"
-      " ScalarType? output_dtype=None, int margin=0, str backward=\"bf16\", bool cache=False) -> Tensor");
+      " ScalarType? output_dtype=None, int margin=0, str backward=\"bf16\", bool cache=False,"
+      " Tensor(d!)? amax_history=None, Tensor(e!)? fp8_scale=None, str amax_compute_algo=\"max\") -> Tensor");
   // FP8 current scaling (issue 33): t rounded to e4m3 under the power-of-two scale that maps its
   // amax into (224, 448] (less `margin` powers of two; 1 where the amax is 0 or not finite), and
   // that scale (0-dim fp32), as cutlass_fused/fp8.py's scale_of and quantize compute them: one op,
@@ -326,6 +362,18 @@ TORCH_LIBRARY(cutlass_fused, m) {
   // t8.to(dtype) * scale.to(dtype) (scale: a 0-dim fp32 power of two, or None for 1): the bf16
   // FP8 backward's operands, one pass on CUDA where torch's float8 cast is slow.
   m.def("dequantize(Tensor t8, Tensor? scale, ScalarType dtype) -> Tensor");
+  // Delayed scaling (issue 33): t rounded to `dtype` under the given power-of-two scale (one fp32
+  // element, carried from earlier steps), fp8.quantize's values, and t's amax (0-dim fp32, NaN
+  // where t holds one) measured by the cast's own pass on CUDA: one read of t, where current
+  // scaling takes two. transposed: t 2-D, t8_t its values transposed (the FP8 backward's K-major
+  // operand); else t8_t is empty and dtype is float8_e4m3fn.
+  m.def("quantize_with_scale(Tensor t, Tensor scale, ScalarType dtype, bool transposed=False)"
+        " -> (Tensor t8, Tensor t8_t, Tensor amax)");
+  // Delayed scaling's step, cutlass_fused/fp8.py's DelayedState.record: amax_history's rows shift
+  // down one and row 0 takes (amax_x, amax_w); each scale becomes the power of two of the history's
+  // max ("max") or of row 0 ("most_recent"), kept where that is 0 or not finite. One launch on CUDA.
+  m.def("fp8_record(Tensor(a!) amax_history, Tensor(b!) scale, Tensor amax_x, Tensor amax_w, int margin=0,"
+        " str amax_compute_algo=\"max\") -> ()");
   m.def(
       "update_running_stats(Tensor stats, Tensor scale, SymInt count, Tensor(a!) running_mean, Tensor(b!) running_var,"
       " Tensor? num_batches_tracked, float? momentum) -> ()");
@@ -359,13 +407,14 @@ TORCH_LIBRARY(cutlass_fused, m) {
       " Tensor? bn_bias, Tensor running_mean, Tensor running_var, float eps, str family,"
       " str activation=\"none\", float negative_slope=0.01, ScalarType? output_dtype=None) -> Tensor");
   // The e4m3 eval path as one op (csrc/fp8_autograd.cpp): x and W rounded by quantize_e4m3 under
-  // current scaling (a frozen W8 kept where `cache` allows), then the op above. No autograd: the
+  // current scaling (a frozen W8 kept where `cache` allows), or under fp8_scale's two scales
+  // (delayed scaling, which eval reads and does not update), then the op above. No autograd: the
   // layer takes it where no gradient is asked for.
   m.def(
       "linear_scale_batch_norm_eval_e4m3(Tensor x, Tensor weight, Tensor? bias, Tensor scale, Tensor? bn_weight,"
       " Tensor? bn_bias, Tensor running_mean, Tensor running_var, float eps, str family,"
       " str activation=\"none\", float negative_slope=0.01, ScalarType? output_dtype=None, int margin=0,"
-      " bool cache=False) -> Tensor");
+      " bool cache=False, Tensor? fp8_scale=None) -> Tensor");
   // a @ b in the precision of the layer's forward for `family` (3xTF32 for fp32
   // without TF32 on sm90; torch.mm otherwise): the backward's dX and dW GEMMs.
   m.def("matmul(Tensor a, Tensor b, str family) -> Tensor");

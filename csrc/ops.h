@@ -83,5 +83,14 @@ void check_quantize_transposed(at::Tensor const& t, at::ScalarType dtype);
 // dequantize's t8 (float8_e4m3fn or float8_e5m2), scale (None or one fp32 element on t8's device)
 // and dtype (bf16, f16 or f32).
 void check_dequantize(at::Tensor const& t8, c10::optional<at::Tensor> const& scale, at::ScalarType dtype);
+// One float32 element on `device` (a scale or an amax), named `name`.
+void check_fp32_element(at::Tensor const& t, char const* name, c10::Device device);
+// quantize_with_scale's arguments: 2-D t and float8_e4m3fn or float8_e5m2 where transposed, else
+// float8_e4m3fn (CUDA's flat cast is e4m3's); scale one fp32 element on t's device.
+void check_quantize_with_scale(at::Tensor const& t, at::Tensor const& scale, at::ScalarType dtype, bool transposed);
+// fp8_record's: amax_history (length x 2 fp32, contiguous), scale (2 fp32), the amaxes (one fp32
+// element each) on its device, and the algorithm ("max" or "most_recent").
+void check_fp8_record(at::Tensor const& amax_history, at::Tensor const& scale, at::Tensor const& amax_x,
+                      at::Tensor const& amax_w, c10::string_view amax_compute_algo);
 
 }  // namespace cutlass_fused

@@ -289,32 +289,64 @@ TrainOut linear_scale_batch_norm_train_fp8_cpu(at::Tensor const& x, at::Tensor c
                                            false, activation, negative_slope, output_dtype_);
 }
 
-// FP8 current scaling on the CPU: cutlass_fused/fp8.py's scale_of and quantize, op for op (its
+// FP8 on the CPU: cutlass_fused/fp8.py's amax_of, scale_from_amax and quantize, op for op (its
 // largest / amax is torch's amax.reciprocal() * largest), so that both backends and the emulated
 // path round alike.
-std::tuple<at::Tensor, at::Tensor> quantize_fp8_cpu(at::Tensor const& t, int64_t margin, at::ScalarType fp8,
-                                                    double largest) {
+double largest_of(at::ScalarType fp8) { return fp8 == at::kFloat8_e4m3fn ? 448.0 : 57344.0; }
+
+at::Tensor amax_cpu(at::Tensor const& t) {
   TORCH_CHECK(at::isFloatingType(t.scalar_type()) && c10::elementSize(t.scalar_type()) > 1,
               "cutlass_fused: expected t to be a 16-, 32- or 64-bit floating-point tensor, but got ", t.scalar_type());
-  auto amax = t.numel() == 0 ? at::zeros({}, t.options().dtype(at::kFloat)) : t.abs().amax().to(at::kFloat);
+  return t.numel() == 0 ? at::zeros({}, t.options().dtype(at::kFloat)) : t.abs().amax().to(at::kFloat);
+}
+
+at::Tensor scale_from_amax_cpu(at::Tensor const& amax, int64_t margin, at::Tensor const& fallback, double largest) {
   auto usable = at::isfinite(amax).logical_and(amax.gt(0));
   auto ratio = at::where(usable, amax, at::ones_like(amax)).reciprocal().mul(largest);
   auto exponent = at::floor(at::log2(ratio)).sub(margin).clamp(-126, 126);
-  auto scale = at::where(usable, at::exp2(exponent), at::ones({}, amax.options()));
+  return at::where(usable, at::exp2(exponent), fallback);
+}
+
+at::Tensor round_cpu(at::Tensor const& t, at::Tensor const& scale, at::ScalarType fp8) {
+  double largest = largest_of(fp8);
   auto v = t.to(at::promote_types(t.scalar_type(), at::kFloat)).mul(scale);
   v = at::where(at::isfinite(v), v.clamp(-largest, largest), at::full_like(v, std::numeric_limits<double>::quiet_NaN()));
-  return {v.to(fp8).contiguous(), scale};
+  return v.to(fp8).contiguous();
+}
+
+std::tuple<at::Tensor, at::Tensor> quantize_fp8_cpu(at::Tensor const& t, int64_t margin, at::ScalarType fp8) {
+  auto amax = amax_cpu(t);
+  auto scale = scale_from_amax_cpu(amax, margin, at::ones({}, amax.options()), largest_of(fp8));
+  return {round_cpu(t, scale, fp8), scale};
 }
 
 std::tuple<at::Tensor, at::Tensor> quantize_e4m3_cpu(at::Tensor const& t, int64_t margin, bool) {
-  return quantize_fp8_cpu(t, margin, at::kFloat8_e4m3fn, 448.0);
+  return quantize_fp8_cpu(t, margin, at::kFloat8_e4m3fn);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_transposed_cpu(at::Tensor const& t, at::ScalarType dtype,
                                                                        int64_t margin, bool) {
   check_quantize_transposed(t, dtype);
-  auto [t8, scale] = quantize_fp8_cpu(t, margin, dtype, dtype == at::kFloat8_e4m3fn ? 448.0 : 57344.0);
+  auto [t8, scale] = quantize_fp8_cpu(t, margin, dtype);
   return {t8, t8.t().contiguous(), scale};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_with_scale_cpu(at::Tensor const& t, at::Tensor const& scale,
+                                                                       at::ScalarType dtype, bool transposed) {
+  check_quantize_with_scale(t, scale, dtype, transposed);
+  auto amax = amax_cpu(t);
+  auto t8 = round_cpu(t, scale, dtype);
+  return {t8, transposed ? t8.t().contiguous() : at::empty({0}, t8.options()), amax};
+}
+
+// fp8.DelayedState.record, op for op.
+void fp8_record_cpu(at::Tensor& amax_history, at::Tensor& scale, at::Tensor const& amax_x, at::Tensor const& amax_w,
+                    int64_t margin, c10::string_view amax_compute_algo) {
+  check_fp8_record(amax_history, scale, amax_x, amax_w, amax_compute_algo);
+  auto amax = at::stack({amax_x.reshape({}), amax_w.reshape({})});
+  amax_history.copy_(at::cat({amax.unsqueeze(0), amax_history.narrow(0, 0, amax_history.size(0) - 1)}));
+  auto reduced = amax_compute_algo == "max" ? amax_history.amax(0) : amax_history.select(0, 0);
+  scale.copy_(scale_from_amax_cpu(reduced, margin, scale, 448.0));
 }
 
 at::Tensor dequantize_cpu(at::Tensor const& t8, c10::optional<at::Tensor> const& scale, at::ScalarType dtype) {
@@ -331,6 +363,8 @@ TORCH_LIBRARY_IMPL(cutlass_fused, CPU, m) {
   m.impl("quantize_e4m3", &quantize_e4m3_cpu);
   m.impl("quantize_transposed", &quantize_transposed_cpu);
   m.impl("dequantize", &dequantize_cpu);
+  m.impl("quantize_with_scale", &quantize_with_scale_cpu);
+  m.impl("fp8_record", &fp8_record_cpu);
   m.impl("batch_norm_finalize", &batch_norm_finalize_cpu);
   m.impl("update_running_stats", &update_running_stats_cpu);
   m.impl("batch_norm_backward", &batch_norm_backward_cpu);

@@ -35,8 +35,10 @@ ACTIVATIONS = {"none": nn.Identity, "relu": nn.ReLU, "gelu": nn.GELU, "silu": nn
 ROWS = ("eager", "compile", "fused", "fused+compile")
 TORCHAO_ROWS = ("torchao-float8", "torchao-float8+compile", "torchao-float8-rowwise+compile")
 # fused-fp8: fuse(model) with Float8Recipe() on every fused layer (the e4m3 kernels; issue 33);
-# fused-fp8-e5m2: with Float8Recipe(backward="e5m2") (the FP8 backward's GEMMs as well).
-ALL_ROWS = ROWS + ("fused-fp8", "fused-fp8+compile", "fused-fp8-e5m2", "fused-fp8-e5m2+compile") + TORCHAO_ROWS
+# fused-fp8-e5m2: with Float8Recipe(backward="e5m2") (the FP8 backward's GEMMs as well);
+# fused-fp8-delayed-e5m2: with scaling="delayed" too (one cast pass each for x and W).
+FP8_ROWS = ("fused-fp8", "fused-fp8-e5m2", "fused-fp8-delayed-e5m2")
+ALL_ROWS = ROWS + tuple(r + c for r in FP8_ROWS for c in ("", "+compile")) + TORCHAO_ROWS
 CASES = [Case("amp-bf16", 4096, 4096, 4, "relu"), Case("amp-bf16", 1024, 8192, 4, "relu"),
          Case("bf16", 4096, 4096, 4, "relu"), Case("amp-bf16", 256, 2048, 6, "relu")]
 # The CPU runs the layer's PyTorch path and has no triton for torch.compile: one tiny case, in
@@ -118,7 +120,7 @@ class Row:
         if name.startswith("torchao"):
             module = bench.torchao_float8(module, "rowwise" if "rowwise" in name else "tensorwise", device)
         if name.startswith("fused-fp8"):
-            recipe = cutlass_fused.Float8Recipe(backward="e5m2" if "e5m2" in name else "bf16")
+            recipe = bench.fp8_recipe(name)
             for layer in module.modules():
                 if isinstance(layer, cutlass_fused.LinearScaleBatchNorm1d):
                     layer.fp8 = recipe

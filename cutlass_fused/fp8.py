@@ -18,15 +18,16 @@ The state is the layer's buffers `fp8_amax_history` (history length x 2: x, W) a
 (2), in its state_dict. Before any step the scales are 1; an amax that is 0 or not finite keeps the
 scale it had (TransformerEngine's rule). Values past 448 / scale saturate, as there.
 
-The e4m3 kernels (train_e4m3 and eval_e4m3 below): current scaling in training, through
-ops.quantize_e4m3 (the amax and the cast on the GPU, this file's scale_of and quantize op for op)
-and the e4m3 statistics GEMM; and in eval where no gradient is asked for (inference), the same casts
-and one e4m3 GEMM with the BatchNorm fold in its epilogue. The module picks them
-(LinearScaleBatchNorm1d._runs_e4m3, _runs_e4m3_eval). Every other FP8 call runs the same rounding
-through the 16-bit kernels ("emulated"), which emulate=True forces; on a GPU whose build has no e4m3
-kernels, a recipe without emulate=True is refused. Inside frozen_weights(), W8 and its scale are
-kept between calls while W is unchanged (csrc/derived_cache.h). Not built: delayed scaling through
-the kernels.
+The e4m3 kernels (train_e4m3 and eval_e4m3 below): in training, through ops.quantize_e4m3 (current
+scaling: the amax and the cast on the GPU, this file's scale_of and quantize op for op) or
+ops.quantize_with_scale (delayed scaling: the cast under the state's scale, measuring the amax in
+the same pass; then ops.fp8_record, DelayedState.record in one launch), and the e4m3 statistics
+GEMM; in eval where no gradient is asked for (inference), the same casts and one e4m3 GEMM with the
+BatchNorm fold in its epilogue. The module picks them (LinearScaleBatchNorm1d._runs_e4m3,
+_runs_e4m3_eval). Every other FP8 call runs the same rounding through the 16-bit kernels
+("emulated"), which emulate=True forces; on a GPU whose build has no e4m3 kernels, a recipe without
+emulate=True is refused. Inside frozen_weights(), a current-scaling W8 and its scale are kept
+between calls while W is unchanged (csrc/derived_cache.h).
 """
 import dataclasses
 
@@ -48,9 +49,10 @@ class Float8Recipe:
     kernels could run; without it, a CUDA layer on a GPU or build without them raises.
     backward: "bf16" (the backward's GEMMs in bf16 over the dequantized operands) or "e5m2" (dh
     rounded to e5m2 under its own current scale, dX and dW as FP8 GEMMs over it and the forward's
-    e4m3 x8 and W8: TransformerEngine's hybrid format). "e5m2" is taken by the e4m3 training path
-    only, so it needs current scaling without emulate; the layer's other calls (eval, SyncBN, fp32
-    or fp16 data) differentiate in their own dtype."""
+    e4m3 x8 and W8: TransformerEngine's hybrid format; dh under current scaling with either
+    scaling of x and W). "e5m2" is taken by the e4m3 training path only, so it needs a recipe
+    without emulate; the layer's other calls (eval, SyncBN, fp32 or fp16 data) differentiate in
+    their own dtype."""
 
     margin: int = 0
     emulate: bool = False
@@ -79,9 +81,9 @@ class Float8Recipe:
         if self.backward not in ("bf16", "e5m2"):
             raise ValueError(f"cutlass_fused: expected Float8Recipe backward to be 'bf16' or 'e5m2', but got "
                              f"{self.backward!r}")
-        if self.backward == "e5m2" and (self.emulate or self.delayed):
+        if self.backward == "e5m2" and self.emulate:
             raise ValueError("cutlass_fused: Float8Recipe(backward='e5m2') runs with the e4m3 training path, which "
-                             "takes current scaling without emulate")
+                             "takes a recipe without emulate")
 
     @property
     def delayed(self):
@@ -217,31 +219,38 @@ class DelayedState:
 
 
 def train_e4m3(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, momentum,
-               eps, family, activation="none", negative_slope=0.01, margin=0, output_dtype=None, backward="bf16"):
-    """y of the training op with x and W rounded to e4m3 under current scaling, through the e4m3
-    kernels (on the CPU, the op's bf16 reference): the emulated path's values and gradients
-    (tests/test_fp8.py). x and W in bf16, or under bf16 autocast an fp32 W and an fp32 or bf16 x
-    (the block before's y); y in h * scale's dtype, or output_dtype (rounded once from the fp32
-    value where the kernels write it, as the training op). One op with its autograd in C++
+               eps, family, activation="none", negative_slope=0.01, margin=0, output_dtype=None, backward="bf16",
+               state=None, amax_compute_algo="max"):
+    """y of the training op with x and W rounded to e4m3, through the e4m3 kernels (on the CPU, the
+    op's bf16 reference): the emulated path's values and gradients (tests/test_fp8.py). Current
+    scaling, or delayed scaling under `state` (a DelayedState, updated in place as
+    DelayedState.record would). x and W in bf16, or under bf16 autocast an fp32 W and an fp32 or
+    bf16 x (the block before's y); y in h * scale's dtype, or output_dtype (rounded once from the
+    fp32 value where the kernels write it, as the training op). One op with its autograd in C++
     (ops.linear_scale_batch_norm_train_e4m3, csrc/fp8_autograd.cpp); backward: Float8Recipe's
     ("bf16", or "e5m2": FP8 GEMMs over dh rounded to e5m2)."""
     from .frozen import may_cache
     from .ops import ops
-    # Inside frozen_weights() (a frozen weight), W8 and its scale are kept between calls.
+    # Inside frozen_weights() (a frozen weight), W8 and its scale are kept between calls (current
+    # scaling: a delayed W8 moves with its scale).
     cache = may_cache(weight, bias, scale, bn_weight, bn_bias, running_mean, running_var)
+    history, fp8_scale = (None, None) if state is None else (state.history, state.scale)
     return ops.linear_scale_batch_norm_train_e4m3(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var,
                                                   num_batches_tracked, momentum, eps, family, activation,
-                                                  negative_slope, output_dtype, margin, backward, cache)
+                                                  negative_slope, output_dtype, margin, backward, cache, history,
+                                                  fp8_scale, amax_compute_algo)
 
 
 def eval_e4m3(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, eps, family, activation="none",
-              negative_slope=0.01, margin=0, output_dtype=None):
-    """y of the eval op with x and W rounded to e4m3 under current scaling, through the e4m3 eval
-    GEMM with the fold in its epilogue (on the CPU, the op's bf16 reference): the emulated path's y.
-    x and W as train_e4m3 takes them. No autograd (ops.linear_scale_batch_norm_eval_e4m3): for
-    inference; the layer takes it where no gradient is asked for."""
+              negative_slope=0.01, margin=0, output_dtype=None, state=None):
+    """y of the eval op with x and W rounded to e4m3 under current scaling, or under a delayed
+    `state`'s scales (read, not updated), through the e4m3 eval GEMM with the fold in its epilogue
+    (on the CPU, the op's bf16 reference): the emulated path's y. x and W as train_e4m3 takes them.
+    No autograd (ops.linear_scale_batch_norm_eval_e4m3): for inference; the layer takes it where no
+    gradient is asked for."""
     from .frozen import may_cache
     from .ops import ops
     cache = may_cache(weight, bias, scale, bn_weight, bn_bias, running_mean, running_var)
     return ops.linear_scale_batch_norm_eval_e4m3(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var,
-                                                 eps, family, activation, negative_slope, output_dtype, margin, cache)
+                                                 eps, family, activation, negative_slope, output_dtype, margin, cache,
+                                                 None if state is None else state.scale)

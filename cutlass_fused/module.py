@@ -108,10 +108,10 @@ class LinearScaleBatchNorm1d(nn.Module):
 
     def _runs_e4m3(self, x, use_batch_stats, output_dtype):
         """Whether this call runs the e4m3 training op (fp8.train_e4m3): training with batch
-        statistics on one process, where _e4m3_takes(x). Other FP8 calls run the emulated path: the
-        same values at the 16-bit kernels' speed."""
+        statistics on one process, where _e4m3_takes(x); either scaling. Other FP8 calls run the
+        emulated path: the same values at the 16-bit kernels' speed."""
         r = self.fp8
-        if r is None or r.emulate or r.delayed or not use_batch_stats or not self.bn.training:
+        if r is None or r.emulate or not use_batch_stats or not self.bn.training:
             return False
         if should_sync(self.process_group, True):
             return False
@@ -121,20 +121,23 @@ class LinearScaleBatchNorm1d(nn.Module):
         """Whether this call runs the e4m3 eval op (fp8.eval_e4m3): eval with the running statistics,
         no gradient asked for (the op has no autograd: inference), where _e4m3_takes(x)."""
         r = self.fp8
-        if r is None or r.emulate or r.delayed or use_batch_stats:
+        if r is None or r.emulate or use_batch_stats:
             return False
         if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters())):
             return False
         return self._e4m3_takes(x)
 
     def _e4m3_takes(self, x):
-        """Whether the e4m3 ops take x and W for a current-scaling recipe without emulate: bf16 x and
+        """Whether the e4m3 ops take x and W for a recipe without emulate: bf16 x and
         W (or under bf16 autocast an fp32 W and an fp32 or bf16 x), on the CPU or where e4m3_kernels
         says and the sm90 family is in force (the sm80 family, forced on a Hopper GPU, has no e4m3
         kernels: its FP8 calls run emulated)."""
         w = self.gemm.weight
         if x.device.type == "cuda" and (_family.current() == "sm80" or not e4m3_kernels(x.device)):
             return False
+        state = self._fp8_state()
+        if state is not None and not state.history.dtype == state.scale.dtype == torch.float32:
+            return False  # a delayed state cast by module.to(dtype): the ops keep it in fp32 only
         amp = torch.is_autocast_enabled(x.device.type)
         if amp:
             # x in bf16 too: the previous fused block's y under autocast (fuse()'s output_dtype).
@@ -155,11 +158,12 @@ class LinearScaleBatchNorm1d(nn.Module):
         if self._runs_e4m3(x, use_batch_stats, output_dtype):
             return train_e4m3(x, self.gemm.weight, self.gemm.bias, self.scale, bn.weight, bn.bias, running_mean,
                               running_var, nbt, bn.momentum, bn.eps, _family.current(), self.activation,
-                              self.negative_slope, self.fp8.margin, output_dtype, self.fp8.backward)
+                              self.negative_slope, self.fp8.margin, output_dtype, self.fp8.backward,
+                              self._fp8_state(), self.fp8.amax_compute_algo)
         if self._runs_e4m3_eval(x, use_batch_stats):
             return eval_e4m3(x, self.gemm.weight, self.gemm.bias, self.scale, bn.weight, bn.bias, running_mean,
                              running_var, bn.eps, _family.current(), self.activation, self.negative_slope,
-                             self.fp8.margin, output_dtype)
+                             self.fp8.margin, output_dtype, self._fp8_state())
         x, weight = fp8_operands(x, self.gemm.weight, self.fp8, self._fp8_state(), update=self.training)
         if should_sync(self.process_group, bn.training):
             return sync_linear_scale_batch_norm(x, weight, self.gemm.bias, self.scale, bn.weight, bn.bias,

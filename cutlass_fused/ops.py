@@ -57,8 +57,9 @@ def _(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num
 
 @torch.library.register_fake("cutlass_fused::linear_scale_batch_norm_train_e4m3")
 def _(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, momentum, eps,
-      family, activation="none", negative_slope=0.01, output_dtype=None, margin=0, backward="bf16", cache=False):
-    # y of the FP8 op: bf16 h times scale, promoted, or output_dtype.
+      family, activation="none", negative_slope=0.01, output_dtype=None, margin=0, backward="bf16", cache=False,
+      amax_history=None, fp8_scale=None, amax_compute_algo="max"):
+    # y of the FP8 op: bf16 h times scale, promoted, or output_dtype; a delayed state updated in place.
     y = x.new_empty((x.shape[0], weight.shape[0]), dtype=torch.promote_types(torch.bfloat16, scale.dtype))
     return y if output_dtype is None else y.to(output_dtype)
 
@@ -73,6 +74,21 @@ def _(t, dtype, margin=0, cache=False):
     torch._check(t.dim() == 2, lambda: f"cutlass_fused: expected t to be 2-D, but got {t.dim()}-D")
     return (t.new_empty(t.shape, dtype=dtype), t.new_empty((t.shape[1], t.shape[0]), dtype=dtype),
             t.new_empty((), dtype=torch.float32))
+
+
+@torch.library.register_fake("cutlass_fused::quantize_with_scale")
+def _(t, scale, dtype, transposed=False):
+    if transposed:
+        torch._check(t.dim() == 2, lambda: f"cutlass_fused: expected t to be 2-D, but got {t.dim()}-D")
+        t8_t = t.new_empty((t.shape[1], t.shape[0]), dtype=dtype)
+    else:
+        t8_t = t.new_empty((0,), dtype=dtype)
+    return t.new_empty(t.shape, dtype=dtype), t8_t, t.new_empty((), dtype=torch.float32)
+
+
+@torch.library.register_fake("cutlass_fused::fp8_record")
+def _(amax_history, scale, amax_x, amax_w, margin=0, amax_compute_algo="max"):
+    return None
 
 
 @torch.library.register_fake("cutlass_fused::dequantize")
@@ -125,7 +141,7 @@ def _(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, eps
 
 @torch.library.register_fake("cutlass_fused::linear_scale_batch_norm_eval_e4m3")
 def _(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, eps, family, activation="none",
-      negative_slope=0.01, output_dtype=None, margin=0, cache=False):
+      negative_slope=0.01, output_dtype=None, margin=0, cache=False, fp8_scale=None):
     return _fp8_eval_y(x, weight, scale, output_dtype)
 
 

@@ -248,17 +248,23 @@ def test_bench_fp8_rows(tmp_path, monkeypatch):
     import cutlass_fused.module as module
     orig = module.train_e4m3
     monkeypatch.setattr(module, "train_e4m3", lambda *a: (calls.append(1), orig(*a))[1])
-    assert bench.main(["--step-case", "bf16,32,48,2", "--step-row", "eager", "--step-row", "fused", "--step-row",
-                       "fused-fp8", "--step-row", "fused-fp8-e5m2", "--out", str(tmp_path)]) == 0
+    fp8_rows = ("fused-fp8", "fused-fp8-e5m2", "fused-fp8-delayed-e5m2")
+    assert bench.main(["--step-case", "bf16,32,48,2", "--step-row", "eager", "--step-row", "fused",
+                       *[a for row in fp8_rows for a in ("--step-row", row)], "--out", str(tmp_path)]) == 0
     rows = {r["impl"]: r for r in json.loads((tmp_path / "step.json").read_text())["rows"]}
-    for row in ("fused-fp8", "fused-fp8-e5m2"):
+    for row in fp8_rows:
         assert rows[row]["error"] is None and rows[row]["fused_layers"] == 2
-    assert calls, "the fused-fp8 rows ran the e4m3 op"  # (its bf16 loss may round to fused's)
-    assert rows["fused-fp8"]["loss_parity"] < 5e-2
-    assert bench.main(["--shape", "64,32,48", "--dtype", "bf16", "--mode", "fwdbwd", "--impl", "torch.mm", "--impl",
-                       "cutlass_fused-fp8", "--impl", "cutlass_fused-fp8-e5m2", "--out", str(tmp_path)]) == 0
+        assert rows[row]["loss_parity"] < 5e-2, row
+    # (a row's bf16 loss may round to fused's)
+    assert len(calls) >= 3 * 2, "each fused-fp8 row ran the e4m3 op on both layers"
+    impls = ("cutlass_fused-fp8", "cutlass_fused-fp8-e5m2", "cutlass_fused-fp8-delayed",
+             "cutlass_fused-fp8-delayed-e5m2")
+    assert bench.main(["--shape", "64,32,48", "--dtype", "bf16", "--mode", "fwdbwd", "--impl", "torch.mm",
+                       *[a for impl in impls for a in ("--impl", impl)], "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
-    assert [r["ms"] > 0 for r in rows if r["impl"].startswith("cutlass_fused-fp8")] == [True, True]
+    assert [r["impl"] for r in rows if r["ms"] > 0 and r["impl"].startswith("cutlass_fused-fp8")] == list(impls)
+    assert bench.fp8_recipe("fused-fp8-delayed-e5m2+compile") == cutlass_fused.Float8Recipe(scaling="delayed",
+                                                                                          backward="e5m2")
 
 
 @pytest.mark.skipif(CUDA, reason="the CPU refusal of compile rows")

@@ -434,25 +434,31 @@ def test_autocast_and_compile_take_the_rounding():
 
 
 @pytest.mark.parametrize("backward", ["bf16", "e5m2"])
-def test_e4m3_path_under_compile(backward):
+@pytest.mark.parametrize("scaling", ["current", "delayed"])
+def test_e4m3_path_under_compile(backward, scaling):
     """torch.compile(fullgraph=True) traces the e4m3 training path (the quantize ops, the FP8 op
-    and the autograd Function around them; with backward="e5m2", _scaled_mm and the padding) with no
-    graph break, and gives eager's y, running stats and gradients bit for bit (aot_eager: the same
-    ops, run by AOTAutograd)."""
+    and the autograd Function around them; with backward="e5m2", _scaled_mm and the padding; with
+    delayed scaling, the state's in-place step) with no graph break, and gives eager's y, running
+    stats, gradients and delayed state bit for bit over two steps (aot_eager: the same ops, run by
+    AOTAutograd)."""
     torch.manual_seed(0)
     runs = {}
     for mode in ("eager", "compiled"):
         torch.manual_seed(0)
         layer = cutlass_fused.LinearScaleBatchNorm1d(64, 48, activation="relu", dtype=torch.bfloat16,
-                                                     fp8=cutlass_fused.Float8Recipe(backward=backward))
+                                                     fp8=cutlass_fused.Float8Recipe(backward=backward,
+                                                                                    scaling=scaling))
         assert layer._runs_e4m3(torch.ones(2, 64, dtype=torch.bfloat16), True, None)
         call = torch.compile(layer, backend="aot_eager", fullgraph=True) if mode == "compiled" else layer
-        x = (3 * torch.randn(96, 64)).bfloat16().requires_grad_()
-        y = call(x)
-        y.float().square().sum().backward()
-        runs[mode] = [y.detach(), layer.bn.running_mean, layer.bn.running_var, x.grad,
-                      *[p.grad for p in layer.parameters()]]
-    for got, want in zip(runs["compiled"], runs["eager"]):
+        runs[mode] = []
+        for magnitude in (3.0, 40.0):
+            x = (magnitude * torch.randn(96, 64)).bfloat16().requires_grad_()
+            y = call(x)
+            y.float().square().sum().backward()
+            runs[mode] += [y.detach(), layer.bn.running_mean.clone(), layer.bn.running_var.clone(), x.grad,
+                           *[p.grad.clone() for p in layer.parameters()], *[b.clone() for b in layer.buffers()]]
+            layer.zero_grad()
+    for got, want in zip(runs["compiled"], runs["eager"], strict=True):
         assert torch.equal(got, want)
 
 
@@ -477,9 +483,9 @@ def test_backward_recipe_checks():
     assert cutlass_fused.Float8Recipe(backward="e5m2").backward == "e5m2"
     with pytest.raises(ValueError, match="expected Float8Recipe backward to be 'bf16' or 'e5m2'"):
         cutlass_fused.Float8Recipe(backward="e4m3")
-    for bad in ({"emulate": True}, {"scaling": "delayed"}):
-        with pytest.raises(ValueError, match="current scaling without emulate"):
-            cutlass_fused.Float8Recipe(backward="e5m2", **bad)
+    with pytest.raises(ValueError, match="takes a recipe without emulate"):
+        cutlass_fused.Float8Recipe(backward="e5m2", emulate=True)
+    assert cutlass_fused.Float8Recipe(backward="e5m2", scaling="delayed").delayed
 
 
 def test_state_dict_and_recipe_checks():
@@ -633,6 +639,188 @@ def test_delayed_scaling_under_compile():
         assert torch.equal(getattr(compiled_layer, name), getattr(eager, name)), name
 
 
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA else []))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("shape", [(2, 3), (3, 769), (1000, 5125), (0, 8), (4096, 1), (130, 4096)], ids=str)
+@pytest.mark.parametrize("form", ["e4m3", "e4m3-transposed", "e5m2-transposed"])
+def test_quantize_with_scale_is_fp8_rounding(device, dtype, shape, form):
+    """ops.quantize_with_scale (delayed scaling's cast; on CUDA one pass that also measures the
+    amax): fp8.quantize's bits under the given scale, their transpose where asked, and fp8.amax_of's
+    amax, bit for bit; a scale 4x too large saturates at the format's largest value, 8x too small
+    flushes; odd sizes, an empty t and an offset view (the unaligned paths)."""
+    from cutlass_fused.ops import ops
+    fp8_dtype = fp8.E5M2 if form.startswith("e5m2") else fp8.E4M3
+    transposed = form.endswith("transposed")
+    rows, cols = shape
+    t = (3 * torch.randn(shape)).to(device, dtype)
+    views = {"whole": t, "offset": (3 * torch.randn(rows * cols + 1)).to(device, dtype)[1:].view(rows, cols)}
+    for name, v in views.items():
+        for k in (-3, 0, 2):
+            s = fp8.scale_of(v, 0, fp8_dtype) * 2.0 ** k
+            q, q_t, amax = ops.quantize_with_scale(v, s, fp8_dtype, transposed)
+            want = fp8.quantize(v, s, fp8_dtype)
+            assert q.dtype == fp8_dtype and q.shape == v.shape and amax.shape == () and amax.dtype == torch.float32
+            assert torch.equal(_bits(q), _bits(want)), (name, k)
+            if transposed:
+                assert q_t.shape == (cols, rows) and q_t.is_contiguous() and torch.equal(_bits(q_t), _bits(want).t())
+            else:
+                assert q_t.numel() == 0
+            assert torch.equal(_bits(amax), _bits(fp8.amax_of(v))), (name, amax, fp8.amax_of(v))
+            if k == 2 and v.numel():
+                assert (want.float().abs() == torch.finfo(fp8_dtype).max).any()
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA else []))
+def test_quantize_with_scale_edges(device):
+    """A NaN or an infinity in t: its amax NaN or Inf (torch's abs().amax()), the value NaN; the
+    arguments' checks."""
+    from cutlass_fused.ops import ops
+    for bad, want in ((float("nan"), "nan"), (float("inf"), "inf"), (-float("inf"), "inf")):
+        t = torch.randn(33, 17, device=device)
+        t[5, 3] = bad
+        for transposed in (False, True):
+            q, _, amax = ops.quantize_with_scale(t, torch.tensor(4.0, device=device), fp8.E4M3, transposed)
+            assert (amax.isnan() if want == "nan" else amax.isinf()).item(), amax
+            assert q.view(torch.uint8)[5, 3].item() & 0x7f == 0x7f
+    one = torch.ones((), device=device)
+    with pytest.raises(ValueError, match="expected dtype to be torch.float8_e4m3fn where transposed is False"):
+        ops.quantize_with_scale(torch.randn(3, 4, device=device), one, fp8.E5M2)
+    with pytest.raises(RuntimeError, match="expected scale to be one float32 element"):
+        ops.quantize_with_scale(torch.randn(3, 4, device=device), torch.ones(2, device=device), fp8.E4M3)
+    with pytest.raises(RuntimeError, match="expected t to be 2-D"):
+        ops.quantize_with_scale(torch.randn(3, device=device), one, fp8.E4M3, True)
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA else []))
+@pytest.mark.parametrize("algo", ["max", "most_recent"])
+@pytest.mark.parametrize("margin", [0, 2])
+def test_fp8_record_is_delayed_states_record(device, algo, margin):
+    """ops.fp8_record (on CUDA one launch) updates a history and the scales as DelayedState.record's
+    torch ops do, bit for bit, step by step: amaxes that grow, shrink, are 0, Inf or NaN (which keep
+    the scale while they are in the window), and a history of one row. Its checks name the
+    argument."""
+    from cutlass_fused.ops import ops
+    steps = [(3.0, 0.25), (1e-3, 7.0), (0.0, 448.0), (float("inf"), 2.0), (5.0, float("nan")), (1e30, 1e-30),
+             (2.0, 0.5), (0.75, 3.0)]
+    for length in (1, 4):
+        recipe = cutlass_fused.Float8Recipe(scaling="delayed", amax_history_len=length, amax_compute_algo=algo,
+                                            margin=margin)
+        want = fp8.DelayedState(torch.zeros(length, 2, device=device), torch.ones(2, device=device))
+        history, scale = want.history.clone(), want.scale.clone()
+        for i, (a_x, a_w) in enumerate(steps):
+            amax = torch.tensor([a_x, a_w], device=device)
+            want.record(amax, recipe)
+            ops.fp8_record(history, scale, amax[0], amax[1], margin, algo)
+            assert torch.equal(_bits(scale), _bits(want.scale)), (length, i, scale, want.scale)
+            same = (history == want.history) | (history.isnan() & want.history.isnan())
+            assert same.all(), (length, i, history, want.history)
+    h, sc, a = torch.zeros(4, 2, device=device), torch.ones(2, device=device), torch.ones((), device=device)
+    with pytest.raises(RuntimeError, match="expected amax_history to be a contiguous float32 tensor"):
+        ops.fp8_record(torch.zeros(4, 3, device=device), sc, a, a)
+    with pytest.raises(RuntimeError, match="expected scale to be a contiguous float32 tensor of shape"):
+        ops.fp8_record(h, torch.ones(3, device=device), a, a)
+    with pytest.raises(RuntimeError, match="expected amax_w to be one float32 element"):
+        ops.fp8_record(h, sc, a, a.double())
+    with pytest.raises(ValueError, match="expected amax_compute_algo to be 'max' or 'most_recent'"):
+        ops.fp8_record(h, sc, a, a, 0, "mean")
+
+
+def _delayed_kernels(**kw):
+    return cutlass_fused.Float8Recipe(scaling="delayed", amax_history_len=3, margin=1, **kw)
+
+
+def _delayed_pair(device, dtype, backward="bf16", k=64, n=48):
+    """Two layers with one delayed recipe, emulated and not, of the same seed."""
+    layers = {}
+    for emulate in (True, False):
+        torch.manual_seed(7)
+        layer = cutlass_fused.LinearScaleBatchNorm1d(
+            k, n, activation="relu", device=device, dtype=dtype,
+            fp8=_delayed_kernels(emulate=emulate) if emulate else _delayed_kernels(backward=backward))
+        with torch.no_grad():
+            layer.scale.uniform_(0.5, 2)
+        layers[emulate] = layer
+    return layers
+
+
+def _delayed_reference(layer, x, s_x, s_w):
+    """float64 of the unfused model (training) on x and W rounded under the given scales."""
+    seed = Seed(layer.gemm.in_features, layer.gemm.out_features).double()
+    seed.load_state_dict({key: v.detach().cpu().double() for key, v in layer.state_dict().items()
+                          if key.startswith(("gemm.", "scale", "bn.weight", "bn.bias"))}, strict=False)
+    with torch.no_grad():
+        seed.gemm.weight.copy_(fp8.round_with_scale(layer.gemm.weight.detach().cpu().float(), s_w.cpu()).double())
+        return F.relu(seed(fp8.round_with_scale(x.cpu().float(), s_x.cpu()).double()))
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA else []))
+@pytest.mark.parametrize("amp", [False, True], ids=["bf16", "autocast"])
+def test_module_e4m3_delayed_is_the_emulated_one(device, amp):
+    """A delayed recipe without emulate runs the e4m3 op (quantize_with_scale, then fp8_record) and
+    gives what emulate=True gives, over steps whose x jumps in size (so the carried scale saturates
+    or wastes range): the amax history and the scales bit for bit on every device (the amaxes are
+    exact, the scales one formula); y, the running stats and the gradients bit for bit on the CPU,
+    and on a GPU y within 2x the emulated path's error against float64 of the same quantized
+    operands. Eval then reads the scales and records nothing."""
+    skip_without_e4m3(device)
+    dtype = torch.float32 if amp else torch.bfloat16
+    layers = _delayed_pair(device, dtype)
+    calls = []
+    for step, magnitude in enumerate([1.0, 50.0, 0.01, 3.0]):
+        x = (magnitude * torch.randn(96, 64)).to(device, dtype)
+        s_x, s_w = layers[True].fp8_scale.clone().unbind()
+        out = _train_both(layers, x, amp, calls)
+        for name in ("fp8_amax_history", "fp8_scale"):
+            assert torch.equal(getattr(layers[False], name), getattr(layers[True], name)), (step, name)
+        if device == "cpu":
+            for got, want in zip(out[False], out[True]):
+                assert torch.equal(got, want), step
+        else:
+            y64 = _delayed_reference(layers[True], x, s_x, s_w)
+            assert_close_rule(out[False][0].cpu().float(), out[True][0].cpu().float(), y64, "bf16", f"y, step {step}")
+            for got, want in zip(out[False][3:], out[True][3:]):  # the gradients: no power of two astray
+                torch.testing.assert_close(got.float(), want.float(), rtol=3e-2, atol=5e-2 * want.abs().max().item())
+    assert calls == [False] * 4
+    assert not torch.equal(layers[False].fp8_scale, torch.ones(2, device=device))
+    state = [layers[False].fp8_amax_history.clone(), layers[False].fp8_scale.clone()]
+    x = (2 * torch.randn(40, 64)).to(device, dtype)
+    with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16, enabled=amp):
+        assert layers[False].eval()._runs_e4m3_eval(x, False)
+        y, y_emulated = layers[False](x), layers[True].eval()(x)
+    assert torch.equal(layers[False].fp8_amax_history, state[0]) and torch.equal(layers[False].fp8_scale, state[1])
+    if device == "cpu":
+        assert torch.equal(y, y_emulated)
+    layers[False].to(torch.bfloat16)  # the state cast along: the layer falls back to the emulated path
+    assert not layers[False].train()._runs_e4m3(x.bfloat16(), True, None)
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA else []))
+def test_delayed_e5m2_backward(device):
+    """Float8Recipe(scaling="delayed", backward="e5m2"): x8 and W8 under the carried scales (and
+    their transposes from the same pass), dh under its own current scale: y and the state as the
+    emulated path's (bit for bit on the CPU), dX and dW the FP8 GEMMs' (not the bf16 backward's),
+    within 10% rms of the emulated path's."""
+    skip_without_e4m3(device)
+    layers = _delayed_pair(device, torch.bfloat16, backward="e5m2")
+    for magnitude in (1.0, 20.0):
+        x = (magnitude * torch.randn(96, 64)).to(device, torch.bfloat16)
+        out = {}
+        for emulate, layer in layers.items():
+            xs = x.clone().requires_grad_()
+            y = layer(xs)
+            y.float().square().sum().backward()
+            out[emulate] = (y.detach(), xs.grad, layer.gemm.weight.grad.clone())
+            layer.zero_grad()
+        for name in ("fp8_amax_history", "fp8_scale"):
+            assert torch.equal(getattr(layers[False], name), getattr(layers[True], name)), name
+        if device == "cpu":
+            assert torch.equal(out[False][0], out[True][0])
+        for got, want in zip(out[False][1:], out[True][1:]):
+            assert not torch.equal(got, want)
+            rel = ((got.double() - want.double()).square().mean() / want.double().square().mean()).sqrt().item()
+            assert rel < 0.1, rel
+
+
 def test_teacher_task_runs(tmp_path):
     """benchmarks/fp8_teacher.py (issue 33's accuracy run), short: every row learns the teacher's
     labels, and FP8's final loss stays near the unquantized one's."""
@@ -749,6 +937,28 @@ def test_train_e4m3_is_the_emulated_path(device, activation):
             torch.testing.assert_close(got.float(), want.float(), rtol=3e-2, atol=5e-2, msg=key)
 
 
+def _train_both(layers, x, amp, calls):
+    """One training call of each layer ({emulate: layer}) on a copy of x, under bf16 autocast where
+    `amp`, appending to `calls` the emulate key of each call that ran the e4m3 op: {emulate: [y,
+    running_mean, running_var, dx, *the parameters' gradients]} (then zeroed)."""
+    import cutlass_fused.module as module
+    orig = module.train_e4m3
+    out = {}
+    for emulate, layer in layers.items():
+        xs = x.clone().requires_grad_()
+        module.train_e4m3 = lambda *a: (calls.append(emulate), orig(*a))[1]
+        try:
+            with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=amp):
+                y = layer(xs)
+        finally:
+            module.train_e4m3 = orig
+        y.float().square().sum().backward()
+        out[emulate] = [y.detach(), layer.bn.running_mean.clone(), layer.bn.running_var.clone(), xs.grad,
+                        *[p.grad.clone() for p in layer.parameters()]]
+        layer.zero_grad()
+    return out
+
+
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
 @pytest.mark.parametrize("amp,y_dtype,x_dtype", [(False, None, None), (True, None, None),
                                                  (True, torch.bfloat16, None), (True, torch.bfloat16, torch.bfloat16)],
@@ -773,20 +983,7 @@ def test_module_e4m3_path_is_the_emulated_one(device, amp, y_dtype, x_dtype):
         layers[emulate] = layer
     x = (3 * torch.randn(96, 64)).to(device, x_dtype or dtype)
     calls = []
-    import cutlass_fused.module as module
-    orig = module.train_e4m3
-    out = {}
-    for emulate, layer in layers.items():
-        xs = x.clone().requires_grad_()
-        module.train_e4m3 = lambda *a: (calls.append(emulate), orig(*a))[1]
-        try:
-            with torch.autocast(device, dtype=torch.bfloat16, enabled=amp):
-                y = layer(xs)
-        finally:
-            module.train_e4m3 = orig
-        y.float().square().sum().backward()
-        out[emulate] = [y.detach(), layer.bn.running_mean, layer.bn.running_var, xs.grad,
-                        *[p.grad for p in layer.parameters()]]
+    out = _train_both(layers, x, amp, calls)
     assert calls == [False]  # the e4m3 op ran for emulate=False alone
     want_dtype = y_dtype or (torch.float32 if amp else torch.bfloat16)
     assert out[False][0].dtype == out[True][0].dtype == want_dtype

@@ -169,9 +169,11 @@ def test_linear_scale_batch_norm_eval_fp8(device):
 
 
 @pytest.mark.parametrize("device", fp8_devices())
-def test_linear_scale_batch_norm_eval_e4m3(device):
+@pytest.mark.parametrize("scaling", ["current", "delayed"])
+def test_linear_scale_batch_norm_eval_e4m3(device, scaling):
     x, w, v = samples(device, torch.bfloat16, m=8, k=16, n=16)
-    args = (x, w, v(), v(), v(), v(), v(), v().abs() + 1, 1e-5, "auto", "relu", 0.01, None, 0, False)
+    fp8_scale = torch.tensor([0.5, 4.0], device=device) if scaling == "delayed" else None
+    args = (x, w, v(), v(), v(), v(), v(), v().abs() + 1, 1e-5, "auto", "relu", 0.01, None, 0, False, fp8_scale)
     # Not test_schema: its check multiplies the inner FP8 op's float8 inputs (as above).
     torch.library.opcheck(ops.linear_scale_batch_norm_eval_e4m3, args,
                           test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_static",
@@ -195,6 +197,30 @@ def test_quantize_transposed(device, dtype, fp8_dtype):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("form", ["e4m3", "e4m3-transposed", "e5m2-transposed"])
+def test_quantize_with_scale(device, dtype, form):
+    t = 5 * torch.randn(7, 13, device=device, dtype=dtype)
+    fp8_dtype = torch.float8_e5m2 if form.startswith("e5m2") else torch.float8_e4m3fn
+    # Not test_schema: it multiplies the outputs, which float8 tensors do not support.
+    torch.library.opcheck(ops.quantize_with_scale, (t, torch.tensor(4.0, device=device), fp8_dtype,
+                                                    form.endswith("transposed")),
+                          test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_static",
+                                      "test_aot_dispatch_dynamic"))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("algo", ["max", "most_recent"])
+def test_fp8_record(device, algo):
+    history, scale = torch.rand(4, 2, device=device), torch.ones(2, device=device)
+    args = (history, scale, torch.tensor(3.0, device=device), torch.tensor(0.5, device=device), 1, algo)
+    torch.library.opcheck(ops.fp8_record, args)
+    versions = [history._version, scale._version]
+    ops.fp8_record(*args)
+    assert history._version > versions[0] and scale._version > versions[1]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("with_scale", [False, True], ids=["no-scale", "scale"])
 def test_dequantize(device, dtype, with_scale):
     t8 = (5 * torch.randn(7, 13, device=device)).to(torch.float8_e4m3fn)
@@ -207,16 +233,23 @@ def test_dequantize(device, dtype, with_scale):
 
 @pytest.mark.parametrize("device", fp8_devices())
 @pytest.mark.parametrize("backward", ["bf16", "e5m2"])
-def test_linear_scale_batch_norm_train_e4m3(device, backward):
+@pytest.mark.parametrize("scaling", ["current", "delayed"])
+def test_linear_scale_batch_norm_train_e4m3(device, backward, scaling):
     x, w, v = samples(device, torch.bfloat16, m=8, k=16, n=16)
     rm, rv = v(), v().abs() + 1
+    # Delayed scaling: the layer's state (history, scales), updated in place.
+    state = (torch.rand(3, 2, device=device), torch.tensor([0.5, 4.0], device=device), "max") \
+        if scaling == "delayed" else ()
     args = (x.requires_grad_(), w.requires_grad_(), v(), v(), v(), v(), rm, rv, torch.tensor(3, device=device), 0.1,
-            1e-5, "auto", "relu", 0.01, None, 0, backward, False)
+            1e-5, "auto", "relu", 0.01, None, 0, backward, False, *state)
     # Not test_schema: its check multiplies the inner FP8 op's float8 inputs, which torch does not
     # support (as for linear_scale_batch_norm_train_fp8 above); the mutations are checked below.
     torch.library.opcheck(ops.linear_scale_batch_norm_train_e4m3, args,
                           test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_static",
                                       "test_aot_dispatch_dynamic"))
-    versions = [rm._version, rv._version]
+    written = [rm, rv, *state[:2]]
+    versions = [t._version for t in written]
+    before = [t.clone() for t in written]
     ops.linear_scale_batch_norm_train_e4m3(*args)
-    assert rm._version > versions[0] and rv._version > versions[1]
+    for t, version, b in zip(written, versions, before):
+        assert t._version > version and not torch.equal(t, b)

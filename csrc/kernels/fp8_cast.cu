@@ -33,17 +33,8 @@ struct alignas(sizeof(T) * V) Pack {
 // an atomicMax over them gives torch's abs().amax() (NaN wherever a NaN is).
 __device__ __forceinline__ unsigned abs_bits(float v) { return __float_as_uint(v) & 0x7fffffffu; }
 
-template <typename T, int V>
-__global__ void amax_kernel(T const* __restrict__ t, int64_t n, unsigned* __restrict__ amax) {
-  unsigned m = 0;
-  int64_t stride = int64_t{gridDim.x} * kThreads, first = blockIdx.x * int64_t{kThreads} + threadIdx.x;
-  auto packs = reinterpret_cast<Pack<T, V> const*>(t);
-  for (int64_t i = first; i < n / V; i += stride) {
-    Pack<T, V> p = packs[i];
-#pragma unroll
-    for (int j = 0; j < V; ++j) m = max(m, abs_bits(widen(p.v[j])));
-  }
-  for (int64_t i = n / V * V + first; i < n; i += stride) m = max(m, abs_bits(widen(t[i])));
+// atomicMax(*amax, the largest m of the block's threads); every thread of the block calls it.
+__device__ __forceinline__ void block_max(unsigned m, unsigned* amax) {
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) m = max(m, __shfl_xor_sync(0xffffffffu, m, off));
   __shared__ unsigned warp_max[kThreads / 32];
@@ -55,14 +46,33 @@ __global__ void amax_kernel(T const* __restrict__ t, int64_t n, unsigned* __rest
   }
 }
 
-// fp8.scale_from_amax with a fallback of 1, in torch's fp32 operations: Python's 448 / amax is
+template <typename T, int V>
+__global__ void amax_kernel(T const* __restrict__ t, int64_t n, unsigned* __restrict__ amax) {
+  unsigned m = 0;
+  int64_t stride = int64_t{gridDim.x} * kThreads, first = blockIdx.x * int64_t{kThreads} + threadIdx.x;
+  auto packs = reinterpret_cast<Pack<T, V> const*>(t);
+  for (int64_t i = first; i < n / V; i += stride) {
+    Pack<T, V> p = packs[i];
+#pragma unroll
+    for (int j = 0; j < V; ++j) m = max(m, abs_bits(widen(p.v[j])));
+  }
+  for (int64_t i = n / V * V + first; i < n; i += stride) m = max(m, abs_bits(widen(t[i])));
+  block_max(m, amax);
+}
+
+// fp8.scale_from_amax for a finite amax > 0, in torch's fp32 operations: Python's 448 / amax is
 // torch's amax.reciprocal() * 448 (Tensor.__rtruediv__), two roundings, not one division.
 template <Fp8 F>
-__device__ __forceinline__ float scale_of(unsigned amax_bits, int margin) {
-  float amax = __uint_as_float(amax_bits);
-  if (amax_bits == 0 || amax_bits >= 0x7f800000u) return 1.f;
+__device__ __forceinline__ float scale_from(float amax, int margin) {
   float e = floorf(log2f((1.f / amax) * kMax<F>)) - static_cast<float>(margin);
   return exp2f(fminf(fmaxf(e, -kMaxExponent), kMaxExponent));
+}
+
+// The same with current scaling's fallback of 1.
+template <Fp8 F>
+__device__ __forceinline__ float scale_of(unsigned amax_bits, int margin) {
+  if (amax_bits == 0 || amax_bits >= 0x7f800000u) return 1.f;
+  return scale_from<F>(__uint_as_float(amax_bits), margin);
 }
 
 template <Fp8 F>
@@ -99,6 +109,20 @@ __global__ void cast_kernel(T const* __restrict__ t, int64_t n, unsigned const* 
   map_packs<V>(t, n, out, [s](T v) { return to_fp8<F>(widen(v) * s); });
 }
 
+// Delayed scaling's cast: the scale given, t's amax measured in the same pass (abs_bits' order).
+template <typename T, int V, Fp8 F>
+__global__ void cast_measure_kernel(T const* __restrict__ t, int64_t n, float const* __restrict__ scale,
+                                    unsigned* __restrict__ amax, uint8_t* __restrict__ out) {
+  float s = *scale;
+  unsigned m = 0;
+  map_packs<V>(t, n, out, [s, &m](T v) {
+    float w = widen(v);
+    m = max(m, abs_bits(w));
+    return to_fp8<F>(w * s);
+  });
+  block_max(m, amax);
+}
+
 // The transposing cast: a block rounds a kTile x kTile tile of t, each thread a run of kRun
 // elements of one row, stores the bytes to out by rows and to shared memory, then each thread
 // gathers kRun bytes of one tile column and stores them to out_t as a row. 16-byte accesses where
@@ -132,15 +156,23 @@ __device__ __forceinline__ void store_run(uint8_t* dst, int valid, bool vec, Pac
   }
 }
 
-template <typename T, Fp8 F>
+// Given: delayed scaling's form, *scale read and the tile's amax measured into *amax; else the
+// scale made from *amax (current scaling) and written to *scale.
+template <typename T, Fp8 F, bool Given>
 __global__ void cast_transpose_kernel(T const* __restrict__ t, int64_t rows, int64_t cols, int64_t col_tiles,
-                                      unsigned const* __restrict__ amax, int margin, float* __restrict__ scale_out,
+                                      unsigned* __restrict__ amax, int margin, float* __restrict__ scale,
                                       uint8_t* __restrict__ out, uint8_t* __restrict__ out_t, bool vec_in,
                                       bool vec_out, bool vec_out_t) {
   // 4 bytes of padding a row: a gather's 16 rows apart fall on different banks but for 2-way.
   __shared__ alignas(16) uint8_t tile[kTile][kTile + 4];
-  float s = scale_of<F>(*amax, margin);
-  if (blockIdx.x == 0 && threadIdx.x == 0) *scale_out = s;
+  float s;
+  unsigned m = 0;
+  if constexpr (Given) {
+    s = *scale;
+  } else {
+    s = scale_of<F>(*amax, margin);
+    if (blockIdx.x == 0 && threadIdx.x == 0) *scale = s;
+  }
   int64_t r0 = blockIdx.x / col_tiles * kTile, c0 = blockIdx.x % col_tiles * kTile;
   int r = threadIdx.x / (kTile / kRun), c = threadIdx.x % (kTile / kRun) * kRun;
   if (r0 + r < rows && c0 + c < cols) {
@@ -150,6 +182,10 @@ __global__ void cast_transpose_kernel(T const* __restrict__ t, int64_t rows, int
     Pack<uint8_t, kRun> q;
 #pragma unroll
     for (int j = 0; j < kRun; ++j) q.v[j] = to_fp8<F>(v[j] * s);
+    if constexpr (Given) {  // past `valid`, load_run's zeros
+#pragma unroll
+      for (int j = 0; j < kRun; ++j) m = max(m, abs_bits(v[j]));
+    }
     if (out) store_run(out + (r0 + r) * cols + c0 + c, valid, vec_out, q);
     // As words: a row is 68 bytes, so each run starts 4-byte aligned.
 #pragma unroll
@@ -165,6 +201,24 @@ __global__ void cast_transpose_kernel(T const* __restrict__ t, int64_t rows, int
     for (int j = 0; j < kRun; ++j) q.v[j] = tile[c + j][r];
     store_run(out_t + (c0 + r) * rows + r0 + c, valid, vec_out_t, q);
   }
+  if constexpr (Given) block_max(m, amax);
+}
+
+// TransformerEngine's amax-history update for a layer's two columns (x, W) of history (len x 2,
+// row 0 the latest): the rows shift down one, row 0 takes this step's amaxes, and each scale
+// becomes scale_from of the history's max (or of row 0), kept where that is 0 or not finite.
+// fp8.DelayedState.record's operations: torch's amax over rows is NaN where any row is.
+__global__ void record_kernel(float* __restrict__ history, int64_t len, float const* __restrict__ amax_x,
+                              float const* __restrict__ amax_w, int margin, bool use_max, float* __restrict__ scale) {
+  int c = threadIdx.x;
+  if (c >= 2) return;
+  for (int64_t r = len - 1; r > 0; --r) history[r * 2 + c] = history[(r - 1) * 2 + c];
+  float reduced = history[c] = c == 0 ? *amax_x : *amax_w;
+  for (int64_t r = 1; use_max && r < len; ++r) {
+    float h = history[r * 2 + c];
+    reduced = isnan(reduced) || isnan(h) ? __int_as_float(0x7fffffff) : fmaxf(reduced, h);
+  }
+  if (reduced > 0.f && isfinite(reduced)) scale[c] = scale_from<Fp8::e4m3>(reduced, margin);
 }
 
 template <typename T>
@@ -221,15 +275,20 @@ void run(void const* t_, int64_t n, int margin, unsigned* amax, float* scale, ui
   check_cuda(cudaGetLastError(), "quantize_e4m3");
 }
 
-template <typename T, Fp8 F>
+template <typename T, Fp8 F, bool Given>
 void run_transposed(void const* t_, int64_t rows, int64_t cols, int margin, unsigned* amax, float* scale,
                     uint8_t* out, uint8_t* out_t, cudaStream_t stream) {
   auto t = static_cast<T const*>(t_);
-  launch_amax(t, rows * cols, amax, stream);
-  if (rows * cols == 0) {
-    cast_kernel<T, 1, F><<<1, kThreads, 0, stream>>>(t, 0, amax, margin, scale, out_t);  // the scale alone
-    check_cuda(cudaGetLastError(), "quantize_fp8_transposed");
-    return;
+  if constexpr (Given) {
+    check_cuda(cudaMemsetAsync(amax, 0, sizeof(unsigned), stream), "fp8 cast (amax reset)");
+    if (rows * cols == 0) return;  // amax 0
+  } else {
+    launch_amax(t, rows * cols, amax, stream);
+    if (rows * cols == 0) {
+      cast_kernel<T, 1, F><<<1, kThreads, 0, stream>>>(t, 0, amax, margin, scale, out_t);  // the scale alone
+      check_cuda(cudaGetLastError(), "quantize_fp8_transposed");
+      return;
+    }
   }
   int64_t row_tiles = (rows + kTile - 1) / kTile, col_tiles = (cols + kTile - 1) / kTile;
   bool vec_in = aligned16(t) && cols * sizeof(T) % 16 == 0;
@@ -237,9 +296,23 @@ void run_transposed(void const* t_, int64_t rows, int64_t cols, int margin, unsi
   bool vec_out_t = aligned16(out_t) && rows % 16 == 0;
   check_cuda(row_tiles * col_tiles < (int64_t{1} << 31) ? cudaSuccess : cudaErrorInvalidValue,
              "quantize_fp8_transposed (more than 2^31 tiles)");
-  cast_transpose_kernel<T, F><<<static_cast<unsigned>(row_tiles * col_tiles), kThreads, 0, stream>>>(
+  cast_transpose_kernel<T, F, Given><<<static_cast<unsigned>(row_tiles * col_tiles), kThreads, 0, stream>>>(
       t, rows, cols, col_tiles, amax, margin, scale, out, out_t, vec_in, vec_out, vec_out_t);
   check_cuda(cudaGetLastError(), "quantize_fp8_transposed");
+}
+
+template <typename T>
+void run_measured(void const* t_, int64_t n, float const* scale, unsigned* amax, uint8_t* out, cudaStream_t stream) {
+  auto t = static_cast<T const*>(t_);
+  constexpr int V = 16 / sizeof(T);
+  check_cuda(cudaMemsetAsync(amax, 0, sizeof(unsigned), stream), "fp8 cast (amax reset)");
+  if (n == 0) return;
+  if (aligned16(t) && reinterpret_cast<uintptr_t>(out) % V == 0) {
+    cast_measure_kernel<T, V, Fp8::e4m3><<<grid_for(n / V), kThreads, 0, stream>>>(t, n, scale, amax, out);
+  } else {
+    cast_measure_kernel<T, 1, Fp8::e4m3><<<grid_for(n), kThreads, 0, stream>>>(t, n, scale, amax, out);
+  }
+  check_cuda(cudaGetLastError(), "quantize_e4m3_with_scale");
 }
 
 template <typename T, Fp8 F>
@@ -282,9 +355,33 @@ void quantize_fp8_transposed(void const* t, DType dtype, Fp8 format, int64_t row
                              unsigned* amax_bits, float* scale, uint8_t* out, uint8_t* out_t, cudaStream_t stream) {
   dispatch(dtype, [&](auto v) {
     dispatch_format(format, [&](auto f) {
-      run_transposed<decltype(v), decltype(f)::value>(t, rows, cols, margin, amax_bits, scale, out, out_t, stream);
+      run_transposed<decltype(v), decltype(f)::value, false>(t, rows, cols, margin, amax_bits, scale, out, out_t,
+                                                             stream);
     });
   });
+}
+
+void quantize_e4m3_with_scale(void const* t, DType dtype, int64_t n, float const* scale, unsigned* amax_bits,
+                              uint8_t* out, cudaStream_t stream) {
+  dispatch(dtype, [&](auto v) { run_measured<decltype(v)>(t, n, scale, amax_bits, out, stream); });
+}
+
+void quantize_fp8_transposed_with_scale(void const* t, DType dtype, Fp8 format, int64_t rows, int64_t cols,
+                                        float const* scale, unsigned* amax_bits, uint8_t* out, uint8_t* out_t,
+                                        cudaStream_t stream) {
+  // The kernel only reads *scale in this form (Given).
+  auto s = const_cast<float*>(scale);
+  dispatch(dtype, [&](auto v) {
+    dispatch_format(format, [&](auto f) {
+      run_transposed<decltype(v), decltype(f)::value, true>(t, rows, cols, 0, amax_bits, s, out, out_t, stream);
+    });
+  });
+}
+
+void record_amax(float* history, int64_t len, float const* amax_x, float const* amax_w, int margin, bool use_max,
+                 float* scale, cudaStream_t stream) {
+  record_kernel<<<1, 32, 0, stream>>>(history, len, amax_x, amax_w, margin, use_max, scale);
+  check_cuda(cudaGetLastError(), "fp8_record");
 }
 
 }  // namespace cutlass_fused

@@ -32,6 +32,21 @@ void quantize_e4m3(void const* t, DType dtype, int64_t n, int margin, unsigned* 
 void quantize_fp8_transposed(void const* t, DType dtype, Fp8 format, int64_t rows, int64_t cols, int margin,
                              unsigned* amax_bits, float* scale, uint8_t* out, uint8_t* out_t, cudaStream_t stream);
 
+// Delayed scaling (a scale carried from earlier steps): the same casts under the given *scale (a
+// power of two, fp32), each measuring t's amax in its own pass into amax_bits (zeroed first; as
+// fp32 bits, NaN where t holds one): one read of t, where current scaling takes two.
+void quantize_e4m3_with_scale(void const* t, DType dtype, int64_t n, float const* scale, unsigned* amax_bits,
+                              uint8_t* out, cudaStream_t stream);
+void quantize_fp8_transposed_with_scale(void const* t, DType dtype, Fp8 format, int64_t rows, int64_t cols,
+                                        float const* scale, unsigned* amax_bits, uint8_t* out, uint8_t* out_t,
+                                        cudaStream_t stream);
+
+// Delayed scaling's step for a layer's history (len x 2 fp32, columns x and W, row 0 the latest)
+// and its two scales: cutlass_fused/fp8.py's DelayedState.record (use_max: amax_compute_algo
+// "max", else "most_recent"), in one launch.
+void record_amax(float* history, int64_t len, float const* amax_x, float const* amax_w, int margin, bool use_max,
+                 float* scale, cudaStream_t stream);
+
 // out[i] = t8[i] (fp8 of `format`) times *scale (1 where scale is null), rounded once to `dtype`:
 // the bf16 FP8 backward's operands, which torch's float8 cast moved at ~0.75 TB/s (H200).
 void dequantize_fp8(uint8_t const* t8, Fp8 format, int64_t n, float const* scale, DType dtype, void* out,
