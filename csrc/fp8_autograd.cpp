@@ -62,6 +62,7 @@ Operands e4m3_operands(at::Tensor const& x, at::Tensor const& weight, OptTensor 
   static auto quantize_t = op_handle<QuantizeTransposedSig>("cutlass_fused::quantize_transposed");
   static auto quantize_s = op_handle<QuantizeWithScaleSig>("cutlass_fused::quantize_with_scale");
   static auto record = op_handle<Fp8RecordSig>("cutlass_fused::fp8_record");
+  static auto operand_scales = op_handle<Fp8OperandScalesSig>("cutlass_fused::fp8_operand_scales");
   Operands o;
   TORCH_CHECK(!delayed.amax_history.has_value() || delayed.fp8_scale.has_value(),
               "cutlass_fused: amax_history is delayed scaling's, which needs fp8_scale too");
@@ -70,16 +71,14 @@ Operands e4m3_operands(at::Tensor const& x, at::Tensor const& weight, OptTensor 
     TORCH_CHECK(delayed.fp8_scale->dim() == 1 && delayed.fp8_scale->sym_numel() == 2,
                 "cutlass_fused: expected fp8_scale to be x's and W's scales, of shape [2], but got ",
                 delayed.fp8_scale->sym_sizes());
-    // A copy: the step below moves the state's scales, and the backward takes this call's. 16
-    // bytes apart: cuBLASLt's FP8 GEMMs (the e5m2 backward's _scaled_mm) refuse a scale that is
-    // not 16-byte aligned (CUBLAS_STATUS_NOT_SUPPORTED, H100).
-    auto scales = at::empty({2, 4}, delayed.fp8_scale->options());
-    scales.select(1, 0).copy_(*delayed.fp8_scale);
-    o.s_x = scales.select(0, 0).select(0, 0);
-    o.s_w = scales.select(0, 1).select(0, 0);
+    // s_x, s_w: the casts' copies of the state's scales, which the step below moves on; each its
+    // own allocation, as cuBLASLt's FP8 GEMMs (the e5m2 backward's _scaled_mm) refuse a scale
+    // that is not 16-byte aligned (CUBLAS_STATUS_NOT_SUPPORTED, H100).
+    auto const& state = *delayed.fp8_scale;
     at::Tensor amax_x, amax_w;
-    std::tie(o.x8, o.x8_t, amax_x) = quantize_s.call(x, o.s_x, at::kFloat8_e4m3fn, transposed);
-    std::tie(o.w8, o.w8_t, amax_w) = quantize_s.call(weight, o.s_w, at::kFloat8_e4m3fn, transposed);
+    std::tie(o.x8, o.x8_t, amax_x, o.s_x) = quantize_s.call(x, state.select(0, 0), at::kFloat8_e4m3fn, transposed);
+    std::tie(o.w8, o.w8_t, amax_w, o.s_w) =
+        quantize_s.call(weight, state.select(0, 1), at::kFloat8_e4m3fn, transposed);
     if (delayed.amax_history.has_value()) {
       auto history = *delayed.amax_history, state = *delayed.fp8_scale;  // handles: the op writes them
       record.call(history, state, amax_x, amax_w, margin, delayed.algo);
@@ -91,9 +90,9 @@ Operands e4m3_operands(at::Tensor const& x, at::Tensor const& weight, OptTensor 
     std::tie(o.x8, o.s_x) = quantize.call(x, margin, false);
     std::tie(o.w8, o.s_w) = quantize.call(weight, margin, cache);
   }
-  auto alpha = (o.s_x * o.s_w).reciprocal();
-  o.b = bias.has_value() ? OptTensor(cast(*bias / alpha, at::kBFloat16)) : c10::nullopt;
-  o.sc = cast(scale * alpha, scale.scalar_type());
+  at::Tensor b;
+  std::tie(b, o.sc) = operand_scales.call(o.s_x, o.s_w, bias, scale);
+  o.b = bias.has_value() ? OptTensor(b) : c10::nullopt;
   return o;
 }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include "derived_cache.h"
@@ -126,8 +127,10 @@ at::Tensor dequantize_cuda(at::Tensor const& t8, c10::optional<at::Tensor> const
   return out;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_with_scale_cuda(at::Tensor const& t, at::Tensor const& scale,
-                                                                        at::ScalarType dtype, bool transposed) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_with_scale_cuda(at::Tensor const& t,
+                                                                                    at::Tensor const& scale,
+                                                                                    at::ScalarType dtype,
+                                                                                    bool transposed) {
   check_quantize_with_scale(t, scale, dtype, transposed);
   DType dt = dtype_of(t.scalar_type(), "t");
   c10::cuda::CUDAGuard guard(t.device());
@@ -136,6 +139,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_with_scale_cuda(at::Tens
   auto t8_t = transposed ? at::empty({t.size(1), t.size(0)}, t.options().dtype(dtype))
                          : at::empty({0}, t.options().dtype(dtype));
   auto amax = at::empty({}, t.options().dtype(at::kFloat));
+  auto scale_out = at::empty({}, t.options().dtype(at::kFloat));
   poison(t8);
   poison(t8_t);
   poison(amax);
@@ -143,13 +147,34 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_with_scale_cuda(at::Tens
   // The amax's fp32 bits: abs_bits' order is |t|'s, so the kernel's unsigned max is the float's.
   auto amax_bits = reinterpret_cast<unsigned*>(amax.data_ptr<float>());
   auto stream = at::cuda::getCurrentCUDAStream().stream();
+  C10_CUDA_CHECK(cudaMemcpyAsync(scale_out.data_ptr<float>(), scale.data_ptr<float>(), sizeof(float),
+                                 cudaMemcpyDeviceToDevice, stream));
   if (transposed) {
     quantize_fp8_transposed_with_scale(src.data_ptr(), dt, format_of(dtype), src.size(0), src.size(1),
                                        scale.data_ptr<float>(), amax_bits, bytes(t8), bytes(t8_t), stream);
   } else {
     quantize_e4m3_with_scale(src.data_ptr(), dt, src.numel(), scale.data_ptr<float>(), amax_bits, bytes(t8), stream);
   }
-  return {t8, t8_t, amax};
+  return {t8, t8_t, amax, scale_out};
+}
+
+std::tuple<at::Tensor, at::Tensor> fp8_operand_scales_cuda(at::Tensor const& s_x, at::Tensor const& s_w,
+                                                           c10::optional<at::Tensor> const& bias,
+                                                           at::Tensor const& scale) {
+  check_fp8_operand_scales(s_x, s_w, bias, scale);
+  c10::cuda::CUDAGuard guard(scale.device());
+  auto sc_in = scale.contiguous();
+  auto b_in = bias.has_value() ? bias->contiguous() : at::Tensor();
+  auto b = at::empty({bias.has_value() ? bias->numel() : 0}, scale.options().dtype(at::kBFloat16));
+  if (bias.has_value()) b = b.view(bias->sizes());
+  auto sc = at::empty(scale.sizes(), scale.options());
+  poison(b);
+  poison(sc);
+  fp8_operand_scales(s_x.data_ptr<float>(), s_w.data_ptr<float>(), bias.has_value() ? b_in.data_ptr() : nullptr,
+                     bias.has_value() ? dtype_of(b_in.scalar_type(), "bias") : DType::bf16, b.numel(),
+                     sc_in.data_ptr(), dtype_of(sc_in.scalar_type(), "scale"), sc.numel(), b.data_ptr(),
+                     sc.data_ptr(), at::cuda::getCurrentCUDAStream().stream());
+  return {b, sc};
 }
 
 void fp8_record_cuda(at::Tensor& amax_history, at::Tensor& scale, at::Tensor const& amax_x, at::Tensor const& amax_w,

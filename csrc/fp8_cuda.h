@@ -16,9 +16,16 @@ at::Tensor dequantize_cuda(at::Tensor const& t8, c10::optional<at::Tensor> const
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_transposed_cuda(at::Tensor const& t, at::ScalarType dtype,
                                                                         int64_t margin, bool cache);
 
-// Delayed scaling: (t8, t8_t or an empty tensor, t's amax) under the given scale (quantize_with_scale).
-std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_with_scale_cuda(at::Tensor const& t, at::Tensor const& scale,
-                                                                        at::ScalarType dtype, bool transposed);
+// Delayed scaling: (t8, t8_t or an empty tensor, t's amax, the scale's copy) under the given scale
+// (quantize_with_scale).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_with_scale_cuda(at::Tensor const& t,
+                                                                                    at::Tensor const& scale,
+                                                                                    at::ScalarType dtype,
+                                                                                    bool transposed);
+// (bias / alpha in bf16, scale * alpha) for alpha = 1 / (s_x s_w) (fp8_operand_scales).
+std::tuple<at::Tensor, at::Tensor> fp8_operand_scales_cuda(at::Tensor const& s_x, at::Tensor const& s_w,
+                                                           c10::optional<at::Tensor> const& bias,
+                                                           at::Tensor const& scale);
 // Delayed scaling's amax-history step, in place (fp8_record).
 void fp8_record_cuda(at::Tensor& amax_history, at::Tensor& scale, at::Tensor const& amax_x, at::Tensor const& amax_w,
                      int64_t margin, c10::string_view amax_compute_algo);

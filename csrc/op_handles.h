@@ -36,8 +36,11 @@ using QuantizeE4M3Sig = std::tuple<at::Tensor, at::Tensor>(at::Tensor const&, in
 using DequantizeSig = at::Tensor(at::Tensor const&, OptTensor const&, at::ScalarType);
 using QuantizeTransposedSig =
     std::tuple<at::Tensor, at::Tensor, at::Tensor>(at::Tensor const&, at::ScalarType, int64_t, bool);
-using QuantizeWithScaleSig =
-    std::tuple<at::Tensor, at::Tensor, at::Tensor>(at::Tensor const&, at::Tensor const&, at::ScalarType, bool);
+using QuantizeWithScaleSig = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(at::Tensor const&,
+                                                                                        at::Tensor const&,
+                                                                                        at::ScalarType, bool);
+using Fp8OperandScalesSig = std::tuple<at::Tensor, at::Tensor>(at::Tensor const&, at::Tensor const&, OptTensor const&,
+                                                               at::Tensor const&);
 using Fp8RecordSig = void(at::Tensor&, at::Tensor&, at::Tensor const&, at::Tensor const&, int64_t, c10::string_view);
 
 // Set by the autocast kernel (autocast.cpp) for the length of its call of the training op: the

@@ -250,6 +250,23 @@ void check_quantize_with_scale(at::Tensor const& t, at::Tensor const& scale, at:
   check_fp32_element(scale, "scale", t.device());
 }
 
+void check_fp8_operand_scales(at::Tensor const& s_x, at::Tensor const& s_w, c10::optional<at::Tensor> const& bias,
+                              at::Tensor const& scale) {
+  check_fp32_element(s_x, "s_x", scale.device());
+  check_fp32_element(s_w, "s_w", scale.device());
+  auto floating16or32 = [](at::Tensor const& t, char const* name) {
+    auto dt = t.scalar_type();
+    TORCH_CHECK(dt == at::kBFloat16 || dt == at::kHalf || dt == at::kFloat, "cutlass_fused: expected ", name,
+                " to be torch.bfloat16, torch.float16 or torch.float32, but got ", dt);
+  };
+  floating16or32(scale, "scale");
+  if (bias.has_value()) {
+    floating16or32(*bias, "bias");
+    TORCH_CHECK(bias->device() == scale.device(), "cutlass_fused: expected bias on ", scale.device(), ", but got ",
+                bias->device());
+  }
+}
+
 void check_fp8_record(at::Tensor const& amax_history, at::Tensor const& scale, at::Tensor const& amax_x,
                       at::Tensor const& amax_w, c10::string_view amax_compute_algo) {
   TORCH_CHECK(amax_history.dim() == 2 && amax_history.size(0) >= 1 && amax_history.size(1) == 2 &&
@@ -367,8 +384,14 @@ TORCH_LIBRARY(cutlass_fused, m) {
   // where t holds one) measured by the cast's own pass on CUDA: one read of t, where current
   // scaling takes two. transposed: t 2-D, t8_t its values transposed (the FP8 backward's K-major
   // operand); else t8_t is empty and dtype is float8_e4m3fn.
+  // scale_out: the scale it used, as a tensor of its own (the layer's state moves on after the
+  // call; the backward keeps this one).
   m.def("quantize_with_scale(Tensor t, Tensor scale, ScalarType dtype, bool transposed=False)"
-        " -> (Tensor t8, Tensor t8_t, Tensor amax)");
+        " -> (Tensor t8, Tensor t8_t, Tensor amax, Tensor scale_out)");
+  // The bias and scale the FP8 ops take for x8 = x s_x and W8 = W s_w (powers of two): alpha =
+  // 1 / (s_x s_w), b = bias / alpha rounded to bf16 (empty where bias is None), sc = scale * alpha
+  // in scale's dtype. The bits of those torch ops, in one launch on CUDA where they took 4 to 6.
+  m.def("fp8_operand_scales(Tensor s_x, Tensor s_w, Tensor? bias, Tensor scale) -> (Tensor b, Tensor sc)");
   // Delayed scaling's step, cutlass_fused/fp8.py's DelayedState.record: amax_history's rows shift
   // down one and row 0 takes (amax_x, amax_w); each scale becomes the power of two of the history's
   // max ("max") or of row 0 ("most_recent"), kept where that is 0 or not finite. One launch on CUDA.

@@ -88,6 +88,10 @@ void check_fp32_element(at::Tensor const& t, char const* name, c10::Device devic
 // quantize_with_scale's arguments: 2-D t and float8_e4m3fn or float8_e5m2 where transposed, else
 // float8_e4m3fn (CUDA's flat cast is e4m3's); scale one fp32 element on t's device.
 void check_quantize_with_scale(at::Tensor const& t, at::Tensor const& scale, at::ScalarType dtype, bool transposed);
+// fp8_operand_scales': s_x and s_w one fp32 element each, bias (if any) and scale bf16, f16 or
+// f32, all on scale's device.
+void check_fp8_operand_scales(at::Tensor const& s_x, at::Tensor const& s_w, c10::optional<at::Tensor> const& bias,
+                              at::Tensor const& scale);
 // fp8_record's: amax_history (length x 2 fp32, contiguous), scale (2 fp32), the amaxes (one fp32
 // element each) on its device, and the algorithm ("max" or "most_recent").
 void check_fp8_record(at::Tensor const& amax_history, at::Tensor const& scale, at::Tensor const& amax_x,

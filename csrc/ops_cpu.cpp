@@ -331,12 +331,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_transposed_cpu(at::Tenso
   return {t8, t8.t().contiguous(), scale};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_with_scale_cpu(at::Tensor const& t, at::Tensor const& scale,
-                                                                       at::ScalarType dtype, bool transposed) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_with_scale_cpu(at::Tensor const& t,
+                                                                                   at::Tensor const& scale,
+                                                                                   at::ScalarType dtype,
+                                                                                   bool transposed) {
   check_quantize_with_scale(t, scale, dtype, transposed);
   auto amax = amax_cpu(t);
   auto t8 = round_cpu(t, scale, dtype);
-  return {t8, transposed ? t8.t().contiguous() : at::empty({0}, t8.options()), amax};
+  return {t8, transposed ? t8.t().contiguous() : at::empty({0}, t8.options()), amax, scale.reshape({}).clone()};
+}
+
+// The torch ops fp8_operand_scales stands for, as e4m3_forward ran them.
+std::tuple<at::Tensor, at::Tensor> fp8_operand_scales_cpu(at::Tensor const& s_x, at::Tensor const& s_w,
+                                                          c10::optional<at::Tensor> const& bias,
+                                                          at::Tensor const& scale) {
+  check_fp8_operand_scales(s_x, s_w, bias, scale);
+  auto alpha = (s_x.reshape({}) * s_w.reshape({})).reciprocal();
+  auto b = bias.has_value() ? (*bias / alpha).to(at::kBFloat16).contiguous()
+                            : at::empty({0}, scale.options().dtype(at::kBFloat16));
+  return {b, (scale * alpha).to(scale.scalar_type()).contiguous()};
 }
 
 // fp8.DelayedState.record, op for op.
@@ -365,6 +378,7 @@ TORCH_LIBRARY_IMPL(cutlass_fused, CPU, m) {
   m.impl("dequantize", &dequantize_cpu);
   m.impl("quantize_with_scale", &quantize_with_scale_cpu);
   m.impl("fp8_record", &fp8_record_cpu);
+  m.impl("fp8_operand_scales", &fp8_operand_scales_cpu);
   m.impl("batch_norm_finalize", &batch_norm_finalize_cpu);
   m.impl("update_running_stats", &update_running_stats_cpu);
   m.impl("batch_norm_backward", &batch_norm_backward_cpu);

@@ -83,7 +83,14 @@ def _(t, scale, dtype, transposed=False):
         t8_t = t.new_empty((t.shape[1], t.shape[0]), dtype=dtype)
     else:
         t8_t = t.new_empty((0,), dtype=dtype)
-    return t.new_empty(t.shape, dtype=dtype), t8_t, t.new_empty((), dtype=torch.float32)
+    return (t.new_empty(t.shape, dtype=dtype), t8_t, t.new_empty((), dtype=torch.float32),
+            t.new_empty((), dtype=torch.float32))
+
+
+@torch.library.register_fake("cutlass_fused::fp8_operand_scales")
+def _(s_x, s_w, bias, scale):
+    b = scale.new_empty((0,) if bias is None else bias.shape, dtype=torch.bfloat16)
+    return b, scale.new_empty(scale.shape)
 
 
 @torch.library.register_fake("cutlass_fused::fp8_record")

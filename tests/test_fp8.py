@@ -640,7 +640,7 @@ def test_delayed_scaling_under_compile():
 
 
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA else []))
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "f16", "f32"])
 @pytest.mark.parametrize("shape", [(2, 3), (3, 769), (1000, 5125), (0, 8), (4096, 1), (130, 4096)], ids=str)
 @pytest.mark.parametrize("form", ["e4m3", "e4m3-transposed", "e5m2-transposed"])
 def test_quantize_with_scale_is_fp8_rounding(device, dtype, shape, form):
@@ -657,9 +657,10 @@ def test_quantize_with_scale_is_fp8_rounding(device, dtype, shape, form):
     for name, v in views.items():
         for k in (-3, 0, 2):
             s = fp8.scale_of(v, 0, fp8_dtype) * 2.0 ** k
-            q, q_t, amax = ops.quantize_with_scale(v, s, fp8_dtype, transposed)
+            q, q_t, amax, s_out = ops.quantize_with_scale(v, s, fp8_dtype, transposed)
             want = fp8.quantize(v, s, fp8_dtype)
             assert q.dtype == fp8_dtype and q.shape == v.shape and amax.shape == () and amax.dtype == torch.float32
+            assert torch.equal(s_out, s) and s_out.data_ptr() != s.data_ptr()
             assert torch.equal(_bits(q), _bits(want)), (name, k)
             if transposed:
                 assert q_t.shape == (cols, rows) and q_t.is_contiguous() and torch.equal(_bits(q_t), _bits(want).t())
@@ -679,7 +680,7 @@ def test_quantize_with_scale_edges(device):
         t = torch.randn(33, 17, device=device)
         t[5, 3] = bad
         for transposed in (False, True):
-            q, _, amax = ops.quantize_with_scale(t, torch.tensor(4.0, device=device), fp8.E4M3, transposed)
+            q, _, amax, _ = ops.quantize_with_scale(t, torch.tensor(4.0, device=device), fp8.E4M3, transposed)
             assert (amax.isnan() if want == "nan" else amax.isinf()).item(), amax
             assert q.view(torch.uint8)[5, 3].item() & 0x7f == 0x7f
     one = torch.ones((), device=device)
@@ -689,6 +690,46 @@ def test_quantize_with_scale_edges(device):
         ops.quantize_with_scale(torch.randn(3, 4, device=device), torch.ones(2, device=device), fp8.E4M3)
     with pytest.raises(RuntimeError, match="expected t to be 2-D"):
         ops.quantize_with_scale(torch.randn(3, device=device), one, fp8.E4M3, True)
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA else []))
+@pytest.mark.parametrize("bias_dtype", [torch.bfloat16, torch.float32, torch.float16, None],
+                         ids=["bf16-bias", "f32-bias", "f16-bias", "no-bias"])
+@pytest.mark.parametrize("scale_dtype", [torch.float32, torch.bfloat16], ids=["f32-scale", "bf16-scale"])
+def test_fp8_operand_scales_is_torchs(device, bias_dtype, scale_dtype):
+    """ops.fp8_operand_scales (on CUDA one launch) gives the bits of the torch ops it stands for,
+    (bias / alpha).to(bf16) and scale * alpha with alpha = (s_x s_w).reciprocal(), over scales from
+    2^-126 to 2^126 (alpha past fp32's range included: inf, and subnormal or 0) and values that are
+    subnormal, huge, 0, Inf and NaN; 769 columns (the grid's tail). The CPU kernel is those torch
+    ops: there this checks its shapes, dtypes and argument checks; the CUDA case checks the kernel."""
+    from cutlass_fused.ops import ops
+    n = 769
+    values = torch.cat([torch.randn(n - 9), torch.tensor([0.0, -0.0, 1e-40, -3e-39, 3e38, -1e30, float("inf"),
+                                                          -float("inf"), float("nan")])])
+    bias = None if bias_dtype is None else (values * 3).to(device, bias_dtype)
+    scale = values.flip(0).to(device, scale_dtype)
+    for ex, ew in [(0, 0), (5, -3), (-7, 9), (126, 126), (-126, -126), (100, -90), (-100, -30), (126, 0), (20, 1)]:
+        s_x, s_w = (torch.tensor(2.0 ** e, device=device) for e in (ex, ew))
+        b, sc = ops.fp8_operand_scales(s_x, s_w, bias, scale)
+        alpha = (s_x * s_w).reciprocal()
+        want_sc = scale * alpha
+        assert sc.dtype == scale_dtype and torch.equal(_same_bits(sc), _same_bits(want_sc)), (ex, ew)
+        if bias is None:
+            assert b.numel() == 0 and b.dtype == torch.bfloat16
+        else:
+            want_b = (bias / alpha).to(torch.bfloat16)
+            assert b.dtype == torch.bfloat16 and torch.equal(_same_bits(b), _same_bits(want_b)), (ex, ew)
+    with pytest.raises(RuntimeError, match="expected s_w to be one float32 element"):
+        ops.fp8_operand_scales(s_x, s_w.double(), bias, scale)
+    with pytest.raises(RuntimeError, match="expected scale to be torch.bfloat16, torch.float16 or torch.float32"):
+        ops.fp8_operand_scales(s_x, s_w, bias, scale.double())
+
+
+def _same_bits(t):
+    """t's bits as integers, every NaN one pattern (torch's and a kernel's NaNs may differ in payload)."""
+    bits = t.view(torch.int16 if t.element_size() == 2 else torch.int32).clone()
+    bits[t.isnan()] = -1
+    return bits
 
 
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA else []))

@@ -209,6 +209,15 @@ def test_quantize_with_scale(device, dtype, form):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bias", [True, False])
+def test_fp8_operand_scales(device, dtype, bias):
+    _, _, v = samples(device, dtype)
+    s = lambda e: torch.tensor(2.0 ** e, device=device)
+    torch.library.opcheck(ops.fp8_operand_scales, (s(3), s(-5), v().to(dtype) if bias else None, v().to(dtype)))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("algo", ["max", "most_recent"])
 def test_fp8_record(device, algo):
     history, scale = torch.rand(4, 2, device=device), torch.ones(2, device=device)

@@ -2,6 +2,7 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <algorithm>
 #include <type_traits>
 
 #include "kernels/check.h"
@@ -245,6 +246,23 @@ __global__ void dequantize_kernel(uint8_t const* __restrict__ t8, int64_t n, flo
   map_packs<V>(t8, n, out, [s](uint8_t b) { return narrowed<T>(from_fp8<F>(b) * s); });
 }
 
+// The FP8 ops' bias and scale (fp8_operand_scales): alpha = 1 / (s_x s_w) in fp32, then bias /
+// alpha in bias's dtype rounded on to bf16, and scale * alpha in scale's dtype. torch, which these
+// replace, casts the 0-dim fp32 alpha to the other operand's dtype before a 16-bit op and computes
+// in fp32 (its opmath), rounding once to that dtype: so do these, for the same bits.
+template <typename B, typename S>
+__global__ void operand_scales_kernel(float const* __restrict__ s_x, float const* __restrict__ s_w,
+                                      B const* __restrict__ bias, int64_t nb, S const* __restrict__ scale, int64_t ns,
+                                      __nv_bfloat16* __restrict__ b_out, S* __restrict__ sc_out) {
+  float alpha = 1.f / (*s_x * *s_w);
+  float alpha_b = widen(narrowed<B>(alpha)), alpha_s = widen(narrowed<S>(alpha));
+  int64_t stride = int64_t{gridDim.x} * kThreads;
+  for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < max(nb, ns); i += stride) {
+    if (i < nb) b_out[i] = __float2bfloat16_rn(widen(narrowed<B>(widen(bias[i]) / alpha_b)));
+    if (i < ns) sc_out[i] = narrowed<S>(widen(scale[i]) * alpha_s);
+  }
+}
+
 unsigned grid_for(int64_t packs) { return strided_grid(packs, kThreads, 2048); }
 
 bool aligned16(void const* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -376,6 +394,22 @@ void quantize_fp8_transposed_with_scale(void const* t, DType dtype, Fp8 format, 
       run_transposed<decltype(v), decltype(f)::value, true>(t, rows, cols, 0, amax_bits, s, out, out_t, stream);
     });
   });
+}
+
+void fp8_operand_scales(float const* s_x, float const* s_w, void const* bias, DType bias_dtype, int64_t nb,
+                        void const* scale, DType scale_dtype, int64_t ns, void* b_out, void* sc_out,
+                        cudaStream_t stream) {
+  if (std::max(nb, ns) == 0) return;
+  dispatch(bias_dtype, [&](auto b) {
+    dispatch(scale_dtype, [&](auto sc) {
+      using B = decltype(b);
+      using S = decltype(sc);
+      operand_scales_kernel<B, S><<<grid_for(std::max(nb, ns)), kThreads, 0, stream>>>(
+          s_x, s_w, static_cast<B const*>(bias), nb, static_cast<S const*>(scale), ns,
+          static_cast<__nv_bfloat16*>(b_out), static_cast<S*>(sc_out));
+    });
+  });
+  check_cuda(cudaGetLastError(), "fp8_operand_scales");
 }
 
 void record_amax(float* history, int64_t len, float const* amax_x, float const* amax_w, int margin, bool use_max,

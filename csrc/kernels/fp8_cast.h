@@ -47,6 +47,13 @@ void quantize_fp8_transposed_with_scale(void const* t, DType dtype, Fp8 format, 
 void record_amax(float* history, int64_t len, float const* amax_x, float const* amax_w, int margin, bool use_max,
                  float* scale, cudaStream_t stream);
 
+// The FP8 ops' bias and scale for x8 = x s_x and W8 = W s_w (fp8_autograd.cpp): alpha = 1 / (s_x
+// s_w), b_out = bias / alpha rounded to bf16 (nb elements; bias and b_out null where nb is 0) and
+// sc_out = scale * alpha in scale's dtype (ns elements), the bits of those torch ops, in one launch.
+void fp8_operand_scales(float const* s_x, float const* s_w, void const* bias, DType bias_dtype, int64_t nb,
+                        void const* scale, DType scale_dtype, int64_t ns, void* b_out, void* sc_out,
+                        cudaStream_t stream);
+
 // out[i] = t8[i] (fp8 of `format`) times *scale (1 where scale is null), rounded once to `dtype`:
 // the bf16 FP8 backward's operands, which torch's float8 cast moved at ~0.75 TB/s (H200).
 void dequantize_fp8(uint8_t const* t8, Fp8 format, int64_t n, float const* scale, DType dtype, void* out,
