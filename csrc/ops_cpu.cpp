@@ -246,8 +246,24 @@ at::Tensor linear_scale_batch_norm_eval_cpu(at::Tensor const& x, at::Tensor cons
   return activated((z.to(acc) * alpha.to(acc) + beta.to(acc)).to(out), act, negative_slope).to(y_dt).contiguous();
 }
 
-// The FP8 eval op on the CPU: the eval op over the e4m3 values' bf16 copies (exact), as the FP8
-// training op's.
+// The FP8 ops' operands on the CPU: e4m3 values are exact in bfloat16, so the 16-bit ops over
+// the bf16 copies of x and W (and the bias in bf16, as the e4m3 GEMM's epilogue reads it) compute
+// what the e4m3 GEMM does, to its accumulation order.
+struct Fp8Reference {
+  at::Tensor x, weight;
+  c10::optional<at::Tensor> bias;
+};
+
+Fp8Reference fp8_reference(at::Tensor const& x, at::Tensor const& weight, c10::optional<at::Tensor> const& bias,
+                           at::Tensor const& scale) {
+  check_linear_args(x, weight, bias, scale);
+  TORCH_CHECK(x.scalar_type() == at::kFloat8_e4m3fn, "cutlass_fused: expected input and weight to be float8_e4m3fn, ",
+              "but got ", x.scalar_type());
+  return {x.to(at::kBFloat16), weight.to(at::kBFloat16),
+          bias.has_value() ? c10::optional<at::Tensor>(bias->to(at::kBFloat16)) : c10::nullopt};
+}
+
+// The FP8 eval op on the CPU: the eval op over fp8_reference's operands.
 at::Tensor linear_scale_batch_norm_eval_fp8_cpu(at::Tensor const& x, at::Tensor const& weight,
                                                 c10::optional<at::Tensor> const& bias, at::Tensor const& scale,
                                                 c10::optional<at::Tensor> const& bn_weight,
@@ -255,21 +271,16 @@ at::Tensor linear_scale_batch_norm_eval_fp8_cpu(at::Tensor const& x, at::Tensor 
                                                 at::Tensor const& running_mean, at::Tensor const& running_var,
                                                 double eps, c10::string_view family, c10::string_view activation,
                                                 double negative_slope, c10::optional<at::ScalarType> output_dtype_) {
-  check_linear_args(x, weight, bias, scale);
-  TORCH_CHECK(x.scalar_type() == at::kFloat8_e4m3fn, "cutlass_fused: expected input and weight to be float8_e4m3fn, ",
-              "but got ", x.scalar_type());
-  auto b = bias.has_value() ? c10::optional<at::Tensor>(bias->to(at::kBFloat16)) : c10::nullopt;
-  return linear_scale_batch_norm_eval_cpu(x.to(at::kBFloat16), weight.to(at::kBFloat16), b, scale, bn_weight,
-                                          bn_bias, running_mean, running_var, eps, family, false, activation,
-                                          negative_slope, output_dtype_);
+  auto r = fp8_reference(x, weight, bias, scale);
+  return linear_scale_batch_norm_eval_cpu(r.x, r.weight, r.bias, scale, bn_weight, bn_bias, running_mean, running_var,
+                                          eps, family, false, activation, negative_slope, output_dtype_);
 }
 
 at::Tensor matmul_cpu(at::Tensor const& a, at::Tensor const& b, c10::string_view) { return at::mm(a, b); }
 
 }  // namespace
 
-// The FP8 training op on the CPU: e4m3 values are exact in bfloat16, so the training op over
-// their bf16 copies computes what the e4m3 GEMM does, to its accumulation order.
+// The FP8 training op on the CPU: the training op over fp8_reference's operands.
 TrainOut linear_scale_batch_norm_train_fp8_cpu(at::Tensor const& x, at::Tensor const& weight,
                                                c10::optional<at::Tensor> const& bias, at::Tensor const& scale,
                                                c10::optional<at::Tensor> const& bn_weight,
@@ -280,13 +291,10 @@ TrainOut linear_scale_batch_norm_train_fp8_cpu(at::Tensor const& x, at::Tensor c
                                                c10::optional<double> momentum, double eps, c10::string_view family,
                                                c10::string_view activation, double negative_slope,
                                                c10::optional<at::ScalarType> output_dtype_) {
-  check_linear_args(x, weight, bias, scale);
-  TORCH_CHECK(x.scalar_type() == at::kFloat8_e4m3fn, "cutlass_fused: expected input and weight to be float8_e4m3fn, ",
-              "but got ", x.scalar_type());
-  auto b = bias.has_value() ? c10::optional<at::Tensor>(bias->to(at::kBFloat16)) : c10::nullopt;
-  return linear_scale_batch_norm_train_cpu(x.to(at::kBFloat16), weight.to(at::kBFloat16), b, scale, bn_weight, bn_bias,
-                                           running_mean, running_var, num_batches_tracked, momentum, eps, family,
-                                           false, activation, negative_slope, output_dtype_);
+  auto r = fp8_reference(x, weight, bias, scale);
+  return linear_scale_batch_norm_train_cpu(r.x, r.weight, r.bias, scale, bn_weight, bn_bias, running_mean,
+                                           running_var, num_batches_tracked, momentum, eps, family, false, activation,
+                                           negative_slope, output_dtype_);
 }
 
 // FP8 on the CPU: cutlass_fused/fp8.py's amax_of, scale_from_amax and quantize, op for op (its

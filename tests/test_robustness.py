@@ -262,7 +262,7 @@ def test_no_host_sync(family, dtype, activation):
         dy = torch.randn(m, n, device="cuda", dtype=dtype)
         recipes = [None]
         if fp8 and k % 16 == 0 and n % 16 == 0:
-            recipes += [dict(backward="e5m2"), dict(), dict(scaling="delayed")]
+            recipes += [dict(backward="e5m2"), dict(), dict(scaling="delayed"), dict(scaling="delayed", backward="e5m2")]
         for recipe in recipes:
             layer = cutlass_fused.LinearScaleBatchNorm1d(k, n, activation=activation, device="cuda", dtype=dtype)
             if recipe is not None:
