@@ -4,8 +4,9 @@
 // against 676 for the bf16 layer, H200) exceeded the GPU's work there.
 //
 // Forward: x and W rounded to e4m3 under current scaling (quantize_e4m3, which keeps a frozen
-// W8 where `cache` allows), then the FP8 training op over them with bias / alpha and
-// scale * alpha (alpha = 1 / (s_x s_w)): y is the emulated path's (cutlass_fused/fp8.py). Its BN
+// W8 where `cache` allows) or under a delayed state's scales (quantize_with_scale, then fp8_record
+// updates the state), then the FP8 training op over them with bias / alpha and scale * alpha
+// (alpha = 1 / (s_x s_w), fp8_operand_scales): y is the emulated path's (cutlass_fused/fp8.py). Its BN
 // backward gives dh' = alpha dh and dscale' = dscale / alpha, so the powers of two move onto the
 // operands' dequantize passes: dX = dh' (W8 s_x), dW = dh'^T (x8 s_w), exact while nothing leaves
 // fp32's and bf16's normal range. backward "e5m2": dh' rounded to e5m2 under its own scale s_g and dX, dW as
@@ -80,8 +81,8 @@ Operands e4m3_operands(at::Tensor const& x, at::Tensor const& weight, OptTensor 
     std::tie(o.w8, o.w8_t, amax_w, o.s_w) =
         quantize_s.call(weight, state.select(0, 1), at::kFloat8_e4m3fn, transposed);
     if (delayed.amax_history.has_value()) {
-      auto history = *delayed.amax_history, state = *delayed.fp8_scale;  // handles: the op writes them
-      record.call(history, state, amax_x, amax_w, margin, delayed.algo);
+      at::Tensor history = *delayed.amax_history, scales = state;  // non-const handles: the op writes them
+      record.call(history, scales, amax_x, amax_w, margin, delayed.algo);
     }
   } else if (transposed) {
     std::tie(o.x8, o.x8_t, o.s_x) = quantize_t.call(x, at::kFloat8_e4m3fn, margin, false);

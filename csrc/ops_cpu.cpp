@@ -297,6 +297,8 @@ TrainOut linear_scale_batch_norm_train_fp8_cpu(at::Tensor const& x, at::Tensor c
                                            negative_slope, output_dtype_);
 }
 
+namespace {
+
 // FP8 on the CPU: cutlass_fused/fp8.py's amax_of, scale_from_amax and quantize, op for op (its
 // largest / amax is torch's amax.reciprocal() * largest), so that both backends and the emulated
 // path round alike.
@@ -375,6 +377,8 @@ at::Tensor dequantize_cpu(at::Tensor const& t8, c10::optional<at::Tensor> const&
   auto out = t8.to(dtype);
   return (scale.has_value() ? out * scale->to(dtype) : out).contiguous();
 }
+
+}  // namespace
 
 TORCH_LIBRARY_IMPL(cutlass_fused, CPU, m) {
   m.impl("matmul", &matmul_cpu);
