@@ -534,9 +534,9 @@ def test_functional_matches_module():
 
 
 # Delayed scaling: the scales of a call come from the amax history of the training calls before it.
-def _delayed(length=3, algo="max", margin=0):
+def _delayed(length=3, algo="max", margin=0, emulate=True, backward="bf16"):
     return cutlass_fused.Float8Recipe(scaling="delayed", amax_history_len=length, amax_compute_algo=algo,
-                                      margin=margin, emulate=True)
+                                      margin=margin, emulate=emulate, backward=backward)
 
 
 def _expected_scale(amaxes, recipe):
@@ -766,10 +766,6 @@ def test_fp8_record_is_delayed_states_record(device, algo, margin):
         ops.fp8_record(h, sc, a, a, 0, "mean")
 
 
-def _delayed_kernels(**kw):
-    return cutlass_fused.Float8Recipe(scaling="delayed", amax_history_len=3, margin=1, **kw)
-
-
 def _delayed_pair(device, dtype, backward="bf16", k=64, n=48):
     """Two layers with one delayed recipe, emulated and not, of the same seed."""
     layers = {}
@@ -777,7 +773,7 @@ def _delayed_pair(device, dtype, backward="bf16", k=64, n=48):
         torch.manual_seed(7)
         layer = cutlass_fused.LinearScaleBatchNorm1d(
             k, n, activation="relu", device=device, dtype=dtype,
-            fp8=_delayed_kernels(emulate=emulate) if emulate else _delayed_kernels(backward=backward))
+            fp8=_delayed(margin=1, emulate=emulate, backward="bf16" if emulate else backward))
         with torch.no_grad():
             layer.scale.uniform_(0.5, 2)
         layers[emulate] = layer
