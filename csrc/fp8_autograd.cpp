@@ -170,6 +170,7 @@ struct E4M3Function : torch::autograd::Function<E4M3Function> {
     static auto bn_backward = op_handle<BackwardSig>("cutlass_fused::batch_norm_backward");
     static auto quantize_t = op_handle<QuantizeTransposedSig>("cutlass_fused::quantize_transposed");
     static auto dequantize = op_handle<DequantizeSig>("cutlass_fused::dequantize");
+    static auto backward_scales = op_handle<Fp8BackwardScalesSig>("cutlass_fused::fp8_backward_scales");
     variable_list out(21);  // one per forward argument
     at::Tensor dy = grads[0];
     if (!dy.defined()) return out;
@@ -183,12 +184,19 @@ struct E4M3Function : torch::autograd::Function<E4M3Function> {
         bn_backward.call(dy.contiguous(), h, s[3], s[4], s[5], optional(s[6]), ctx->saved_data["eps"].toDouble(),
                          optional(s[7]), ctx->saved_data["activation"].toStringRef(),
                          ctx->saved_data["negative_slope"].toDouble());  // dh' = alpha dh
-    if (ctx->saved_data["e5m2"].toBool()) {
+    bool e5m2 = ctx->saved_data["e5m2"].toBool();
+    at::Tensor dh8, dh8_t, s_g;
+    if (e5m2) std::tie(dh8, dh8_t, s_g) = quantize_t.call(dh, at::kFloat8_e5m2, 0, false);
+    // The bias's gradient is exactly zero (NaN where the column's statistics are not finite, as
+    // the training op's), the scale's dsc / (s_x s_w), and e5m2's 1 / s_g (exact: a power of two).
+    c10::optional<at::ScalarType> bias_dt;
+    if (need[2]) bias_dt = static_cast<at::ScalarType>(dtypes.get(2));
+    auto [dbias, dscale, inv_g] = backward_scales.call(dsc, s_x, s_w, e5m2 ? OptTensor(s_g) : c10::nullopt, bias_dt,
+                                                       static_cast<at::ScalarType>(dtypes.get(3)));
+    if (e5m2) {
       // x8, w8 hold x8^T (k x m) and W8^T (k x n); .t() of a contiguous one is the column-major
       // second operand cuBLASLt takes.
       int64_t m = x8.size(1), k = x8.size(0), n = w8.size(1);
-      auto [dh8, dh8_t, s_g] = quantize_t.call(dh, at::kFloat8_e5m2, 0, false);
-      auto inv_g = s_g.reciprocal();  // exact: a power of two
       if (need[0])
         out[0] = first(at::_scaled_mm(pad16(dh8), pad16(w8).t(), inv_g, s_x, c10::nullopt, c10::nullopt, x_dt), m, k);
       if (need[1])
@@ -205,9 +213,8 @@ struct E4M3Function : torch::autograd::Function<E4M3Function> {
         out[1] = cast(dw, w_dt);
       }
     }
-    // Exactly zero, NaN where the column's statistics are not finite (as the training op's).
-    if (need[2]) out[2] = cast(dsc * 0, static_cast<at::ScalarType>(dtypes.get(2)));
-    if (need[3]) out[3] = cast(dsc / (s_x * s_w), static_cast<at::ScalarType>(dtypes.get(3)));
+    if (need[2]) out[2] = dbias;
+    if (need[3]) out[3] = dscale;
     if (need[4]) out[4] = dgamma;
     if (need[5]) out[5] = dbeta;
     return out;

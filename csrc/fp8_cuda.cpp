@@ -143,17 +143,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_with_scale_c
   poison(t8);
   poison(t8_t);
   poison(amax);
+  poison(scale_out);
   auto bytes = [](at::Tensor& out) { return reinterpret_cast<uint8_t*>(out.data_ptr()); };
   // The amax's fp32 bits: abs_bits' order is |t|'s, so the kernel's unsigned max is the float's.
   auto amax_bits = reinterpret_cast<unsigned*>(amax.data_ptr<float>());
   auto stream = at::cuda::getCurrentCUDAStream().stream();
-  C10_CUDA_CHECK(cudaMemcpyAsync(scale_out.data_ptr<float>(), scale.data_ptr<float>(), sizeof(float),
-                                 cudaMemcpyDeviceToDevice, stream));
   if (transposed) {
     quantize_fp8_transposed_with_scale(src.data_ptr(), dt, format_of(dtype), src.size(0), src.size(1),
-                                       scale.data_ptr<float>(), amax_bits, bytes(t8), bytes(t8_t), stream);
+                                       scale.data_ptr<float>(), scale_out.data_ptr<float>(), amax_bits, bytes(t8),
+                                       bytes(t8_t), stream);
   } else {
-    quantize_e4m3_with_scale(src.data_ptr(), dt, src.numel(), scale.data_ptr<float>(), amax_bits, bytes(t8), stream);
+    quantize_e4m3_with_scale(src.data_ptr(), dt, src.numel(), scale.data_ptr<float>(), scale_out.data_ptr<float>(),
+                             amax_bits, bytes(t8), stream);
   }
   return {t8, t8_t, amax, scale_out};
 }
@@ -175,6 +176,30 @@ std::tuple<at::Tensor, at::Tensor> fp8_operand_scales_cuda(at::Tensor const& s_x
                      sc_in.data_ptr(), dtype_of(sc_in.scalar_type(), "scale"), sc.numel(), b.data_ptr(),
                      sc.data_ptr(), at::cuda::getCurrentCUDAStream().stream());
   return {b, sc};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_backward_scales_cuda(at::Tensor const& dsc, at::Tensor const& s_x,
+                                                                        at::Tensor const& s_w,
+                                                                        c10::optional<at::Tensor> const& s_g,
+                                                                        c10::optional<at::ScalarType> bias_dtype,
+                                                                        at::ScalarType scale_dtype) {
+  check_fp8_backward_scales(dsc, s_x, s_w, s_g, bias_dtype, scale_dtype);
+  c10::cuda::CUDAGuard guard(dsc.device());
+  auto src = dsc.contiguous();
+  auto none = [&] { return at::empty({0}, dsc.options().dtype(at::kFloat)); };
+  auto dbias = bias_dtype.has_value() ? at::empty(dsc.sizes(), dsc.options().dtype(*bias_dtype)) : none();
+  auto dscale = at::empty(dsc.sizes(), dsc.options().dtype(scale_dtype));
+  auto inv_g = s_g.has_value() ? at::empty({}, dsc.options().dtype(at::kFloat)) : none();
+  poison(dbias);
+  poison(dscale);
+  poison(inv_g);
+  fp8_backward_scales(src.data_ptr(), dtype_of(src.scalar_type(), "dsc"), src.numel(), s_x.data_ptr<float>(),
+                      s_w.data_ptr<float>(), s_g.has_value() ? s_g->data_ptr<float>() : nullptr,
+                      bias_dtype.has_value() ? dbias.data_ptr() : nullptr,
+                      dtype_of(bias_dtype.value_or(scale_dtype), "bias_dtype"), dscale.data_ptr(),
+                      dtype_of(scale_dtype, "scale_dtype"), s_g.has_value() ? inv_g.data_ptr<float>() : nullptr,
+                      at::cuda::getCurrentCUDAStream().stream());
+  return {dbias, dscale, inv_g};
 }
 
 void fp8_record_cuda(at::Tensor& amax_history, at::Tensor& scale, at::Tensor const& amax_x, at::Tensor const& amax_w,

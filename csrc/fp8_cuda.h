@@ -26,6 +26,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_with_scale_c
 std::tuple<at::Tensor, at::Tensor> fp8_operand_scales_cuda(at::Tensor const& s_x, at::Tensor const& s_w,
                                                            c10::optional<at::Tensor> const& bias,
                                                            at::Tensor const& scale);
+// (dbias, dscale, inv_g) of the e4m3 op's backward, one launch (fp8_backward_scales).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_backward_scales_cuda(at::Tensor const& dsc, at::Tensor const& s_x,
+                                                                        at::Tensor const& s_w,
+                                                                        c10::optional<at::Tensor> const& s_g,
+                                                                        c10::optional<at::ScalarType> bias_dtype,
+                                                                        at::ScalarType scale_dtype);
 // Delayed scaling's amax-history step, in place (fp8_record).
 void fp8_record_cuda(at::Tensor& amax_history, at::Tensor& scale, at::Tensor const& amax_x, at::Tensor const& amax_w,
                      int64_t margin, c10::string_view amax_compute_algo);

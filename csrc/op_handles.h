@@ -41,6 +41,9 @@ using QuantizeWithScaleSig = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::
                                                                                         at::ScalarType, bool);
 using Fp8OperandScalesSig = std::tuple<at::Tensor, at::Tensor>(at::Tensor const&, at::Tensor const&, OptTensor const&,
                                                                at::Tensor const&);
+using Fp8BackwardScalesSig = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+    at::Tensor const&, at::Tensor const&, at::Tensor const&, OptTensor const&, c10::optional<at::ScalarType>,
+    at::ScalarType);
 using Fp8RecordSig = void(at::Tensor&, at::Tensor&, at::Tensor const&, at::Tensor const&, int64_t, c10::string_view);
 
 // Set by the autocast kernel (autocast.cpp) for the length of its call of the training op: the

@@ -92,6 +92,11 @@ void check_quantize_with_scale(at::Tensor const& t, at::Tensor const& scale, at:
 // f32, all on scale's device.
 void check_fp8_operand_scales(at::Tensor const& s_x, at::Tensor const& s_w, c10::optional<at::Tensor> const& bias,
                               at::Tensor const& scale);
+// fp8_backward_scales': s_x, s_w and s_g (if any) one fp32 element each on dsc's device; dsc and
+// the dtypes bf16, f16 or f32.
+void check_fp8_backward_scales(at::Tensor const& dsc, at::Tensor const& s_x, at::Tensor const& s_w,
+                               c10::optional<at::Tensor> const& s_g, c10::optional<at::ScalarType> bias_dtype,
+                               at::ScalarType scale_dtype);
 // fp8_record's: amax_history (length x 2 fp32, contiguous), scale (2 fp32), the amaxes (one fp32
 // element each) on its device, and the algorithm ("max" or "most_recent").
 void check_fp8_record(at::Tensor const& amax_history, at::Tensor const& scale, at::Tensor const& amax_x,

@@ -362,6 +362,19 @@ std::tuple<at::Tensor, at::Tensor> fp8_operand_scales_cpu(at::Tensor const& s_x,
   return {b, (scale * alpha).to(scale.scalar_type()).contiguous()};
 }
 
+// The torch ops fp8_backward_scales stands for, as the e4m3 backward ran them.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_backward_scales_cpu(at::Tensor const& dsc, at::Tensor const& s_x,
+                                                                       at::Tensor const& s_w,
+                                                                       c10::optional<at::Tensor> const& s_g,
+                                                                       c10::optional<at::ScalarType> bias_dtype,
+                                                                       at::ScalarType scale_dtype) {
+  check_fp8_backward_scales(dsc, s_x, s_w, s_g, bias_dtype, scale_dtype);
+  auto none = at::empty({0}, dsc.options().dtype(at::kFloat));
+  auto dbias = bias_dtype.has_value() ? (dsc * 0).to(*bias_dtype).contiguous() : none;
+  auto dscale = (dsc / (s_x.reshape({}) * s_w.reshape({}))).to(scale_dtype).contiguous();
+  return {dbias, dscale, s_g.has_value() ? s_g->reshape({}).reciprocal() : none.clone()};
+}
+
 // fp8.DelayedState.record, op for op.
 void fp8_record_cpu(at::Tensor& amax_history, at::Tensor& scale, at::Tensor const& amax_x, at::Tensor const& amax_w,
                     int64_t margin, c10::string_view amax_compute_algo) {
@@ -391,6 +404,7 @@ TORCH_LIBRARY_IMPL(cutlass_fused, CPU, m) {
   m.impl("quantize_with_scale", &quantize_with_scale_cpu);
   m.impl("fp8_record", &fp8_record_cpu);
   m.impl("fp8_operand_scales", &fp8_operand_scales_cpu);
+  m.impl("fp8_backward_scales", &fp8_backward_scales_cpu);
   m.impl("batch_norm_finalize", &batch_norm_finalize_cpu);
   m.impl("update_running_stats", &update_running_stats_cpu);
   m.impl("batch_norm_backward", &batch_norm_backward_cpu);

@@ -135,8 +135,8 @@ class LinearScaleBatchNorm1d(nn.Module):
         w = self.gemm.weight
         if x.device.type == "cuda" and (_family.current() == "sm80" or not e4m3_kernels(x.device)):
             return False
-        state = self._fp8_state()
-        if state is not None and not state.history.dtype == state.scale.dtype == torch.float32:
+        history, scale = self._buffers.get("fp8_amax_history"), self._buffers.get("fp8_scale")
+        if scale is not None and not history.dtype == scale.dtype == torch.float32:
             return False  # a delayed state cast by module.to(dtype): the ops keep it in fp32 only
         amp = torch.is_autocast_enabled(x.device.type)
         if amp:
@@ -155,16 +155,18 @@ class LinearScaleBatchNorm1d(nn.Module):
         running_mean = bn.running_mean if keep_running else None
         running_var = bn.running_var if keep_running else None
         nbt = bn.num_batches_tracked if track else None
+        recipe = self.fp8
+        state = None if recipe is None else self._fp8_state()
         if self._runs_e4m3(x, use_batch_stats, output_dtype):
             return train_e4m3(x, self.gemm.weight, self.gemm.bias, self.scale, bn.weight, bn.bias, running_mean,
                               running_var, nbt, bn.momentum, bn.eps, _family.current(), self.activation,
-                              self.negative_slope, self.fp8.margin, output_dtype, self.fp8.backward,
-                              self._fp8_state(), self.fp8.amax_compute_algo)
+                              self.negative_slope, recipe.margin, output_dtype, recipe.backward, state,
+                              recipe.amax_compute_algo)
         if self._runs_e4m3_eval(x, use_batch_stats):
             return eval_e4m3(x, self.gemm.weight, self.gemm.bias, self.scale, bn.weight, bn.bias, running_mean,
                              running_var, bn.eps, _family.current(), self.activation, self.negative_slope,
-                             self.fp8.margin, output_dtype, self._fp8_state())
-        x, weight = fp8_operands(x, self.gemm.weight, self.fp8, self._fp8_state(), update=self.training)
+                             recipe.margin, output_dtype, state)
+        x, weight = fp8_operands(x, self.gemm.weight, recipe, state, update=self.training)
         if should_sync(self.process_group, bn.training):
             return sync_linear_scale_batch_norm(x, weight, self.gemm.bias, self.scale, bn.weight, bn.bias,
                                                 running_mean, running_var, bn.momentum, bn.eps, nbt,

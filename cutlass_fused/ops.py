@@ -93,6 +93,14 @@ def _(s_x, s_w, bias, scale):
     return b, scale.new_empty(scale.shape)
 
 
+@torch.library.register_fake("cutlass_fused::fp8_backward_scales")
+def _(dsc, s_x, s_w, s_g, bias_dtype, scale_dtype):
+    none = dsc.new_empty((0,), dtype=torch.float32)
+    dbias = none if bias_dtype is None else dsc.new_empty(dsc.shape, dtype=bias_dtype)
+    inv_g = none.clone() if s_g is None else dsc.new_empty((), dtype=torch.float32)
+    return dbias, dsc.new_empty(dsc.shape, dtype=scale_dtype), inv_g
+
+
 @torch.library.register_fake("cutlass_fused::fp8_record")
 def _(amax_history, scale, amax_x, amax_w, margin=0, amax_compute_algo="max"):
     return None

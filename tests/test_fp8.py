@@ -725,6 +725,52 @@ def test_fp8_operand_scales_is_torchs(device, bias_dtype, scale_dtype):
         ops.fp8_operand_scales(s_x, s_w, bias, scale.double())
 
 
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA else []))
+@pytest.mark.parametrize("dsc_dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["f32", "bf16", "f16"])
+@pytest.mark.parametrize("bias_dtype", [torch.float32, torch.bfloat16, torch.float16, None],
+                         ids=["f32-bias", "bf16-bias", "f16-bias", "no-bias"])
+@pytest.mark.parametrize("scale_dtype", [torch.float32, torch.bfloat16], ids=["f32-scale", "bf16-scale"])
+def test_fp8_backward_scales_is_torchs(device, dsc_dtype, bias_dtype, scale_dtype):
+    """ops.fp8_backward_scales (on CUDA one launch) gives the bits of the torch ops the e4m3
+    backward ran: (dsc * 0).to(bias_dtype), (dsc / (s_x * s_w)).to(scale_dtype) and
+    s_g.reciprocal(), over scales from 2^-126 to 2^126 (products past fp32's and fp16's ranges
+    included) and values that are subnormal, huge, +-0, Inf and NaN; 769 columns (the grid's tail),
+    and none. The CPU kernel is those torch ops: there this checks shapes, dtypes and argument
+    checks; the CUDA case checks the kernel."""
+    from cutlass_fused.ops import ops
+    n = 769
+    values = torch.cat([torch.randn(n - 9) * 100, torch.tensor([0.0, -0.0, 1e-40, -3e-39, 3e38, -1e30, float("inf"),
+                                                                -float("inf"), float("nan")])])
+    dsc = values.to(device, dsc_dtype)
+    pairs = [(0, 0), (5, -3), (-7, 9), (126, 126), (-126, -126), (100, -90), (-100, -30), (20, 1), (-20, 0)]
+    gs = [1.0, 2.0 ** 40, 3.0, 1e-40, 0.0, float("inf"), float("nan"), 2.0 ** -120]
+    for (ex, ew), g in zip(pairs, gs + [2.0 ** 7]):
+        s_x, s_w = (torch.tensor(2.0 ** e, device=device) for e in (ex, ew))
+        s_g = torch.tensor(g, device=device)
+        for d, with_g in ((dsc, True), (dsc[:0], False)):
+            dbias, dscale, inv_g = ops.fp8_backward_scales(d, s_x, s_w, s_g if with_g else None, bias_dtype,
+                                                           scale_dtype)
+            want = (d / (s_x * s_w)).to(scale_dtype)
+            assert dscale.dtype == scale_dtype and torch.equal(_same_bits(dscale), _same_bits(want)), (ex, ew)
+            if bias_dtype is None:
+                assert dbias.numel() == 0
+            else:
+                want = (d * 0).to(bias_dtype)
+                assert dbias.dtype == bias_dtype and torch.equal(_same_bits(dbias), _same_bits(want)), (ex, ew)
+            if with_g:
+                assert inv_g.shape == () and torch.equal(_same_bits(inv_g), _same_bits(s_g.reciprocal())), g
+            else:
+                assert inv_g.numel() == 0
+    with pytest.raises(RuntimeError, match="expected s_w to be one float32 element"):
+        ops.fp8_backward_scales(dsc, s_x, s_w.double(), s_g, bias_dtype, scale_dtype)
+    with pytest.raises(RuntimeError, match="expected s_g to be one float32 element"):
+        ops.fp8_backward_scales(dsc, s_x, s_w, torch.ones(2, device=device), bias_dtype, scale_dtype)
+    with pytest.raises(RuntimeError, match="expected dsc to be torch.bfloat16, torch.float16 or torch.float32"):
+        ops.fp8_backward_scales(dsc.double(), s_x, s_w, s_g, bias_dtype, scale_dtype)
+    with pytest.raises(RuntimeError, match="expected scale_dtype to be torch.bfloat16, torch.float16 or torch.float32"):
+        ops.fp8_backward_scales(dsc, s_x, s_w, s_g, bias_dtype, torch.float64)
+
+
 def _same_bits(t):
     """t's bits as integers, every NaN one pattern (torch's and a kernel's NaNs may differ in payload)."""
     bits = t.view(torch.int16 if t.element_size() == 2 else torch.int32).clone()

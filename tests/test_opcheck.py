@@ -218,6 +218,16 @@ def test_fp8_operand_scales(device, dtype, bias):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("e5m2", [True, False])
+def test_fp8_backward_scales(device, dtype, e5m2):
+    _, _, v = samples(device, dtype)
+    s = lambda e: torch.tensor(2.0 ** e, device=device)
+    torch.library.opcheck(ops.fp8_backward_scales, (v().to(dtype), s(3), s(-5), s(7) if e5m2 else None,
+                                                    torch.float32 if e5m2 else None, dtype))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("algo", ["max", "most_recent"])
 def test_fp8_record(device, algo):
     history, scale = torch.rand(4, 2, device=device), torch.ones(2, device=device)

@@ -110,11 +110,14 @@ __global__ void cast_kernel(T const* __restrict__ t, int64_t n, unsigned const* 
   map_packs<V>(t, n, out, [s](T v) { return to_fp8<F>(widen(v) * s); });
 }
 
-// Delayed scaling's cast: the scale given, t's amax measured in the same pass (abs_bits' order).
+// Delayed scaling's cast: the scale given (and copied to *scale_copy), t's amax measured in the
+// same pass (abs_bits' order).
 template <typename T, int V, Fp8 F>
 __global__ void cast_measure_kernel(T const* __restrict__ t, int64_t n, float const* __restrict__ scale,
-                                    unsigned* __restrict__ amax, uint8_t* __restrict__ out) {
+                                    float* __restrict__ scale_copy, unsigned* __restrict__ amax,
+                                    uint8_t* __restrict__ out) {
   float s = *scale;
+  if (blockIdx.x == 0 && threadIdx.x == 0) *scale_copy = s;
   unsigned m = 0;
   map_packs<V>(t, n, out, [s, &m](T v) {
     float w = widen(v);
@@ -157,19 +160,20 @@ __device__ __forceinline__ void store_run(uint8_t* dst, int valid, bool vec, Pac
   }
 }
 
-// Given: delayed scaling's form, *scale read and the tile's amax measured into *amax; else the
-// scale made from *amax (current scaling) and written to *scale.
+// Given: delayed scaling's form, *scale read (and copied to *scale_copy) and the tile's amax
+// measured into *amax; else the scale made from *amax (current scaling) and written to *scale.
 template <typename T, Fp8 F, bool Given>
 __global__ void cast_transpose_kernel(T const* __restrict__ t, int64_t rows, int64_t cols, int64_t col_tiles,
                                       unsigned* __restrict__ amax, int margin, float* __restrict__ scale,
-                                      uint8_t* __restrict__ out, uint8_t* __restrict__ out_t, bool vec_in,
-                                      bool vec_out, bool vec_out_t) {
+                                      float* __restrict__ scale_copy, uint8_t* __restrict__ out,
+                                      uint8_t* __restrict__ out_t, bool vec_in, bool vec_out, bool vec_out_t) {
   // 4 bytes of padding a row: a gather's 16 rows apart fall on different banks but for 2-way.
   __shared__ alignas(16) uint8_t tile[kTile][kTile + 4];
   float s;
   unsigned m = 0;
   if constexpr (Given) {
     s = *scale;
+    if (blockIdx.x == 0 && threadIdx.x == 0) *scale_copy = s;
   } else {
     s = scale_of<F>(*amax, margin);
     if (blockIdx.x == 0 && threadIdx.x == 0) *scale = s;
@@ -263,6 +267,24 @@ __global__ void operand_scales_kernel(float const* __restrict__ s_x, float const
   }
 }
 
+// The e4m3 op's backward scalars (fp8_backward_scales), as torch computes `dsc * 0`, `dsc / (s_x
+// * s_w)` and `s_g.reciprocal()`: in dsc's dtype D (the 0-dim fp32 product cast to D first, fp32
+// opmath, one rounding to D), then cast to the gradient's dtype. A 0-dim CUDA tensor is no CPU
+// scalar, so torch divides (a / b), as here, and does not multiply by a reciprocal.
+template <typename D, typename B, typename S>
+__global__ void backward_scales_kernel(D const* __restrict__ dsc, int64_t n, float const* __restrict__ s_x,
+                                       float const* __restrict__ s_w, float const* __restrict__ s_g,
+                                       B* __restrict__ dbias, S* __restrict__ dscale, float* __restrict__ inv_g) {
+  float p = widen(narrowed<D>(*s_x * *s_w));
+  int64_t first = blockIdx.x * int64_t{kThreads} + threadIdx.x;
+  if (first == 0 && s_g) *inv_g = 1.f / *s_g;
+  for (int64_t i = first; i < n; i += int64_t{gridDim.x} * kThreads) {
+    float d = widen(dsc[i]);
+    if (dbias) dbias[i] = narrowed<B>(widen(narrowed<D>(d * 0.f)));
+    dscale[i] = narrowed<S>(widen(narrowed<D>(d / p)));
+  }
+}
+
 unsigned grid_for(int64_t packs) { return strided_grid(packs, kThreads, 2048); }
 
 bool aligned16(void const* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -293,13 +315,18 @@ void run(void const* t_, int64_t n, int margin, unsigned* amax, float* scale, ui
   check_cuda(cudaGetLastError(), "quantize_e4m3");
 }
 
+// The scale's copy for an empty t, which launches no cast (delayed scaling's forms).
+void copy_scale(float const* scale, float* scale_copy, cudaStream_t stream) {
+  check_cuda(cudaMemcpyAsync(scale_copy, scale, sizeof(float), cudaMemcpyDeviceToDevice, stream), "fp8 scale copy");
+}
+
 template <typename T, Fp8 F, bool Given>
 void run_transposed(void const* t_, int64_t rows, int64_t cols, int margin, unsigned* amax, float* scale,
-                    uint8_t* out, uint8_t* out_t, cudaStream_t stream) {
+                    float* scale_copy, uint8_t* out, uint8_t* out_t, cudaStream_t stream) {
   auto t = static_cast<T const*>(t_);
   if constexpr (Given) {
     check_cuda(cudaMemsetAsync(amax, 0, sizeof(unsigned), stream), "fp8 cast (amax reset)");
-    if (rows * cols == 0) return;  // amax 0
+    if (rows * cols == 0) return copy_scale(scale, scale_copy, stream);  // amax 0
   } else {
     launch_amax(t, rows * cols, amax, stream);
     if (rows * cols == 0) {
@@ -315,20 +342,21 @@ void run_transposed(void const* t_, int64_t rows, int64_t cols, int margin, unsi
   check_cuda(row_tiles * col_tiles < (int64_t{1} << 31) ? cudaSuccess : cudaErrorInvalidValue,
              "quantize_fp8_transposed (more than 2^31 tiles)");
   cast_transpose_kernel<T, F, Given><<<static_cast<unsigned>(row_tiles * col_tiles), kThreads, 0, stream>>>(
-      t, rows, cols, col_tiles, amax, margin, scale, out, out_t, vec_in, vec_out, vec_out_t);
+      t, rows, cols, col_tiles, amax, margin, scale, scale_copy, out, out_t, vec_in, vec_out, vec_out_t);
   check_cuda(cudaGetLastError(), "quantize_fp8_transposed");
 }
 
 template <typename T>
-void run_measured(void const* t_, int64_t n, float const* scale, unsigned* amax, uint8_t* out, cudaStream_t stream) {
+void run_measured(void const* t_, int64_t n, float const* scale, float* scale_copy, unsigned* amax, uint8_t* out,
+                  cudaStream_t stream) {
   auto t = static_cast<T const*>(t_);
   constexpr int V = 16 / sizeof(T);
   check_cuda(cudaMemsetAsync(amax, 0, sizeof(unsigned), stream), "fp8 cast (amax reset)");
-  if (n == 0) return;
+  if (n == 0) return copy_scale(scale, scale_copy, stream);
   if (aligned16(t) && reinterpret_cast<uintptr_t>(out) % V == 0) {
-    cast_measure_kernel<T, V, Fp8::e4m3><<<grid_for(n / V), kThreads, 0, stream>>>(t, n, scale, amax, out);
+    cast_measure_kernel<T, V, Fp8::e4m3><<<grid_for(n / V), kThreads, 0, stream>>>(t, n, scale, scale_copy, amax, out);
   } else {
-    cast_measure_kernel<T, 1, Fp8::e4m3><<<grid_for(n), kThreads, 0, stream>>>(t, n, scale, amax, out);
+    cast_measure_kernel<T, 1, Fp8::e4m3><<<grid_for(n), kThreads, 0, stream>>>(t, n, scale, scale_copy, amax, out);
   }
   check_cuda(cudaGetLastError(), "quantize_e4m3_with_scale");
 }
@@ -373,25 +401,26 @@ void quantize_fp8_transposed(void const* t, DType dtype, Fp8 format, int64_t row
                              unsigned* amax_bits, float* scale, uint8_t* out, uint8_t* out_t, cudaStream_t stream) {
   dispatch(dtype, [&](auto v) {
     dispatch_format(format, [&](auto f) {
-      run_transposed<decltype(v), decltype(f)::value, false>(t, rows, cols, margin, amax_bits, scale, out, out_t,
-                                                             stream);
+      run_transposed<decltype(v), decltype(f)::value, false>(t, rows, cols, margin, amax_bits, scale, nullptr, out,
+                                                             out_t, stream);
     });
   });
 }
 
-void quantize_e4m3_with_scale(void const* t, DType dtype, int64_t n, float const* scale, unsigned* amax_bits,
-                              uint8_t* out, cudaStream_t stream) {
-  dispatch(dtype, [&](auto v) { run_measured<decltype(v)>(t, n, scale, amax_bits, out, stream); });
+void quantize_e4m3_with_scale(void const* t, DType dtype, int64_t n, float const* scale, float* scale_copy,
+                              unsigned* amax_bits, uint8_t* out, cudaStream_t stream) {
+  dispatch(dtype, [&](auto v) { run_measured<decltype(v)>(t, n, scale, scale_copy, amax_bits, out, stream); });
 }
 
 void quantize_fp8_transposed_with_scale(void const* t, DType dtype, Fp8 format, int64_t rows, int64_t cols,
-                                        float const* scale, unsigned* amax_bits, uint8_t* out, uint8_t* out_t,
-                                        cudaStream_t stream) {
+                                        float const* scale, float* scale_copy, unsigned* amax_bits, uint8_t* out,
+                                        uint8_t* out_t, cudaStream_t stream) {
   // The kernel only reads *scale in this form (Given).
   auto s = const_cast<float*>(scale);
   dispatch(dtype, [&](auto v) {
     dispatch_format(format, [&](auto f) {
-      run_transposed<decltype(v), decltype(f)::value, true>(t, rows, cols, 0, amax_bits, s, out, out_t, stream);
+      run_transposed<decltype(v), decltype(f)::value, true>(t, rows, cols, 0, amax_bits, s, scale_copy, out, out_t,
+                                                            stream);
     });
   });
 }
@@ -410,6 +439,23 @@ void fp8_operand_scales(float const* s_x, float const* s_w, void const* bias, DT
     });
   });
   check_cuda(cudaGetLastError(), "fp8_operand_scales");
+}
+
+void fp8_backward_scales(void const* dsc, DType dsc_dtype, int64_t n, float const* s_x, float const* s_w,
+                         float const* s_g, void* dbias, DType bias_dtype, void* dscale, DType scale_dtype,
+                         float* inv_g, cudaStream_t stream) {
+  dispatch(dsc_dtype, [&](auto d) {
+    dispatch(bias_dtype, [&](auto b) {
+      dispatch(scale_dtype, [&](auto s) {
+        using D = decltype(d);
+        using B = decltype(b);
+        using S = decltype(s);
+        backward_scales_kernel<D, B, S><<<grid_for(std::max<int64_t>(n, 1)), kThreads, 0, stream>>>(
+            static_cast<D const*>(dsc), n, s_x, s_w, s_g, static_cast<B*>(dbias), static_cast<S*>(dscale), inv_g);
+      });
+    });
+  });
+  check_cuda(cudaGetLastError(), "fp8_backward_scales");
 }
 
 void record_amax(float* history, int64_t len, float const* amax_x, float const* amax_w, int margin, bool use_max,

@@ -34,12 +34,14 @@ void quantize_fp8_transposed(void const* t, DType dtype, Fp8 format, int64_t row
 
 // Delayed scaling (a scale carried from earlier steps): the same casts under the given *scale (a
 // power of two, fp32), each measuring t's amax in its own pass into amax_bits (zeroed first; as
-// fp32 bits, NaN where t holds one): one read of t, where current scaling takes two.
-void quantize_e4m3_with_scale(void const* t, DType dtype, int64_t n, float const* scale, unsigned* amax_bits,
-                              uint8_t* out, cudaStream_t stream);
+// fp32 bits, NaN where t holds one): one read of t, where current scaling takes two. The cast
+// also copies *scale to *scale_copy, the value it used, which the caller keeps while the state
+// moves on (a cudaMemcpyAsync cost ~10 us of host time a call, H100).
+void quantize_e4m3_with_scale(void const* t, DType dtype, int64_t n, float const* scale, float* scale_copy,
+                              unsigned* amax_bits, uint8_t* out, cudaStream_t stream);
 void quantize_fp8_transposed_with_scale(void const* t, DType dtype, Fp8 format, int64_t rows, int64_t cols,
-                                        float const* scale, unsigned* amax_bits, uint8_t* out, uint8_t* out_t,
-                                        cudaStream_t stream);
+                                        float const* scale, float* scale_copy, unsigned* amax_bits, uint8_t* out,
+                                        uint8_t* out_t, cudaStream_t stream);
 
 // Delayed scaling's step for a layer's history (len x 2 fp32, columns x and W, row 0 the latest)
 // and its two scales: cutlass_fused/fp8.py's DelayedState.record (use_max: amax_compute_algo
@@ -53,6 +55,13 @@ void record_amax(float* history, int64_t len, float const* amax_x, float const* 
 void fp8_operand_scales(float const* s_x, float const* s_w, void const* bias, DType bias_dtype, int64_t nb,
                         void const* scale, DType scale_dtype, int64_t ns, void* b_out, void* sc_out,
                         cudaStream_t stream);
+
+// The e4m3 op's backward scalars (fp8_backward_scales), from dsc (n elements of dsc_dtype):
+// dbias = (dsc * 0) in bias_dtype (skipped where dbias is null), dscale = dsc / (s_x s_w) in
+// scale_dtype, and *inv_g = 1 / *s_g (skipped where s_g is null), the bits of those torch ops.
+void fp8_backward_scales(void const* dsc, DType dsc_dtype, int64_t n, float const* s_x, float const* s_w,
+                         float const* s_g, void* dbias, DType bias_dtype, void* dscale, DType scale_dtype,
+                         float* inv_g, cudaStream_t stream);
 
 // out[i] = t8[i] (fp8 of `format`) times *scale (1 where scale is null), rounded once to `dtype`:
 // the bf16 FP8 backward's operands, which torch's float8 cast moved at ~0.75 TB/s (H200).
