@@ -85,7 +85,7 @@ def graphed(row, amp):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--case", default="amp-bf16,4096,4096,4")
-    ap.add_argument("--row", action="append", choices=["eager", "compile", "fused", "fused+compile"])
+    ap.add_argument("--row", action="append", choices=[r for r in bench_step.ALL_ROWS if not r.startswith("torchao")])
     ap.add_argument("--top", type=int, default=16)
     args = ap.parse_args()
     if not torch.cuda.is_available():
