@@ -250,18 +250,21 @@ void check_quantize_with_scale(at::Tensor const& t, at::Tensor const& scale, at:
   check_fp32_element(scale, "scale", t.device());
 }
 
+namespace {
+// The FP8 scale ops' 16- and 32-bit floating dtypes (their kernels' dispatch), a RuntimeError else.
+void check_floating16or32(at::ScalarType dt, char const* name) {
+  TORCH_CHECK(dt == at::kBFloat16 || dt == at::kHalf || dt == at::kFloat, "cutlass_fused: expected ", name,
+              " to be torch.bfloat16, torch.float16 or torch.float32, but got ", dt);
+}
+}  // namespace
+
 void check_fp8_operand_scales(at::Tensor const& s_x, at::Tensor const& s_w, c10::optional<at::Tensor> const& bias,
                               at::Tensor const& scale) {
   check_fp32_element(s_x, "s_x", scale.device());
   check_fp32_element(s_w, "s_w", scale.device());
-  auto floating16or32 = [](at::Tensor const& t, char const* name) {
-    auto dt = t.scalar_type();
-    TORCH_CHECK(dt == at::kBFloat16 || dt == at::kHalf || dt == at::kFloat, "cutlass_fused: expected ", name,
-                " to be torch.bfloat16, torch.float16 or torch.float32, but got ", dt);
-  };
-  floating16or32(scale, "scale");
+  check_floating16or32(scale.scalar_type(), "scale");
   if (bias.has_value()) {
-    floating16or32(*bias, "bias");
+    check_floating16or32(bias->scalar_type(), "bias");
     TORCH_CHECK(bias->device() == scale.device(), "cutlass_fused: expected bias on ", scale.device(), ", but got ",
                 bias->device());
   }
@@ -273,13 +276,9 @@ void check_fp8_backward_scales(at::Tensor const& dsc, at::Tensor const& s_x, at:
   check_fp32_element(s_x, "s_x", dsc.device());
   check_fp32_element(s_w, "s_w", dsc.device());
   if (s_g.has_value()) check_fp32_element(*s_g, "s_g", dsc.device());
-  auto floating16or32 = [](at::ScalarType dt, char const* name) {
-    TORCH_CHECK(dt == at::kBFloat16 || dt == at::kHalf || dt == at::kFloat, "cutlass_fused: expected ", name,
-                " to be torch.bfloat16, torch.float16 or torch.float32, but got ", dt);
-  };
-  floating16or32(dsc.scalar_type(), "dsc");
-  floating16or32(scale_dtype, "scale_dtype");
-  if (bias_dtype.has_value()) floating16or32(*bias_dtype, "bias_dtype");
+  check_floating16or32(dsc.scalar_type(), "dsc");
+  check_floating16or32(scale_dtype, "scale_dtype");
+  if (bias_dtype.has_value()) check_floating16or32(*bias_dtype, "bias_dtype");
 }
 
 void check_fp8_record(at::Tensor const& amax_history, at::Tensor const& scale, at::Tensor const& amax_x,
