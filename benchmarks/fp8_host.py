@@ -5,9 +5,9 @@ a call is the host's cost: what a large shape pays where it is host-bound (the e
 step, benchmarks/step_busy.py). No profiler: it adds its own cost to every op.
     python benchmarks/fp8_host.py [BATCH IN OUT]"""
 import sys
-import time
 
 import torch
+from host_overhead import per_call_us as one_run_us  # benchmarks/, this script's directory
 
 import cutlass_fused
 from cutlass_fused.fp8 import E4M3, E5M2, Float8Recipe
@@ -15,18 +15,9 @@ from cutlass_fused.fp8 import E4M3, E5M2, Float8Recipe
 ops = torch.ops.cutlass_fused
 
 
-def per_call_us(fn, iters=1000):
-    for _ in range(100):
-        fn()
-    best = float("inf")
-    for _ in range(3):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - t) / iters * 1e6)
-    return best
+def per_call_us(fn):
+    """Best of 3 runs of 1000 calls: this host's speed drifts between runs."""
+    return min(one_run_us(fn, 1000) for _ in range(3))
 
 
 def layer_rows(m, k, n, dev):
