@@ -6,9 +6,9 @@
 For each row: whether a step makes a synchronizing call (torch's sync debug mode), its time under
 do_bench (three times), then eight back-to-back steps under torch.profiler with CUDA activity only
 (no host-side recording to slow the host): over the middle half of their kernels, the span a step,
-the time the GPU was busy, the gaps, and the kernels by time; for `fused`, also a CUDA graph of the
-whole step (AdamW capturable), which is the GPU's time with no host in the way. benchmarks/step_gaps.py
-traces single steps from an idle queue, which shows where the GPU waits on the host then; this
+the time the GPU was busy, the gaps, and the kernels by time; for a row with a +graph twin (eager,
+fused, the FP8 rows), also that twin's replay (the step as one CUDA graph, AdamW capturable), which is
+the GPU's time with no host in the way. benchmarks/step_gaps.py traces single steps from an idle queue, which shows where the GPU waits on the host then; this
 shows whether it does once the queue is full.
 """
 import argparse
@@ -68,20 +68,6 @@ def busy(step, top):
         print(f"    {us / steps:8.1f} us x{n / steps:4.1f}  {name}")
 
 
-def graphed(row, amp):
-    """The whole step as one CUDA graph (autocast's cache off, as graphs need)."""
-    model, (x, target) = row.call, (row.x, row.target)
-    opt = torch.optim.AdamW(model.parameters(), fused=True, capturable=True)
-
-    def body():
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp, cache_enabled=False):
-            loss = torch.nn.functional.cross_entropy(model(x), target)
-        loss.backward()
-        opt.step()
-
-    return bench.median_ms(bench.graphed(body, before=lambda: opt.zero_grad(set_to_none=True)), True)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--case", default="amp-bf16,4096,4096,4")
@@ -100,9 +86,11 @@ def main():
         times = [bench.median_ms(step, True) for _ in range(3)]
         print(f"  do_bench {' '.join(f'{t:.3f}' for t in times)} ms")
         busy(step, args.top)
-        if name == "fused":
-            print(f"  one CUDA graph of the step: {graphed(row, case.precision == 'amp-bf16'):.3f} ms")
         del row
+        if name + "+graph" in bench_step.GRAPH_ROWS:  # the step's GPU time, no host in the way
+            row = bench_step.Row(name + "+graph", base, case, device, [])
+            print(f"  one CUDA graph of the step: {bench.median_ms(row.timed_step(), True):.3f} ms")
+            del row
         torch.cuda.empty_cache()
 
 

@@ -189,10 +189,15 @@ struct E4M3Function : torch::autograd::Function<E4M3Function> {
     if (e5m2) std::tie(dh8, dh8_t, s_g) = quantize_t.call(dh, at::kFloat8_e5m2, 0, false);
     // The bias's gradient is exactly zero (NaN where the column's statistics are not finite, as
     // the training op's), the scale's dsc / (s_x s_w), and e5m2's 1 / s_g (exact: a power of two).
-    c10::optional<at::ScalarType> bias_dt;
-    if (need[2]) bias_dt = static_cast<at::ScalarType>(dtypes.get(2));
-    auto [dbias, dscale, inv_g] = backward_scales.call(dsc, s_x, s_w, e5m2 ? OptTensor(s_g) : c10::nullopt, bias_dt,
-                                                       static_cast<at::ScalarType>(dtypes.get(3)));
+    // Not launched where none of the three is wanted (the bf16 backward of a layer whose bias and
+    // scale need no gradient).
+    at::Tensor dbias, dscale, inv_g;
+    if (e5m2 || need[2] || need[3]) {
+      c10::optional<at::ScalarType> bias_dt;
+      if (need[2]) bias_dt = static_cast<at::ScalarType>(dtypes.get(2));
+      std::tie(dbias, dscale, inv_g) = backward_scales.call(dsc, s_x, s_w, e5m2 ? OptTensor(s_g) : c10::nullopt,
+                                                            bias_dt, static_cast<at::ScalarType>(dtypes.get(3)));
+    }
     if (e5m2) {
       // x8, w8 hold x8^T (k x m) and W8^T (k x n); .t() of a contiguous one is the column-major
       // second operand cuBLASLt takes.

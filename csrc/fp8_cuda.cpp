@@ -166,8 +166,8 @@ std::tuple<at::Tensor, at::Tensor> fp8_operand_scales_cuda(at::Tensor const& s_x
   c10::cuda::CUDAGuard guard(scale.device());
   auto sc_in = scale.contiguous();
   auto b_in = bias.has_value() ? bias->contiguous() : at::Tensor();
-  auto b = at::empty({bias.has_value() ? bias->numel() : 0}, scale.options().dtype(at::kBFloat16));
-  if (bias.has_value()) b = b.view(bias->sizes());
+  static constexpr int64_t no_bias[] = {0};
+  auto b = at::empty(bias.has_value() ? bias->sizes() : at::IntArrayRef(no_bias), scale.options().dtype(at::kBFloat16));
   auto sc = at::empty(scale.sizes(), scale.options());
   poison(b);
   poison(sc);

@@ -6,7 +6,8 @@ CUDA) steps it and zero_grad(set_to_none=True) ends the step. The rows, each on 
 one initial model: eager, compile (torch.compile of the model), fused (cutlass_fused.fuse of the
 model) and fused+compile; the optimizer is never compiled. `--step-row` picks rows, also issue 33's
 anchors: torchao-float8 (torchao's float8 training of the blocks' Linears, tensorwise scaling; BatchNorm
-stays PyTorch's), and it or its rowwise recipe under torch.compile. A row's first PARITY_STEPS steps run on
+stays PyTorch's), and it or its rowwise recipe under torch.compile; the fused FP8 rows (FP8_ROWS); and
+eager, fused and the FP8 rows as one CUDA graph a step (GRAPH_ROWS). A row's first PARITY_STEPS steps run on
 a data stream shared by all rows, and its loss parity is the largest relative difference of those
 losses from eager's. Then the step on one fixed batch is timed (bench.median_ms), the rows in
 --rounds, and its peak memory taken (bench.peak_extra_mib). x mm: a row's step time over its GEMMs'
@@ -38,7 +39,11 @@ TORCHAO_ROWS = ("torchao-float8", "torchao-float8+compile", "torchao-float8-roww
 # fused-fp8-e5m2: with Float8Recipe(backward="e5m2") (the FP8 backward's GEMMs as well);
 # fused-fp8-delayed-e5m2: with scaling="delayed" too (one cast pass each for x and W).
 FP8_ROWS = ("fused-fp8", "fused-fp8-e5m2", "fused-fp8-delayed-e5m2")
-ALL_ROWS = ROWS + tuple(r + c for r in FP8_ROWS for c in ("", "+compile")) + TORCHAO_ROWS
+# +graph: the whole step (forward, backward, AdamW with capturable=True) as one CUDA graph, replayed
+# (Row.replayed): the GPU's time for the step with no host in the way, which a host-bound step
+# (the FP8 rows': docs/decisions.md) does not get eagerly.
+GRAPH_ROWS = tuple(r + "+graph" for r in ("eager", "fused") + FP8_ROWS)
+ALL_ROWS = ROWS + tuple(r + c for r in FP8_ROWS for c in ("", "+compile")) + GRAPH_ROWS + TORCHAO_ROWS
 CASES = [Case("amp-bf16", 4096, 4096, 4, "relu"), Case("amp-bf16", 1024, 8192, 4, "relu"),
          Case("bf16", 4096, 4096, 4, "relu"), Case("amp-bf16", 256, 2048, 6, "relu")]
 # The CPU runs the layer's PyTorch path and has no triton for torch.compile: one tiny case, in
@@ -48,7 +53,9 @@ CPU_ROWS = ("eager", "fused")
 CLASSES = 1000
 PARITY_STEPS = 30
 PEAK = ("bench.peak_extra_mib: torch.cuda.max_memory_allocated during one step minus memory_allocated "
-        "before it (weights, AdamW states and the batch), after a step first; null on the CPU")
+        "before it (weights, AdamW states and the batch), after a step first; for a +graph row, during the "
+        "step its graph captured (the graph's pool); null on the CPU")
+GRAPH_WARMUP = 3
 CASE_HELP = ("PRECISION,BATCH,WIDTH,BLOCKS[,ACTIVATION]: a training-step case (repeatable; implies --step). "
              f"PRECISION: {', '.join(PRECISIONS)} (amp-bf16: fp32 weights under torch.autocast bf16; bf16: "
              "model and inputs in bf16; tf32: fp32 with TF32 matmuls; f32: TF32 off). ACTIVATION: "
@@ -125,25 +132,76 @@ class Row:
                 if isinstance(layer, cutlass_fused.LinearScaleBatchNorm1d):
                     layer.fp8 = recipe
         self.call = torch.compile(module) if name.endswith("compile") else module
-        self.opt = torch.optim.AdamW(module.parameters(), fused=device.type == "cuda")
+        self.graphed, self.graph, self.warm, self.capture_peak = name.endswith("+graph"), None, 0, None
+        if self.graphed and device.type != "cuda":
+            raise RuntimeError("the +graph rows capture CUDA graphs: they need a GPU")
+        self.opt = torch.optim.AdamW(module.parameters(), fused=device.type == "cuda", capturable=self.graphed)
         losses = [self.step(*batch(case, device, i)).detach() for i in range(PARITY_STEPS)]
         self.losses = torch.stack(losses).float().tolist()
         self.x, self.target = batch(case, device, PARITY_STEPS)
         self.times = []
 
-    def step(self, x, target):
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.case.precision == "amp-bf16"):
+    def body(self, x, target):
+        # A graph replays the casts it captured: autocast's cache would keep them past the capture.
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.case.precision == "amp-bf16",
+                            cache_enabled=not self.graphed):
             loss = F.cross_entropy(self.call(x), target)
         loss.backward()
         self.opt.step()
+        return loss
+
+    def step(self, x, target):
+        if self.graphed:
+            return self.replayed(x, target)
+        loss = self.body(x, target)
         # After the step, so that the memory before the next one is the weights and AdamW's states.
         self.opt.zero_grad(set_to_none=True)
         return loss
 
+    def replayed(self, x, target):
+        """A +graph row's step. The first GRAPH_WARMUP steps run eagerly on a side stream, as
+        torch.cuda.graph asks; they are real steps of the row (the parity steps' first), and make
+        AdamW's states. The next step is captured, with the gradients set to None so that the
+        captured backward makes them in the graph's pool, and every step from it copies its batch
+        into the captured inputs and replays. Returns a copy of the loss: the replay overwrites it."""
+        if self.graph is None and self.warm < GRAPH_WARMUP:
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                self.opt.zero_grad(set_to_none=True)
+                loss = self.body(x, target)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            self.warm += 1
+            return loss
+        if self.graph is None:
+            self.x_in, self.target_in = x.clone(), target.clone()
+            self.opt.zero_grad(set_to_none=True)
+            torch.cuda.synchronize(self.device)
+            before = torch.cuda.memory_allocated(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.loss_out = self.body(self.x_in, self.target_in)
+            self.capture_peak = (torch.cuda.max_memory_allocated(self.device) - before) / 2**20
+        self.x_in.copy_(x)
+        self.target_in.copy_(target)
+        self.graph.replay()
+        return self.loss_out.clone()
+
     def time(self):
-        self.times.append(bench.median_ms(lambda: self.step(self.x, self.target), self.device.type == "cuda"))
+        self.times.append(bench.median_ms(self.timed_step(), self.device.type == "cuda"))
+
+    def timed_step(self):
+        """The step the rounds time: a +graph row's replay alone, its batch copied in once."""
+        if not self.graphed:
+            return lambda: self.step(self.x, self.target)
+        self.x_in.copy_(self.x)
+        self.target_in.copy_(self.target)
+        return self.graph.replay
 
     def peak(self):
+        if self.graphed:
+            return self.capture_peak
         return bench.peak_extra_mib(lambda: self.step(self.x, self.target)) if self.device.type == "cuda" else None
 
 
@@ -240,6 +298,8 @@ def run(args, argv):
     rows = tuple(dict.fromkeys(args.step_row)) if args.step_row else (ROWS if cuda else CPU_ROWS)
     if not cuda and any(r.endswith("compile") for r in rows):
         raise SystemExit("cutlass_fused.bench: the --step-row compile rows need a GPU (no torch.compile on the CPU)")
+    if not cuda and any(r.endswith("+graph") for r in rows):
+        raise SystemExit("cutlass_fused.bench: the --step-row +graph rows need a GPU (they capture CUDA graphs)")
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     result = measure(cases, rows, device, args.rounds, argv, out_dir)

@@ -273,6 +273,40 @@ def test_bench_step_cpu_refuses_compile_rows(tmp_path):
         bench.main(["--step-row", "torchao-float8+compile", "--out", str(tmp_path)])
 
 
+@pytest.mark.skipif(CUDA, reason="the CPU refusal of +graph rows")
+def test_bench_step_cpu_refuses_graph_rows(tmp_path):
+    with pytest.raises(SystemExit, match=r"\+graph rows need a GPU"):
+        bench.main(["--step-row", "eager", "--step-row", "fused+graph", "--out", str(tmp_path)])
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("row", ["eager", "fused", "fused-fp8-delayed-e5m2", "fused-fp8"])
+@pytest.mark.parametrize("precision", ["amp-bf16", "bf16"])
+def test_bench_step_graph_row_is_the_eager_step(row, precision):
+    """A +graph row (the step captured once, then replayed over its batch copied in) trains as the
+    same row run eagerly: over the parity steps (warm-up, capture, replays) the same losses and, at
+    their end, the same parameters and buffers (running stats; an FP8 row's delayed state, whose
+    in-place step the graph replays)."""
+    from cutlass_fused import bench_step
+    if row.startswith("fused-fp8"):
+        skip_without_e4m3("cuda")
+    case, device = bench_step.Case(precision, 48, 64, 2, "relu"), torch.device("cuda")
+    base = bench_step.mlp(case, device)
+    with bench_step.precision_flags(precision):
+        eager = bench_step.Row(row, base, case, device, [])
+        graphed = bench_step.Row(row + "+graph", base, case, device, [])
+    assert eager.graph is None and graphed.graph is not None
+    assert len(graphed.losses) == bench_step.PARITY_STEPS > bench_step.GRAPH_WARMUP + 1
+    torch.testing.assert_close(graphed.losses, eager.losses, rtol=1e-5, atol=0)
+    want, got = eager.call.state_dict(), graphed.call.state_dict()
+    assert want.keys() == got.keys()
+    if row == "fused-fp8-delayed-e5m2":
+        assert any(k.endswith("fp8_amax_history") for k in got)
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-5, atol=1e-6, msg=k)
+    assert graphed.peak() > 0
+
+
 @pytest.mark.parametrize("bad", ["f32,64,64", "f16,64,64,2", "f32,64,64,2,tanh", "f32,1,64,2", "f32,64,0,2",
                                  "f32,64,64,x"])
 def test_bench_step_rejects_bad_cases(bad, capsys):

@@ -984,6 +984,13 @@ def test_fp8_op_folds_the_scales(device):
         torch.testing.assert_close(rm_8, rm_e, rtol=1e-2, atol=1e-3)
 
 
+def _layer_operands(m, k, n, device):
+    """A layer's operands (fp32, on the CPU, from the global generator) and a bf16 dy on `device`."""
+    base = {"x": 3 * torch.randn(m, k), "weight": torch.randn(n, k) / 8, "bias": torch.randn(n),
+            "scale": torch.empty(n).uniform_(0.5, 2), "bn_weight": torch.randn(n), "bn_bias": torch.randn(n)}
+    return base, torch.randn(m, n).to(device, torch.bfloat16)
+
+
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
 @pytest.mark.parametrize("activation", ["none", "relu"])
 def test_train_e4m3_is_the_emulated_path(device, activation):
@@ -993,10 +1000,8 @@ def test_train_e4m3_is_the_emulated_path(device, activation):
     from cutlass_fused import fp8
     skip_without_e4m3(device)
     torch.manual_seed(1)
-    m, k, n = 96, 64, 48
-    base = {"x": 3 * torch.randn(m, k), "weight": torch.randn(n, k) / 8, "bias": torch.randn(n),
-            "scale": torch.empty(n).uniform_(0.5, 2), "bn_weight": torch.randn(n), "bn_bias": torch.randn(n)}
-    dy = torch.randn(m, n).to(device, torch.bfloat16)
+    base, dy = _layer_operands(96, 64, 48, device)
+    n = dy.shape[1]
     runs = {}
     for path in ("emulated", "e4m3"):
         t = {name: v.to(device, torch.bfloat16).requires_grad_() for name, v in base.items()}
@@ -1018,6 +1023,32 @@ def test_train_e4m3_is_the_emulated_path(device, activation):
             assert torch.equal(got, want), key
         else:
             torch.testing.assert_close(got.float(), want.float(), rtol=3e-2, atol=5e-2, msg=key)
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+@pytest.mark.parametrize("backward", ["bf16", "e5m2"])
+def test_e4m3_backward_scales_only_where_wanted(device, backward):
+    """A layer whose bias and scale need no gradient: the bf16 backward launches no
+    fp8_backward_scales, the e5m2 one still does (its 1 / s_g comes from it), and x's, W's and the
+    batch norm's gradients are those of the same call with every gradient asked for, bit for bit."""
+    from cutlass_fused import fp8
+    skip_without_e4m3(device)
+    torch.manual_seed(5)
+    base, dy = _layer_operands(48, 32, 64, device)
+    runs, calls = {}, {}
+    for every in (True, False):
+        t = {name: v.to(device, torch.bfloat16).requires_grad_(every or name not in ("bias", "scale"))
+             for name, v in base.items()}
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            y = fp8.train_e4m3(t["x"], t["weight"], t["bias"], t["scale"], t["bn_weight"], t["bn_bias"], None, None,
+                               None, 0.1, 1e-5, "auto", "relu", backward=backward)
+            y.backward(dy)
+        calls[every] = sum(e.name == "cutlass_fused::fp8_backward_scales" for e in prof.events())
+        runs[every] = t
+        assert (t["bias"].grad is None and t["scale"].grad is None) != every
+    assert calls == {True: 1, False: 1 if backward == "e5m2" else 0}, calls
+    for name in ("x", "weight", "bn_weight", "bn_bias"):
+        assert torch.equal(runs[False][name].grad, runs[True][name].grad), name
 
 
 def _train_both(layers, x, amp, calls):

@@ -334,6 +334,24 @@ def test_cudagraphs_train_steps_match_eager(family, mode, cudagraph_skips):
 
 
 @needs_cuda
+@pytest.mark.parametrize("scaling,backward", [("current", "bf16"), ("current", "e5m2"), ("delayed", "e5m2")])
+def test_cudagraphs_fp8_train_steps_match_eager(scaling, backward, cudagraph_skips):
+    """The e4m3 path under cudagraph trees: its casts, the FP8 op and, with delayed scaling, the
+    state's in-place step (buffers, as the running stats) replay as eager runs them, with y, dx,
+    the parameters, gradients, running stats and delayed state compared after every step."""
+    if not cutlass_fused.fp8.e4m3_kernels(torch.device("cuda")):
+        pytest.skip("the e4m3 kernels: an sm90 GPU and a build with the e4m3 rows")
+    eager = make_layer("cuda", 48, 40, torch.bfloat16)
+    eager.fp8 = cutlass_fused.Float8Recipe(scaling=scaling, backward=backward)
+    compiled_layer = copy.deepcopy(eager)
+    compiled = torch.compile(compiled_layer, mode="reduce-overhead", fullgraph=True)
+    events = sgd_steps(eager, compiled_layer, compiled, steps=5)
+    assert_ran_as_cuda_graphs(cudagraph_skips)
+    assert_replayed(events)
+    assert not counters["graph_break"], dict(counters["graph_break"])
+
+
+@needs_cuda
 @pytest.mark.parametrize("family", CUDA_FAMILIES)
 @pytest.mark.parametrize("inference", [False, True], ids=["parameters", "inference-tensors"])
 def test_cudagraphs_eval_sees_parameter_updates(family, inference, cudagraph_skips):
