@@ -300,6 +300,7 @@ TORCH_LIBRARY_IMPL(cutlass_fused, ADInplaceOrView, m) {
   m.impl("update_running_stats", torch::CppFunction::makeFromBoxedFunction<&bump_written_versions>());
   m.impl("linear_scale_batch_norm_train_fp8", torch::CppFunction::makeFromBoxedFunction<&bump_written_versions>());
   m.impl("fp8_record", torch::CppFunction::makeFromBoxedFunction<&bump_written_versions>());
+  m.impl("fp8_delayed_operands", torch::CppFunction::makeFromBoxedFunction<&bump_written_versions>());
 }
 
 TORCH_LIBRARY_IMPL(cutlass_fused, Autograd, m) {

@@ -4,8 +4,8 @@
 // against 676 for the bf16 layer, H200) exceeded the GPU's work there.
 //
 // Forward: x and W rounded to e4m3 under current scaling (quantize_e4m3, which keeps a frozen
-// W8 where `cache` allows) or under a delayed state's scales (quantize_with_scale, then fp8_record
-// updates the state), then the FP8 training op over them with bias / alpha and scale * alpha
+// W8 where `cache` allows) or under a delayed state's scales (fp8_delayed_operands: quantize_with_scale's
+// casts, fp8_record's step of the state and the operand scales in one op), then the FP8 training op over them with bias / alpha and scale * alpha
 // (alpha = 1 / (s_x s_w), fp8_operand_scales): y is the emulated path's (cutlass_fused/fp8.py). Its BN
 // backward gives dh' = alpha dh and dscale' = dscale / alpha, so the powers of two move onto the
 // operands' dequantize passes: dX = dh' (W8 s_x), dW = dh'^T (x8 s_w), exact while nothing leaves
@@ -62,8 +62,8 @@ Operands e4m3_operands(at::Tensor const& x, at::Tensor const& weight, OptTensor 
   static auto quantize = op_handle<QuantizeE4M3Sig>("cutlass_fused::quantize_e4m3");
   static auto quantize_t = op_handle<QuantizeTransposedSig>("cutlass_fused::quantize_transposed");
   static auto quantize_s = op_handle<QuantizeWithScaleSig>("cutlass_fused::quantize_with_scale");
-  static auto record = op_handle<Fp8RecordSig>("cutlass_fused::fp8_record");
   static auto operand_scales = op_handle<Fp8OperandScalesSig>("cutlass_fused::fp8_operand_scales");
+  static auto delayed_step = op_handle<Fp8DelayedOperandsSig>("cutlass_fused::fp8_delayed_operands");
   Operands o;
   TORCH_CHECK(!delayed.amax_history.has_value() || delayed.fp8_scale.has_value(),
               "cutlass_fused: amax_history is delayed scaling's, which needs fp8_scale too");
@@ -72,18 +72,22 @@ Operands e4m3_operands(at::Tensor const& x, at::Tensor const& weight, OptTensor 
     TORCH_CHECK(delayed.fp8_scale->dim() == 1 && delayed.fp8_scale->sym_numel() == 2,
                 "cutlass_fused: expected fp8_scale to be x's and W's scales, of shape [2], but got ",
                 delayed.fp8_scale->sym_sizes());
-    // s_x, s_w: the casts' copies of the state's scales, which the step below moves on; each its
+    // s_x, s_w: the casts' copies of the state's scales, which the step moves on; each its
     // own allocation, as cuBLASLt's FP8 GEMMs (the e5m2 backward's _scaled_mm) refuse a scale
     // that is not 16-byte aligned (CUBLAS_STATUS_NOT_SUPPORTED, H100).
     auto const& state = *delayed.fp8_scale;
+    if (delayed.amax_history.has_value()) {  // training: the casts, the step and the operand scales in one op
+      at::Tensor history = *delayed.amax_history, scales = state;  // non-const handles: the op writes them
+      at::Tensor b;
+      std::tie(o.x8, o.x8_t, o.w8, o.w8_t, o.s_x, o.s_w, b, o.sc) =
+          delayed_step.call(x, weight, bias, scale, history, scales, margin, delayed.algo, transposed);
+      o.b = bias.has_value() ? OptTensor(b) : c10::nullopt;
+      return o;
+    }
     at::Tensor amax_x, amax_w;
     std::tie(o.x8, o.x8_t, amax_x, o.s_x) = quantize_s.call(x, state.select(0, 0), at::kFloat8_e4m3fn, transposed);
     std::tie(o.w8, o.w8_t, amax_w, o.s_w) =
         quantize_s.call(weight, state.select(0, 1), at::kFloat8_e4m3fn, transposed);
-    if (delayed.amax_history.has_value()) {
-      at::Tensor history = *delayed.amax_history, scales = state;  // non-const handles: the op writes them
-      record.call(history, scales, amax_x, amax_w, margin, delayed.algo);
-    }
   } else if (transposed) {
     std::tie(o.x8, o.x8_t, o.s_x) = quantize_t.call(x, at::kFloat8_e4m3fn, margin, false);
     std::tie(o.w8, o.w8_t, o.s_w) = quantize_t.call(weight, at::kFloat8_e4m3fn, margin, cache);
@@ -272,9 +276,28 @@ at::Tensor eval_e4m3(at::Tensor const& x, at::Tensor const& weight, OptTensor co
                    negative_slope, output_dtype);
 }
 
+// fp8_delayed_operands as the ops it stands for (the CPU's; CUDA has its own, in fewer launches).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+delayed_operands_ops(at::Tensor const& x, at::Tensor const& weight, OptTensor const& bias, at::Tensor const& scale,
+                     at::Tensor& amax_history, at::Tensor& fp8_scale, int64_t margin, c10::string_view algo,
+                     bool transposed) {
+  static auto quantize_s = op_handle<QuantizeWithScaleSig>("cutlass_fused::quantize_with_scale");
+  static auto record = op_handle<Fp8RecordSig>("cutlass_fused::fp8_record");
+  static auto operand_scales = op_handle<Fp8OperandScalesSig>("cutlass_fused::fp8_operand_scales");
+  TORCH_CHECK(x.dim() == 2 && weight.dim() == 2, "cutlass_fused: expected x and weight to be 2-D, but got ", x.dim(),
+              "-D and ", weight.dim(), "-D");
+  check_fp8_state(amax_history, fp8_scale, algo, "fp8_scale");
+  auto [x8, x8_t, amax_x, s_x] = quantize_s.call(x, fp8_scale.select(0, 0), at::kFloat8_e4m3fn, transposed);
+  auto [w8, w8_t, amax_w, s_w] = quantize_s.call(weight, fp8_scale.select(0, 1), at::kFloat8_e4m3fn, transposed);
+  record.call(amax_history, fp8_scale, amax_x, amax_w, margin, algo);
+  auto [b, sc] = operand_scales.call(s_x, s_w, bias, scale);
+  return {x8, x8_t, w8, w8_t, s_x, s_w, b, sc};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(cutlass_fused, CompositeExplicitAutograd, m) {
+  m.impl("fp8_delayed_operands", &delayed_operands_ops);
   m.impl("linear_scale_batch_norm_train_e4m3", &e4m3_plain);
   m.impl("linear_scale_batch_norm_eval_e4m3", &eval_e4m3);
 }

@@ -202,6 +202,50 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_backward_scales_cuda(at::Tens
   return {dbias, dscale, inv_g};
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+fp8_delayed_operands_cuda(at::Tensor const& x, at::Tensor const& weight, c10::optional<at::Tensor> const& bias,
+                          at::Tensor const& scale, at::Tensor& amax_history, at::Tensor& fp8_scale, int64_t margin,
+                          c10::string_view amax_compute_algo, bool transposed) {
+  check_fp8_state(amax_history, fp8_scale, amax_compute_algo, "fp8_scale");
+  TORCH_CHECK(x.dim() == 2 && weight.dim() == 2, "cutlass_fused: expected x and weight to be 2-D, but got ", x.dim(),
+              "-D and ", weight.dim(), "-D");
+  c10::cuda::CUDAGuard guard(x.device());
+  check_quantize_with_scale(x, fp8_scale.select(0, 0), at::kFloat8_e4m3fn, transposed);
+  check_quantize_with_scale(weight, fp8_scale.select(0, 1), at::kFloat8_e4m3fn, transposed);
+  auto fp32 = x.options().dtype(at::kFloat);
+  auto s_x = at::empty({}, fp32), s_w = at::empty({}, fp32);
+  check_fp8_operand_scales(s_x, s_w, bias, scale);
+  struct Cast {
+    at::Tensor src, t8, t8_t;
+  };
+  auto cast = [&](at::Tensor const& t, char const* name) {
+    Cast c{t.contiguous(), at::empty(t.sizes(), t.options().dtype(at::kFloat8_e4m3fn)),
+           at::empty(transposed ? at::IntArrayRef{t.size(1), t.size(0)} : at::IntArrayRef{0},
+                     t.options().dtype(at::kFloat8_e4m3fn))};
+    poison(c.t8);
+    poison(c.t8_t);
+    return std::make_pair(c, Fp8Operand{c.src.data_ptr(), dtype_of(t.scalar_type(), name), t.size(0), t.size(1),
+                                        reinterpret_cast<uint8_t*>(c.t8.data_ptr()),
+                                        transposed ? reinterpret_cast<uint8_t*>(c.t8_t.data_ptr()) : nullptr});
+  };
+  auto [xc, xo] = cast(x, "x");
+  auto [wc, wo] = cast(weight, "weight");
+  static constexpr int64_t no_bias[] = {0};
+  auto b_in = bias.has_value() ? bias->contiguous() : at::Tensor();
+  auto sc_in = scale.contiguous();
+  auto b = at::empty(bias.has_value() ? bias->sizes() : at::IntArrayRef(no_bias), scale.options().dtype(at::kBFloat16));
+  auto sc = at::empty(scale.sizes(), scale.options());
+  auto amax = at::empty({2}, x.options().dtype(at::kInt));
+  for (auto* t : {&s_x, &s_w, &b, &sc}) poison(*t);
+  delayed_operands(xo, wo, amax_history.data_ptr<float>(), amax_history.size(0), fp8_scale.data_ptr<float>(),
+                   clamped(margin), amax_compute_algo == "max", reinterpret_cast<unsigned*>(amax.data_ptr<int>()),
+                   s_x.data_ptr<float>(), s_w.data_ptr<float>(), bias.has_value() ? b_in.data_ptr() : nullptr,
+                   bias.has_value() ? dtype_of(b_in.scalar_type(), "bias") : DType::bf16, b.numel(),
+                   sc_in.data_ptr(), dtype_of(sc_in.scalar_type(), "scale"), sc.numel(), b.data_ptr(), sc.data_ptr(),
+                   at::cuda::getCurrentCUDAStream().stream());
+  return {xc.t8, xc.t8_t, wc.t8, wc.t8_t, s_x, s_w, b, sc};
+}
+
 void fp8_record_cuda(at::Tensor& amax_history, at::Tensor& scale, at::Tensor const& amax_x, at::Tensor const& amax_w,
                      int64_t margin, c10::string_view amax_compute_algo) {
   check_fp8_record(amax_history, scale, amax_x, amax_w, amax_compute_algo);

@@ -32,6 +32,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_backward_scales_cuda(at::Tens
                                                                         c10::optional<at::Tensor> const& s_g,
                                                                         c10::optional<at::ScalarType> bias_dtype,
                                                                         at::ScalarType scale_dtype);
+// Delayed scaling's forward step for a layer (fp8_delayed_operands): (x8, x8_t, w8, w8_t, s_x, s_w,
+// b, sc), amax_history and fp8_scale stepped in place.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+fp8_delayed_operands_cuda(at::Tensor const& x, at::Tensor const& weight, c10::optional<at::Tensor> const& bias,
+                          at::Tensor const& scale, at::Tensor& amax_history, at::Tensor& fp8_scale, int64_t margin,
+                          c10::string_view amax_compute_algo, bool transposed);
 // Delayed scaling's amax-history step, in place (fp8_record).
 void fp8_record_cuda(at::Tensor& amax_history, at::Tensor& scale, at::Tensor const& amax_x, at::Tensor const& amax_w,
                      int64_t margin, c10::string_view amax_compute_algo);

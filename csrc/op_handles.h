@@ -45,6 +45,10 @@ using Fp8BackwardScalesSig = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
     at::Tensor const&, at::Tensor const&, at::Tensor const&, OptTensor const&, c10::optional<at::ScalarType>,
     at::ScalarType);
 using Fp8RecordSig = void(at::Tensor&, at::Tensor&, at::Tensor const&, at::Tensor const&, int64_t, c10::string_view);
+using Fp8DelayedOperandsSig =
+    std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+        at::Tensor const&, at::Tensor const&, OptTensor const&, at::Tensor const&, at::Tensor&, at::Tensor&, int64_t,
+        c10::string_view, bool);
 
 // Set by the autocast kernel (autocast.cpp) for the length of its call of the training op: the
 // 16-bit dtype its Autograd kernel is to cast the fp32 weight and bias to, which autocast left

@@ -283,16 +283,21 @@ void check_fp8_backward_scales(at::Tensor const& dsc, at::Tensor const& s_x, at:
 
 void check_fp8_record(at::Tensor const& amax_history, at::Tensor const& scale, at::Tensor const& amax_x,
                       at::Tensor const& amax_w, c10::string_view amax_compute_algo) {
+  check_fp8_state(amax_history, scale, amax_compute_algo, "scale");
+  check_fp32_element(amax_x, "amax_x", amax_history.device());
+  check_fp32_element(amax_w, "amax_w", amax_history.device());
+}
+
+void check_fp8_state(at::Tensor const& amax_history, at::Tensor const& scale, c10::string_view amax_compute_algo,
+                     char const* scale_name) {
   TORCH_CHECK(amax_history.dim() == 2 && amax_history.size(0) >= 1 && amax_history.size(1) == 2 &&
                   amax_history.scalar_type() == at::kFloat && amax_history.is_contiguous(),
               "cutlass_fused: expected amax_history to be a contiguous float32 tensor of shape [length >= 1, 2], "
               "but got ", amax_history.scalar_type(), " ", amax_history.sizes());
   TORCH_CHECK(scale.dim() == 1 && scale.size(0) == 2 && scale.scalar_type() == at::kFloat && scale.is_contiguous() &&
                   scale.device() == amax_history.device(),
-              "cutlass_fused: expected scale to be a contiguous float32 tensor of shape [2] on ",
+              "cutlass_fused: expected ", scale_name, " to be a contiguous float32 tensor of shape [2] on ",
               amax_history.device(), ", but got ", scale.scalar_type(), " ", scale.sizes(), " on ", scale.device());
-  check_fp32_element(amax_x, "amax_x", amax_history.device());
-  check_fp32_element(amax_w, "amax_w", amax_history.device());
   TORCH_CHECK_VALUE(amax_compute_algo == "max" || amax_compute_algo == "most_recent",
                     "cutlass_fused: expected amax_compute_algo to be 'max' or 'most_recent', but got '",
                     amax_compute_algo, "'");
@@ -369,9 +374,9 @@ TORCH_LIBRARY(cutlass_fused, m) {
   // above, and the backward in bf16 over the dequantized operands or, backward="e5m2", as FP8 GEMMs
   // over dh rounded to e5m2. y only: the op's other outputs stay inside.
   // Delayed scaling (fp8_scale given: a layer's two scales, x's and W's): x and W rounded under
-  // them by quantize_with_scale, which measures their amaxes; fp8_record then updates the layer's
-  // amax_history and fp8_scale in place, as the running stats are (no cache: W8 moves with the
-  // scale).
+  // them by fp8_delayed_operands, whose casts measure their amaxes and whose fp8_record step
+  // updates the layer's amax_history and fp8_scale in place, as the running stats are (no cache:
+  // W8 moves with the scale).
   m.def(
       "linear_scale_batch_norm_train_e4m3(Tensor x, Tensor weight, Tensor? bias, Tensor scale, Tensor? bn_weight,"
       " Tensor? bn_bias, Tensor(a!)? running_mean, Tensor(b!)? running_var, Tensor(c!)? num_batches_tracked,"
@@ -418,6 +423,13 @@ TORCH_LIBRARY(cutlass_fused, m) {
   // max ("max") or of row 0 ("most_recent"), kept where that is 0 or not finite. One launch on CUDA.
   m.def("fp8_record(Tensor(a!) amax_history, Tensor(b!) scale, Tensor amax_x, Tensor amax_w, int margin=0,"
         " str amax_compute_algo=\"max\") -> ()");
+  // Delayed scaling's forward step for a layer, one op: x and W (2-D) through quantize_with_scale
+  // under fp8_scale[0] and [1] (e4m3; transposed as there), fp8_record of their amaxes, and
+  // fp8_operand_scales of the scales the casts used (s_x, s_w): those ops' outputs and updates,
+  // in four launches on CUDA where they took six, and one call of the dispatcher where four.
+  m.def("fp8_delayed_operands(Tensor x, Tensor weight, Tensor? bias, Tensor scale, Tensor(a!) amax_history,"
+        " Tensor(b!) fp8_scale, int margin=0, str amax_compute_algo=\"max\", bool transposed=False)"
+        " -> (Tensor x8, Tensor x8_t, Tensor w8, Tensor w8_t, Tensor s_x, Tensor s_w, Tensor b, Tensor sc)");
   m.def(
       "update_running_stats(Tensor stats, Tensor scale, SymInt count, Tensor(a!) running_mean, Tensor(b!) running_var,"
       " Tensor? num_batches_tracked, float? momentum) -> ()");

@@ -101,5 +101,8 @@ void check_fp8_backward_scales(at::Tensor const& dsc, at::Tensor const& s_x, at:
 // element each) on its device, and the algorithm ("max" or "most_recent").
 void check_fp8_record(at::Tensor const& amax_history, at::Tensor const& scale, at::Tensor const& amax_x,
                       at::Tensor const& amax_w, c10::string_view amax_compute_algo);
+// Its state's part: amax_history, scale (named scale_name) and the algorithm.
+void check_fp8_state(at::Tensor const& amax_history, at::Tensor const& scale, c10::string_view amax_compute_algo,
+                     char const* scale_name);
 
 }  // namespace cutlass_fused

@@ -688,6 +688,7 @@ TORCH_LIBRARY_IMPL(cutlass_fused, CUDA, m) {
   m.impl("dequantize", &dequantize_cuda);
   m.impl("quantize_with_scale", &quantize_with_scale_cuda);
   m.impl("fp8_record", &fp8_record_cuda);
+  m.impl("fp8_delayed_operands", &fp8_delayed_operands_cuda);
   m.impl("fp8_operand_scales", &fp8_operand_scales_cuda);
   m.impl("fp8_backward_scales", &fp8_backward_scales_cuda);
   m.impl("batch_norm_finalize", &batch_norm_finalize_cuda);

@@ -21,7 +21,8 @@ scale it had (TransformerEngine's rule). Values past 448 / scale saturate, as th
 The e4m3 kernels (train_e4m3 and eval_e4m3 below): in training, through ops.quantize_e4m3 (current
 scaling: the amax and the cast on the GPU, this file's scale_of and quantize op for op) or
 ops.quantize_with_scale (delayed scaling: the cast under the state's scale, measuring the amax in
-the same pass; then ops.fp8_record, DelayedState.record in one launch), and the e4m3 statistics
+the same pass; then ops.fp8_record, DelayedState.record in one launch; in training the two casts,
+that step and the operand scales are one op, ops.fp8_delayed_operands), and the e4m3 statistics
 GEMM; in eval where no gradient is asked for (inference), the same casts and one e4m3 GEMM with the
 BatchNorm fold in its epilogue. The module picks them (LinearScaleBatchNorm1d._runs_e4m3,
 _runs_e4m3_eval). Every other FP8 call runs the same rounding through the 16-bit kernels

@@ -88,7 +88,7 @@ def _(t, scale, dtype, transposed=False):
 
 
 @torch.library.register_fake("cutlass_fused::fp8_operand_scales")
-def _(s_x, s_w, bias, scale):
+def fp8_operand_scales_fake(s_x, s_w, bias, scale):
     b = scale.new_empty((0,) if bias is None else bias.shape, dtype=torch.bfloat16)
     return b, scale.new_empty(scale.shape)
 
@@ -104,6 +104,19 @@ def _(dsc, s_x, s_w, s_g, bias_dtype, scale_dtype):
 @torch.library.register_fake("cutlass_fused::fp8_record")
 def _(amax_history, scale, amax_x, amax_w, margin=0, amax_compute_algo="max"):
     return None
+
+
+@torch.library.register_fake("cutlass_fused::fp8_delayed_operands")
+def _(x, weight, bias, scale, amax_history, fp8_scale, margin=0, amax_compute_algo="max", transposed=False):
+    torch._check(x.dim() == 2 and weight.dim() == 2,
+                 lambda: f"cutlass_fused: expected x and weight to be 2-D, but got {x.dim()}-D and {weight.dim()}-D")
+    casts = []
+    for t in (x, weight):
+        casts.append(t.new_empty(t.shape, dtype=torch.float8_e4m3fn))
+        casts.append(t.new_empty((t.shape[1], t.shape[0]) if transposed else (0,), dtype=torch.float8_e4m3fn))
+    s_x, s_w = x.new_empty((), dtype=torch.float32), x.new_empty((), dtype=torch.float32)
+    b, sc = fp8_operand_scales_fake(s_x, s_w, bias, scale)
+    return (*casts, s_x, s_w, b, sc)
 
 
 @torch.library.register_fake("cutlass_fused::dequantize")

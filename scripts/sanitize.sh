@@ -30,7 +30,7 @@ FILES=(
 )
 KEYS=("cuda and (3x769x1000 or 1000x1000x769)" "cuda" "1000x96x5125 or 333x128x130" "1000x96x5125 or falls_back"
       "cuda" "1000x96x5125 or 3x64x769" "spread and (bf16 or f32)"
-      "(cuda and (values_transposed or torchs_cast or op_edges or e5m2_backward_in_the_layer)) or each_e4m3_row or (cuda and e4m3_eval_is_the_emulated_one and autocast-bf16-y and 3x769x1000) or (cuda and ((with_scale_is_fp8_rounding and bf16) or quantize_with_scale_edges or fp8_record_is or fp8_operand_scales_is_torchs or fp8_backward_scales_is_torchs or delayed_e5m2_backward))"
+      "(cuda and (values_transposed or torchs_cast or op_edges or e5m2_backward_in_the_layer)) or each_e4m3_row or (cuda and e4m3_eval_is_the_emulated_one and autocast-bf16-y and 3x769x1000) or (cuda and ((with_scale_is_fp8_rounding and bf16) or quantize_with_scale_edges or fp8_record_is or fp8_operand_scales_is_torchs or fp8_backward_scales_is_torchs or (delayed_operands_is_the_ops and bf16) or delayed_e5m2_backward))"
       "relu and (1500x1032-bf16 or 4096x2048-bf16 or 4096x2048-f32)")
 rc=0
 tools=("$@")

@@ -62,7 +62,7 @@ def test_gradient_passes_straight_through():
 
 
 def _bits(t):
-    return t.view(torch.uint8) if t.dtype in (fp8.E4M3, fp8.E5M2) else t.view(torch.int32)
+    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[t.element_size()])
 
 
 def _quantize(fmt, t, margin):
@@ -776,6 +776,60 @@ def _same_bits(t):
     bits = t.view(torch.int16 if t.element_size() == 2 else torch.int32).clone()
     bits[t.isnan()] = -1
     return bits
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA else []))
+@pytest.mark.parametrize("dtypes", [(torch.bfloat16, torch.bfloat16, torch.bfloat16),
+                                    (torch.bfloat16, torch.float32, torch.float32),
+                                    (torch.float32, torch.float32, torch.float32),
+                                    (torch.float16, torch.float16, torch.float16)],
+                         ids=["bf16", "amp-bf16-x", "amp-f32-x", "f16"])
+@pytest.mark.parametrize("shape", [(96, 64, 48), (3, 769, 1000), (1000, 200, 5125), (0, 16, 32)], ids=str)
+@pytest.mark.parametrize("transposed", [False, True], ids=["plain", "transposed"])
+def test_fp8_delayed_operands_is_the_ops(device, dtypes, shape, transposed):
+    """ops.fp8_delayed_operands (on CUDA four launches) gives what quantize_with_scale for x and W,
+    fp8_record and fp8_operand_scales give, bit for bit: the casts and their transposes, the scales
+    they used (copies, apart from the state), the operand scales, and the state stepped in place, over
+    three steps of amaxes that grow, hold a NaN (kept scale) and an Inf; with a bias and without,
+    unaligned sizes, an empty x, both algorithms and a margin. Then its checks name the argument."""
+    from cutlass_fused.ops import ops
+    x_dt, w_dt, p_dt = dtypes
+    m, k, n = shape
+    torch.manual_seed(6)
+    for algo, margin, with_bias in (("max", 0, True), ("most_recent", 2, False)):
+        state = [torch.rand(4, 2, device=device) * 100, torch.tensor([0.5, 4.0], device=device)]
+        mine = [t.clone() for t in state]
+        for step, poison in enumerate((None, float("nan"), float("inf"))):
+            x = (2.0 ** step * torch.randn(m, k)).to(device, x_dt)
+            w = (torch.randn(n, k) / 8).to(device, w_dt)
+            if poison is not None and m:
+                x[m // 2, k // 3] = poison
+            bias = torch.randn(n, device=device, dtype=p_dt) if with_bias else None
+            scale = torch.randn(n, device=device, dtype=p_dt)
+            want_x = ops.quantize_with_scale(x, state[1][0], fp8.E4M3, transposed)
+            want_w = ops.quantize_with_scale(w, state[1][1], fp8.E4M3, transposed)
+            ops.fp8_record(state[0], state[1], want_x[2], want_w[2], margin, algo)
+            want_b, want_sc = ops.fp8_operand_scales(want_x[3], want_w[3], bias, scale)
+            versions = [t._version for t in mine]
+            got = ops.fp8_delayed_operands(x, w, bias, scale, mine[0], mine[1], margin, algo, transposed)
+            assert [t._version for t in mine] > versions
+            want = (want_x[0], want_x[1], want_w[0], want_w[1], want_x[3], want_w[3], want_b, want_sc)
+            for name, g, e in zip(("x8", "x8_t", "w8", "w8_t", "s_x", "s_w", "b", "sc"), got, want):
+                assert g.shape == e.shape and g.dtype == e.dtype and g.is_contiguous(), (name, g.shape, e.shape)
+                assert torch.equal(_bits(g), _bits(e)), (name, step, algo)
+            assert got[4].data_ptr() != mine[1].data_ptr() and got[5].data_ptr() != mine[1].data_ptr()
+            for g, e in zip(mine, state):
+                assert torch.equal(_bits(g), _bits(e)), (step, algo, g, e)
+    one = torch.ones(2, device=device)
+    x, w, v = torch.randn(4, 8, device=device), torch.randn(6, 8, device=device), torch.randn(6, device=device)
+    with pytest.raises(RuntimeError, match="expected fp8_scale to be a contiguous float32 tensor of shape"):
+        ops.fp8_delayed_operands(x, w, None, v, torch.zeros(3, 2, device=device), torch.ones(3, device=device))
+    with pytest.raises(ValueError, match="expected amax_compute_algo to be 'max' or 'most_recent'"):
+        ops.fp8_delayed_operands(x, w, None, v, torch.zeros(3, 2, device=device), one, 0, "mean")
+    with pytest.raises(RuntimeError, match="expected x and weight to be 2-D"):
+        ops.fp8_delayed_operands(x[0], w, None, v, torch.zeros(3, 2, device=device), one)
+    with pytest.raises(RuntimeError, match="expected scale to be torch.bfloat16, torch.float16 or torch.float32"):
+        ops.fp8_delayed_operands(x, w, None, v.double(), torch.zeros(3, 2, device=device), one)
 
 
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA else []))

@@ -213,17 +213,22 @@ __global__ void cast_transpose_kernel(T const* __restrict__ t, int64_t rows, int
 // row 0 the latest): the rows shift down one, row 0 takes this step's amaxes, and each scale
 // becomes scale_from of the history's max (or of row 0), kept where that is 0 or not finite.
 // fp8.DelayedState.record's operations: torch's amax over rows is NaN where any row is.
-__global__ void record_kernel(float* __restrict__ history, int64_t len, float const* __restrict__ amax_x,
-                              float const* __restrict__ amax_w, int margin, bool use_max, float* __restrict__ scale) {
-  int c = threadIdx.x;
-  if (c >= 2) return;
+// Column c's step, this step's amax given.
+__device__ __forceinline__ void record_column(float* __restrict__ history, int64_t len, int c, float amax, int margin,
+                                              bool use_max, float* __restrict__ scale) {
   for (int64_t r = len - 1; r > 0; --r) history[r * 2 + c] = history[(r - 1) * 2 + c];
-  float reduced = history[c] = c == 0 ? *amax_x : *amax_w;
+  float reduced = history[c] = amax;
   for (int64_t r = 1; use_max && r < len; ++r) {
     float h = history[r * 2 + c];
     reduced = isnan(reduced) || isnan(h) ? __int_as_float(0x7fffffff) : fmaxf(reduced, h);
   }
   if (reduced > 0.f && isfinite(reduced)) scale[c] = scale_from<Fp8::e4m3>(reduced, margin);
+}
+
+__global__ void record_kernel(float* __restrict__ history, int64_t len, float const* __restrict__ amax_x,
+                              float const* __restrict__ amax_w, int margin, bool use_max, float* __restrict__ scale) {
+  int c = threadIdx.x;
+  if (c < 2) record_column(history, len, c, c == 0 ? *amax_x : *amax_w, margin, use_max, scale);
 }
 
 template <typename T>
@@ -255,9 +260,10 @@ __global__ void dequantize_kernel(uint8_t const* __restrict__ t8, int64_t n, flo
 // replace, casts the 0-dim fp32 alpha to the other operand's dtype before a 16-bit op and computes
 // in fp32 (its opmath), rounding once to that dtype: so do these, for the same bits.
 template <typename B, typename S>
-__global__ void operand_scales_kernel(float const* __restrict__ s_x, float const* __restrict__ s_w,
-                                      B const* __restrict__ bias, int64_t nb, S const* __restrict__ scale, int64_t ns,
-                                      __nv_bfloat16* __restrict__ b_out, S* __restrict__ sc_out) {
+__device__ __forceinline__ void operand_scales_body(float const* __restrict__ s_x, float const* __restrict__ s_w,
+                                                    B const* __restrict__ bias, int64_t nb,
+                                                    S const* __restrict__ scale, int64_t ns,
+                                                    __nv_bfloat16* __restrict__ b_out, S* __restrict__ sc_out) {
   float alpha = 1.f / (*s_x * *s_w);
   float alpha_b = widen(narrowed<B>(alpha)), alpha_s = widen(narrowed<S>(alpha));
   int64_t stride = int64_t{gridDim.x} * kThreads;
@@ -265,6 +271,28 @@ __global__ void operand_scales_kernel(float const* __restrict__ s_x, float const
     if (i < nb) b_out[i] = __float2bfloat16_rn(widen(narrowed<B>(widen(bias[i]) / alpha_b)));
     if (i < ns) sc_out[i] = narrowed<S>(widen(scale[i]) * alpha_s);
   }
+}
+
+template <typename B, typename S>
+__global__ void operand_scales_kernel(float const* __restrict__ s_x, float const* __restrict__ s_w,
+                                      B const* __restrict__ bias, int64_t nb, S const* __restrict__ scale, int64_t ns,
+                                      __nv_bfloat16* __restrict__ b_out, S* __restrict__ sc_out) {
+  operand_scales_body(s_x, s_w, bias, nb, scale, ns, b_out, sc_out);
+}
+
+// Delayed scaling's step and the operand scales in one launch (delayed_operands): block 0's first
+// two threads step the history's columns from the casts' amaxes (amax_bits, fp32 bits), and every
+// block takes its share of operand_scales_body, which reads the scales the casts used (s_x, s_w,
+// their copies), not the state this launch moves on.
+template <typename B, typename S>
+__global__ void record_and_scales_kernel(float* __restrict__ history, int64_t len, unsigned const* __restrict__ amax_bits,
+                                         int margin, bool use_max, float* __restrict__ fp8_scale,
+                                         float const* __restrict__ s_x, float const* __restrict__ s_w,
+                                         B const* __restrict__ bias, int64_t nb, S const* __restrict__ scale,
+                                         int64_t ns, __nv_bfloat16* __restrict__ b_out, S* __restrict__ sc_out) {
+  if (blockIdx.x == 0 && threadIdx.x < 2)
+    record_column(history, len, threadIdx.x, __uint_as_float(amax_bits[threadIdx.x]), margin, use_max, fp8_scale);
+  operand_scales_body(s_x, s_w, bias, nb, scale, ns, b_out, sc_out);
 }
 
 // The e4m3 op's backward scalars (fp8_backward_scales), as torch computes `dsc * 0`, `dsc / (s_x
@@ -320,12 +348,13 @@ void copy_scale(float const* scale, float* scale_copy, cudaStream_t stream) {
   check_cuda(cudaMemcpyAsync(scale_copy, scale, sizeof(float), cudaMemcpyDeviceToDevice, stream), "fp8 scale copy");
 }
 
+// reset: zero *amax first (Given; delayed_operands zeroes both of its amaxes in one memset).
 template <typename T, Fp8 F, bool Given>
 void run_transposed(void const* t_, int64_t rows, int64_t cols, int margin, unsigned* amax, float* scale,
-                    float* scale_copy, uint8_t* out, uint8_t* out_t, cudaStream_t stream) {
+                    float* scale_copy, uint8_t* out, uint8_t* out_t, cudaStream_t stream, bool reset = true) {
   auto t = static_cast<T const*>(t_);
   if constexpr (Given) {
-    check_cuda(cudaMemsetAsync(amax, 0, sizeof(unsigned), stream), "fp8 cast (amax reset)");
+    if (reset) check_cuda(cudaMemsetAsync(amax, 0, sizeof(unsigned), stream), "fp8 cast (amax reset)");
     if (rows * cols == 0) return copy_scale(scale, scale_copy, stream);  // amax 0
   } else {
     launch_amax(t, rows * cols, amax, stream);
@@ -348,10 +377,10 @@ void run_transposed(void const* t_, int64_t rows, int64_t cols, int margin, unsi
 
 template <typename T>
 void run_measured(void const* t_, int64_t n, float const* scale, float* scale_copy, unsigned* amax, uint8_t* out,
-                  cudaStream_t stream) {
+                  cudaStream_t stream, bool reset = true) {
   auto t = static_cast<T const*>(t_);
   constexpr int V = 16 / sizeof(T);
-  check_cuda(cudaMemsetAsync(amax, 0, sizeof(unsigned), stream), "fp8 cast (amax reset)");
+  if (reset) check_cuda(cudaMemsetAsync(amax, 0, sizeof(unsigned), stream), "fp8 cast (amax reset)");
   if (n == 0) return copy_scale(scale, scale_copy, stream);
   if (aligned16(t) && reinterpret_cast<uintptr_t>(out) % V == 0) {
     cast_measure_kernel<T, V, Fp8::e4m3><<<grid_for(n / V), kThreads, 0, stream>>>(t, n, scale, scale_copy, amax, out);
@@ -462,6 +491,35 @@ void record_amax(float* history, int64_t len, float const* amax_x, float const* 
                  float* scale, cudaStream_t stream) {
   record_kernel<<<1, 32, 0, stream>>>(history, len, amax_x, amax_w, margin, use_max, scale);
   check_cuda(cudaGetLastError(), "fp8_record");
+}
+
+void delayed_operands(Fp8Operand const& x, Fp8Operand const& w, float* history, int64_t len, float* fp8_scale,
+                      int margin, bool use_max, unsigned* amax_bits, float* s_x, float* s_w, void const* bias,
+                      DType bias_dtype, int64_t nb, void const* scale, DType scale_dtype, int64_t ns, void* b_out,
+                      void* sc_out, cudaStream_t stream) {
+  check_cuda(cudaMemsetAsync(amax_bits, 0, 2 * sizeof(unsigned), stream), "fp8 cast (amax reset)");
+  auto cast = [&](Fp8Operand const& o, float* state, float* copy, unsigned* amax) {
+    dispatch(o.dtype, [&](auto v) {
+      using T = decltype(v);
+      if (o.out_t) {
+        run_transposed<T, Fp8::e4m3, true>(o.t, o.rows, o.cols, 0, amax, state, copy, o.out, o.out_t, stream, false);
+      } else {
+        run_measured<T>(o.t, o.rows * o.cols, state, copy, amax, o.out, stream, false);
+      }
+    });
+  };
+  cast(x, fp8_scale, s_x, amax_bits);
+  cast(w, fp8_scale + 1, s_w, amax_bits + 1);
+  dispatch(bias_dtype, [&](auto b) {
+    dispatch(scale_dtype, [&](auto sc) {
+      using B = decltype(b);
+      using S = decltype(sc);
+      record_and_scales_kernel<B, S><<<grid_for(std::max<int64_t>({nb, ns, 1})), kThreads, 0, stream>>>(
+          history, len, amax_bits, margin, use_max, fp8_scale, s_x, s_w, static_cast<B const*>(bias), nb,
+          static_cast<S const*>(scale), ns, static_cast<__nv_bfloat16*>(b_out), static_cast<S*>(sc_out));
+    });
+  });
+  check_cuda(cudaGetLastError(), "fp8_delayed_operands");
 }
 
 }  // namespace cutlass_fused

@@ -49,6 +49,25 @@ void quantize_fp8_transposed_with_scale(void const* t, DType dtype, Fp8 format, 
 void record_amax(float* history, int64_t len, float const* amax_x, float const* amax_w, int margin, bool use_max,
                  float* scale, cudaStream_t stream);
 
+// One operand of delayed_operands: t (rows x cols, contiguous, of dtype) cast to e4m3 into out and,
+// where out_t is not null, its transpose into out_t from the same pass.
+struct Fp8Operand {
+  void const* t;
+  DType dtype;
+  int64_t rows, cols;
+  uint8_t* out;
+  uint8_t* out_t;
+};
+
+// Delayed scaling's forward step for a layer in four launches, where the calls above take six:
+// one memset zeroing amax_bits (two words), x's and W's casts under fp8_scale[0] and [1] (copied to
+// *s_x, *s_w), then record_amax's step of history and fp8_scale together with fp8_operand_scales'
+// b_out and sc_out from *s_x and *s_w (the scales the casts used). The same values as those calls.
+void delayed_operands(Fp8Operand const& x, Fp8Operand const& w, float* history, int64_t len, float* fp8_scale,
+                      int margin, bool use_max, unsigned* amax_bits, float* s_x, float* s_w, void const* bias,
+                      DType bias_dtype, int64_t nb, void const* scale, DType scale_dtype, int64_t ns, void* b_out,
+                      void* sc_out, cudaStream_t stream);
+
 // The FP8 ops' bias and scale for x8 = x s_x and W8 = W s_w (fp8_autograd.cpp): alpha = 1 / (s_x
 // s_w), b_out = bias / alpha rounded to bf16 (nb elements; bias and b_out null where nb is 0) and
 // sc_out = scale * alpha in scale's dtype (ns elements), the bits of those torch ops, in one launch.
