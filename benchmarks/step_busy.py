@@ -8,8 +8,9 @@ do_bench (three times), then eight back-to-back steps under torch.profiler with 
 (no host-side recording to slow the host): over the middle half of their kernels, the span a step,
 the time the GPU was busy, the gaps, and the kernels by time; for a row with a +graph twin (eager,
 fused, the FP8 rows), also that twin's replay (the step as one CUDA graph, AdamW capturable), which is
-the GPU's time with no host in the way. benchmarks/step_gaps.py traces single steps from an idle queue, which shows where the GPU waits on the host then; this
-shows whether it does once the queue is full.
+the GPU's time with no host in the way. benchmarks/step_gaps.py traces single steps from an idle
+queue, which shows where the GPU waits on the host then; this shows whether it does once the queue
+is full.
 """
 import argparse
 import warnings

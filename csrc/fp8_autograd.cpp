@@ -4,8 +4,9 @@
 // against 676 for the bf16 layer, H200) exceeded the GPU's work there.
 //
 // Forward: x and W rounded to e4m3 under current scaling (quantize_e4m3, which keeps a frozen
-// W8 where `cache` allows) or under a delayed state's scales (fp8_delayed_operands: quantize_with_scale's
-// casts, fp8_record's step of the state and the operand scales in one op), then the FP8 training op over them with bias / alpha and scale * alpha
+// W8 where `cache` allows) or under a delayed state's scales (in training fp8_delayed_operands:
+// quantize_with_scale's casts, fp8_record's step of the state and the operand scales in one op),
+// then the FP8 training op over them with bias / alpha and scale * alpha
 // (alpha = 1 / (s_x s_w), fp8_operand_scales): y is the emulated path's (cutlass_fused/fp8.py). Its BN
 // backward gives dh' = alpha dh and dscale' = dscale / alpha, so the powers of two move onto the
 // operands' dequantize passes: dX = dh' (W8 s_x), dW = dh'^T (x8 s_w), exact while nothing leaves

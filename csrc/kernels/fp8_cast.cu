@@ -285,8 +285,8 @@ __global__ void operand_scales_kernel(float const* __restrict__ s_x, float const
 // block takes its share of operand_scales_body, which reads the scales the casts used (s_x, s_w,
 // their copies), not the state this launch moves on.
 template <typename B, typename S>
-__global__ void record_and_scales_kernel(float* __restrict__ history, int64_t len, unsigned const* __restrict__ amax_bits,
-                                         int margin, bool use_max, float* __restrict__ fp8_scale,
+__global__ void record_and_scales_kernel(float* __restrict__ history, int64_t len,
+                                         unsigned const* __restrict__ amax_bits, int margin, bool use_max, float* __restrict__ fp8_scale,
                                          float const* __restrict__ s_x, float const* __restrict__ s_w,
                                          B const* __restrict__ bias, int64_t nb, S const* __restrict__ scale,
                                          int64_t ns, __nv_bfloat16* __restrict__ b_out, S* __restrict__ sc_out) {
