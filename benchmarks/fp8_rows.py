@@ -1,14 +1,15 @@
 """The e4m3 training forward by kernel row (issue 33): each sm90 e4m3 statistics GEMM of the table,
 forced in turn, timed and checked, beside the floors of the same run.
 
-    python benchmarks/fp8_rows.py [--shape 16384,4096,4096 ...] [--rounds 3]
+    python benchmarks/fp8_rows.py [--shape 16384,4096,4096 ...] [--rounds 3] [--swizzle auto,2,4,8]
 
 Per shape, medians of do_bench over the rounds (the rows' order reversed every other round):
 - torch.mm (bf16) and torch._scaled_mm (cuBLAS's e4m3 GEMM, bf16 out, per-tensor scales): the floors;
 - bf16: our bf16 training forward;
-- each e4m3 row: the layer with Float8Recipe() (quantize, the row's GEMM, the tail), its GEMM's own
-  GPU µs (torch.profiler), and y's max error against float64 of the same quantized operands, so a
-  fast-accumulate row is judged by what it costs in accuracy as well as what it saves.
+- each e4m3 row (in each --swizzle of the persistent scheduler; "auto" is the plan's): the layer with
+  Float8Recipe() (quantize, the row's GEMM, the tail), its GEMM's own GPU µs (torch.profiler), and
+  y's max error against float64 of the same quantized operands, so a fast-accumulate row is judged
+  by what it costs in accuracy as well as what it saves.
 """
 import argparse
 import statistics
@@ -28,11 +29,18 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shape", action="append", type=lambda s: tuple(int(v) for v in s.split(",")))
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--swizzle", type=lambda v: v.split(","), default=["auto"],
+                    help="tile-order swizzles to time each row in, e.g. auto,2,4,8")
     args = ap.parse_args()
     dev = torch.device("cuda")
     if not fp8.e4m3_kernels(dev):
         raise SystemExit("fp8_rows: needs an sm90 GPU and a build with the e4m3 rows")
-    rows = [n for n in ops.kernel_names() if "_e4m3_" in n]
+    if any(w not in ("auto", "1", "2", "4", "8") for w in args.swizzle):
+        raise SystemExit(f"fp8_rows: expected --swizzle in auto,1,2,4,8, got {args.swizzle}")
+    kernels = [n for n in ops.kernel_names() if "_e4m3_stats_" in n]
+    # A candidate: (row, swizzle), named "row" for the plan's swizzle, else "row s<swizzle>".
+    cands = {(n if w == "auto" else f"{n} s{w}"): (n, 0 if w == "auto" else int(w))
+             for n in kernels for w in args.swizzle}
     for m, k, n in args.shape or SHAPES:
         torch.manual_seed(0)
         base = SeedModel(k, n).to(dev, torch.bfloat16)
@@ -55,30 +63,36 @@ def main():
             "torch._scaled_mm": lambda: torch._scaled_mm(x8, w8.t(), one, one, out_dtype=torch.bfloat16),
             "bf16": lambda: bf16(x),
         }
-        for r in rows:
-            calls[r] = lambda: ours(x)
+        for c in cands:
+            calls[c] = lambda: ours(x)
         times = {name: [] for name in calls}
         with torch.no_grad():
             for name in alternating(list(calls), args.rounds):
-                with cutlass_fused.overrides(kernel=name if name in rows else None):
+                with _forcing(cands.get(name)):
                     times[name].append(median_ms(calls[name], True))
             mm = statistics.median(times["torch.mm"])
             print(f"{m}x{k}x{n}: ms (x torch.mm); e4m3 rows: GEMM µs, max|y - float64 of the quantized model|")
             for name, t in times.items():
                 ms = statistics.median(t)
                 line = f"  {name:44s} {ms:8.4f}  {ms / mm:5.3f}"
-                if name in rows:
-                    _, kernels = profile(lambda: _forced(ours, x, name), calls=5)
-                    gemm = max(v for kname, v in kernels.items() if "cutlass" in kname and "e4m3" in kname)
-                    err = (_forced(ours, x, name).double() - y64).abs().max().item()
+                if name in cands:
+                    _, by_kernel = profile(lambda: _forced(ours, x, cands[name]), calls=5)
+                    gemm = max(v for kname, v in by_kernel.items() if "cutlass" in kname and "e4m3" in kname)
+                    err = (_forced(ours, x, cands[name]).double() - y64).abs().max().item()
                     line += f"  GEMM {gemm:7.1f} µs  err {err:.4f}"
                 print(line, flush=True)
             err_bf16 = (bf16(x).double() - y64_bf16).abs().max().item()
             print(f"  (bf16's own max|y - float64|: {err_bf16:.4f})")
 
 
-def _forced(layer, x, row):
-    with cutlass_fused.overrides(kernel=row):
+def _forcing(cand):
+    """overrides forcing (row, swizzle); None forces nothing (the floors and bf16)."""
+    row, swizzle = cand if cand is not None else (None, 0)
+    return cutlass_fused.overrides(kernel=row, swizzle=swizzle or None)
+
+
+def _forced(layer, x, cand):
+    with _forcing(cand):
         return layer(x)
 
 

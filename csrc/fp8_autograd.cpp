@@ -285,9 +285,7 @@ delayed_operands_ops(at::Tensor const& x, at::Tensor const& weight, OptTensor co
   static auto quantize_s = op_handle<QuantizeWithScaleSig>("cutlass_fused::quantize_with_scale");
   static auto record = op_handle<Fp8RecordSig>("cutlass_fused::fp8_record");
   static auto operand_scales = op_handle<Fp8OperandScalesSig>("cutlass_fused::fp8_operand_scales");
-  TORCH_CHECK(x.dim() == 2 && weight.dim() == 2, "cutlass_fused: expected x and weight to be 2-D, but got ", x.dim(),
-              "-D and ", weight.dim(), "-D");
-  check_fp8_state(amax_history, fp8_scale, algo, "fp8_scale");
+  check_fp8_delayed_operands(x, weight, amax_history, fp8_scale, algo);
   auto [x8, x8_t, amax_x, s_x] = quantize_s.call(x, fp8_scale.select(0, 0), at::kFloat8_e4m3fn, transposed);
   auto [w8, w8_t, amax_w, s_w] = quantize_s.call(weight, fp8_scale.select(0, 1), at::kFloat8_e4m3fn, transposed);
   record.call(amax_history, fp8_scale, amax_x, amax_w, margin, algo);

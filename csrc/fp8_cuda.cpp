@@ -70,6 +70,28 @@ void quantize_into(at::Tensor const& t, int64_t margin, Fp8 format, at::Tensor* 
   }
 }
 
+// The operand scales' inputs, contiguous, and their outputs, poisoned: b in bias's shape (or [0]
+// without one) as bf16, the kernel's h dtype; sc like scale.
+struct OperandScaleOutputs {
+  c10::optional<at::Tensor> bias_in;
+  at::Tensor sc_in, b, sc;
+  void const* b_in() const { return bias_in.has_value() ? bias_in->data_ptr() : nullptr; }
+  DType bias_dtype() const { return bias_in.has_value() ? dtype_of(bias_in->scalar_type(), "bias") : DType::bf16; }
+  DType scale_dtype() const { return dtype_of(sc_in.scalar_type(), "scale"); }
+};
+
+OperandScaleOutputs operand_scale_outputs(c10::optional<at::Tensor> const& bias, at::Tensor const& scale) {
+  static constexpr int64_t no_bias[] = {0};
+  OperandScaleOutputs o;
+  if (bias.has_value()) o.bias_in = bias->contiguous();
+  o.sc_in = scale.contiguous();
+  o.b = at::empty(bias.has_value() ? bias->sizes() : at::IntArrayRef(no_bias), scale.options().dtype(at::kBFloat16));
+  o.sc = at::empty(scale.sizes(), scale.options());
+  poison(o.b);
+  poison(o.sc);
+  return o;
+}
+
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> quantize_e4m3_cuda(at::Tensor const& t, int64_t margin, bool cache) {
@@ -164,18 +186,11 @@ std::tuple<at::Tensor, at::Tensor> fp8_operand_scales_cuda(at::Tensor const& s_x
                                                            at::Tensor const& scale) {
   check_fp8_operand_scales(s_x, s_w, bias, scale);
   c10::cuda::CUDAGuard guard(scale.device());
-  auto sc_in = scale.contiguous();
-  auto b_in = bias.has_value() ? bias->contiguous() : at::Tensor();
-  static constexpr int64_t no_bias[] = {0};
-  auto b = at::empty(bias.has_value() ? bias->sizes() : at::IntArrayRef(no_bias), scale.options().dtype(at::kBFloat16));
-  auto sc = at::empty(scale.sizes(), scale.options());
-  poison(b);
-  poison(sc);
-  fp8_operand_scales(s_x.data_ptr<float>(), s_w.data_ptr<float>(), bias.has_value() ? b_in.data_ptr() : nullptr,
-                     bias.has_value() ? dtype_of(b_in.scalar_type(), "bias") : DType::bf16, b.numel(),
-                     sc_in.data_ptr(), dtype_of(sc_in.scalar_type(), "scale"), sc.numel(), b.data_ptr(),
-                     sc.data_ptr(), at::cuda::getCurrentCUDAStream().stream());
-  return {b, sc};
+  auto o = operand_scale_outputs(bias, scale);
+  fp8_operand_scales(s_x.data_ptr<float>(), s_w.data_ptr<float>(), o.b_in(), o.bias_dtype(), o.b.numel(),
+                     o.sc_in.data_ptr(), o.scale_dtype(), o.sc.numel(), o.b.data_ptr(), o.sc.data_ptr(),
+                     at::cuda::getCurrentCUDAStream().stream());
+  return {o.b, o.sc};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_backward_scales_cuda(at::Tensor const& dsc, at::Tensor const& s_x,
@@ -206,9 +221,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
 fp8_delayed_operands_cuda(at::Tensor const& x, at::Tensor const& weight, c10::optional<at::Tensor> const& bias,
                           at::Tensor const& scale, at::Tensor& amax_history, at::Tensor& fp8_scale, int64_t margin,
                           c10::string_view amax_compute_algo, bool transposed) {
-  check_fp8_state(amax_history, fp8_scale, amax_compute_algo, "fp8_scale");
-  TORCH_CHECK(x.dim() == 2 && weight.dim() == 2, "cutlass_fused: expected x and weight to be 2-D, but got ", x.dim(),
-              "-D and ", weight.dim(), "-D");
+  check_fp8_delayed_operands(x, weight, amax_history, fp8_scale, amax_compute_algo);
   c10::cuda::CUDAGuard guard(x.device());
   check_quantize_with_scale(x, fp8_scale.select(0, 0), at::kFloat8_e4m3fn, transposed);
   check_quantize_with_scale(weight, fp8_scale.select(0, 1), at::kFloat8_e4m3fn, transposed);
@@ -230,20 +243,16 @@ fp8_delayed_operands_cuda(at::Tensor const& x, at::Tensor const& weight, c10::op
   };
   auto [xc, xo] = cast(x, "x");
   auto [wc, wo] = cast(weight, "weight");
-  static constexpr int64_t no_bias[] = {0};
-  auto b_in = bias.has_value() ? bias->contiguous() : at::Tensor();
-  auto sc_in = scale.contiguous();
-  auto b = at::empty(bias.has_value() ? bias->sizes() : at::IntArrayRef(no_bias), scale.options().dtype(at::kBFloat16));
-  auto sc = at::empty(scale.sizes(), scale.options());
+  auto o = operand_scale_outputs(bias, scale);
   auto amax = at::empty({2}, x.options().dtype(at::kInt));
-  for (auto* t : {&s_x, &s_w, &b, &sc}) poison(*t);
+  poison(s_x);
+  poison(s_w);
   delayed_operands(xo, wo, amax_history.data_ptr<float>(), amax_history.size(0), fp8_scale.data_ptr<float>(),
                    clamped(margin), amax_compute_algo == "max", reinterpret_cast<unsigned*>(amax.data_ptr<int>()),
-                   s_x.data_ptr<float>(), s_w.data_ptr<float>(), bias.has_value() ? b_in.data_ptr() : nullptr,
-                   bias.has_value() ? dtype_of(b_in.scalar_type(), "bias") : DType::bf16, b.numel(),
-                   sc_in.data_ptr(), dtype_of(sc_in.scalar_type(), "scale"), sc.numel(), b.data_ptr(), sc.data_ptr(),
+                   s_x.data_ptr<float>(), s_w.data_ptr<float>(), o.b_in(), o.bias_dtype(), o.b.numel(),
+                   o.sc_in.data_ptr(), o.scale_dtype(), o.sc.numel(), o.b.data_ptr(), o.sc.data_ptr(),
                    at::cuda::getCurrentCUDAStream().stream());
-  return {xc.t8, xc.t8_t, wc.t8, wc.t8_t, s_x, s_w, b, sc};
+  return {xc.t8, xc.t8_t, wc.t8, wc.t8_t, s_x, s_w, o.b, o.sc};
 }
 
 void fp8_record_cuda(at::Tensor& amax_history, at::Tensor& scale, at::Tensor const& amax_x, at::Tensor const& amax_w,

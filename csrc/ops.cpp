@@ -303,6 +303,13 @@ void check_fp8_state(at::Tensor const& amax_history, at::Tensor const& scale, c1
                     amax_compute_algo, "'");
 }
 
+void check_fp8_delayed_operands(at::Tensor const& x, at::Tensor const& weight, at::Tensor const& amax_history,
+                                at::Tensor const& fp8_scale, c10::string_view amax_compute_algo) {
+  check_fp8_state(amax_history, fp8_scale, amax_compute_algo, "fp8_scale");
+  TORCH_CHECK(x.dim() == 2 && weight.dim() == 2, "cutlass_fused: expected x and weight to be 2-D, but got ", x.dim(),
+              "-D and ", weight.dim(), "-D");
+}
+
 void check_running_args(c10::optional<at::Tensor> const& running_mean, c10::optional<at::Tensor> const& running_var,
                         c10::optional<at::Tensor> const& num_batches_tracked, c10::optional<double> momentum) {
   // ValueError, as the Python API raised these before it relied on this one check.

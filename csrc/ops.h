@@ -104,5 +104,9 @@ void check_fp8_record(at::Tensor const& amax_history, at::Tensor const& scale, a
 // Its state's part: amax_history, scale (named scale_name) and the algorithm.
 void check_fp8_state(at::Tensor const& amax_history, at::Tensor const& scale, c10::string_view amax_compute_algo,
                      char const* scale_name);
+// fp8_delayed_operands' own: its state (as check_fp8_state, the scale named fp8_scale) and x and
+// weight 2-D; the casts and the operand scales check the rest.
+void check_fp8_delayed_operands(at::Tensor const& x, at::Tensor const& weight, at::Tensor const& amax_history,
+                                at::Tensor const& fp8_scale, c10::string_view amax_compute_algo);
 
 }  // namespace cutlass_fused

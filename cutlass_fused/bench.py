@@ -138,18 +138,30 @@ def profile(fn, calls=5, trace=None):
     return count / calls, kernels
 
 
+def on_side_stream(fn, device=None):
+    """fn() on a new stream that starts after the current stream's work and that the current
+    stream then waits for: the warm-up torch.cuda.graph asks for before a capture. Returns fn's
+    result."""
+    current = torch.cuda.current_stream(device)
+    side = torch.cuda.Stream(device)
+    side.wait_stream(current)
+    with torch.cuda.stream(side):
+        out = fn()
+    current.wait_stream(side)
+    return out
+
+
 def graphed(fn, before=None):
     """fn captured once in a CUDA graph, after three warm-up calls on a side stream; returns the
     replay. `before` (not captured) runs ahead of each warm-up call and of the capture: a training
     step's zero_grad(set_to_none=True), so that the captured backward allocates its gradients."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
+    def warm_up():
         for _ in range(3):
             if before is not None:
                 before()
             fn()
-    torch.cuda.current_stream().wait_stream(s)
+
+    on_side_stream(warm_up)
     if before is not None:
         before()
     g = torch.cuda.CUDAGraph()

@@ -165,12 +165,8 @@ class Row:
         captured backward makes them in the graph's pool, and every step from it copies its batch
         into the captured inputs and replays. Returns a copy of the loss: the replay overwrites it."""
         if self.graph is None and self.warm < GRAPH_WARMUP:
-            side = torch.cuda.Stream(self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):
-                self.opt.zero_grad(set_to_none=True)
-                loss = self.body(x, target)
-            torch.cuda.current_stream(self.device).wait_stream(side)
+            self.opt.zero_grad(set_to_none=True)
+            loss = bench.on_side_stream(lambda: self.body(x, target), self.device)
             self.warm += 1
             return loss
         if self.graph is None:
