@@ -45,8 +45,10 @@ def check_row(k: Kernel) -> None:
         bad(f"family {k.family!r} is neither sm90 nor sm80")
     if not (ROOT / "csrc" / k.header).is_file():
         bad(f"no template csrc/{k.header} for family {k.family}, mode {k.mode}")
-    if k.promote and not (k.family == "sm90" and k.dtype == "f32x3"):
-        bad("promote is for the sm90 f32x3 mainloop only")
+    if k.promote and not (k.family == "sm90" and k.dtype in ("f32x3", "e4m3")):
+        bad("promote is for the sm90 f32x3 and e4m3 (promoted) mainloops only")
+    if k.promote and k.dtype == "e4m3" and (k.schedule.endswith("FP8FastAccum") or k.promote % (k.tile[2] // 32)):
+        bad("an e4m3 promote needs the promoted mainloop and a multiple of the k-tile's MMAs (tile K / 32)")
     if k.schedule.endswith("FP8FastAccum") and k.dtype != "e4m3":
         bad("the FP8 fast-accumulation schedule is for e4m3 rows only")
     if k.dtype == "e4m3" and k.family != "sm90":

@@ -32,9 +32,10 @@ Fields
   warps    sm80 warp count (M, N, K)
   stages   sm80 mainloop stages (sm90 carves out what the epilogue leaves)
   epi_tile sm90 epilogue tile (M, N); None is EpilogueTileAuto
-  promote  sm90 f32x3 only: MMAs (k = 8 each) the tensor cores accumulate before
-           the sum is added into the fp32 accumulator (a launch argument of
-           CUTLASS's promoted mainloop; a multiple of a k-tile's MMAs)
+  promote  sm90 f32x3 and e4m3: MMAs (k = 8 each for TF32, 32 for e4m3) the tensor
+           cores accumulate before the sum is added into the fp32 accumulator (a
+           launch argument of the promoted mainloop; a multiple of a k-tile's MMAs);
+           None: the mainloop's default (CUTLASS's 4 for e4m3)
 """
 from dataclasses import dataclass
 
@@ -173,13 +174,11 @@ _SM90 += [Kernel("sm90", "f32x3", "stats", (128, 128, 32), c, promote=8) for c i
 # accumulator: a compile probe (docs/decisions.md, "FP8") saw it spill at 128x256 cooperative and
 # at 128x128 ping-pong, not at 128x128 cooperative, the default here; fast accumulation at bf16's
 # statistics tile and cluster is the candidate to measure against it. K tiles of 128 bytes, as
-# bf16's 64.
+# bf16's 64. Neither a cluster (2x1 or 1x2) nor a longer promotion interval (promote=8 or 16 MMAs
+# against CUTLASS's 4) moved the 128x128 row's GEMM (H100, benchmarks/fp8_rows.py, 2026-11-27;
+# docs/decisions.md, "The e4m3 row's candidates"), so the table keeps none of them.
 _SM90 += [Kernel("sm90", "e4m3", "stats", (128, 128, 128), (1, 1, 1)),
           Kernel("sm90", "e4m3", "stats", (128, 256, 128), (2, 1, 1), "TmaWarpSpecializedCooperativeFP8FastAccum")]
-# Cluster candidates for the promoted row (benchmarks/fp8_rows.py): cuBLAS's own e4m3 GEMM pairs
-# 128x128 CTAs (2x1) where ours, without a cluster, ran 12% slower than torch._scaled_mm at 4096^3
-# (126 against 112 us, H200); 2x1 shares the x tile, 1x2 the W tile.
-_SM90 += [Kernel("sm90", "e4m3", "stats", (128, 128, 128), c) for c in ((2, 1, 1), (1, 2, 1))]
 # Its eval GEMM (inference over e4m3 x and W, the fold in the epilogue): the statistics row's tile and
 # promoted mainloop, the eval epilogue (bf16 bias and y, fp32 fold vectors).
 _SM90 += [Kernel("sm90", "e4m3", "eval", (128, 128, 128), (1, 1, 1))]

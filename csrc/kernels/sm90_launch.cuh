@@ -11,8 +11,8 @@ namespace cutlass_fused::sm90 {
 template <class Kernel>
 using Fusion = typename Kernel::CollectiveEpilogue::FusionCallbacks::Arguments;
 
-// PromotionInterval: for the promoted (f32x3) mainloop, the MMAs between
-// promotions (codegen/kernels.py `promote`); 0 for every other mainloop.
+// PromotionInterval: for the promoted mainloops (f32x3's, e4m3's), the MMAs between
+// promotions (codegen/kernels.py `promote`); 0 keeps the mainloop's default.
 template <class Kernel, Fusion<Kernel> (*fusion_args)(GemmEvtArgs const&), char const* (*name)(),
           int PromotionInterval = 0>
 struct Launch {

@@ -1,0 +1,28 @@
+"""codegen.generate's row checks: the table's rows pass, and a promotion interval goes only where a
+promoted mainloop takes it (CPU only; nothing is compiled)."""
+import pytest
+
+from codegen.generate import check_row
+from codegen.kernels import KERNELS, Kernel
+
+
+def test_the_table_passes():
+    for k in KERNELS:
+        check_row(k)
+
+
+def test_e4m3_promote_is_a_multiple_of_the_k_tiles_mmas():
+    check_row(Kernel("sm90", "e4m3", "stats", (128, 128, 128), promote=8))
+    check_row(Kernel("sm90", "e4m3", "stats", (128, 128, 64), promote=2))
+    with pytest.raises(SystemExit, match="multiple of the k-tile's MMAs"):
+        check_row(Kernel("sm90", "e4m3", "stats", (128, 128, 128), promote=6))
+
+
+@pytest.mark.parametrize("row", [
+    Kernel("sm90", "e4m3", "stats", (128, 256, 128), (2, 1, 1), "TmaWarpSpecializedCooperativeFP8FastAccum",
+           promote=8),
+    Kernel("sm90", "bf16", "stats", (128, 256, 64), (2, 1, 1), promote=8),
+])
+def test_promote_needs_a_promoted_mainloop(row):
+    with pytest.raises(SystemExit, match="promote"):
+        check_row(row)
