@@ -14,8 +14,9 @@ def test_the_table_passes():
 def test_e4m3_promote_is_a_multiple_of_the_k_tiles_mmas():
     check_row(Kernel("sm90", "e4m3", "stats", (128, 128, 128), promote=8))
     check_row(Kernel("sm90", "e4m3", "stats", (128, 128, 64), promote=2))
-    with pytest.raises(SystemExit, match="multiple of the k-tile's MMAs"):
-        check_row(Kernel("sm90", "e4m3", "stats", (128, 128, 128), promote=6))
+    for tile, promote in (((128, 128, 128), 6), ((128, 128, 16), 4)):
+        with pytest.raises(SystemExit, match="multiple of the k-tile's MMAs"):
+            check_row(Kernel("sm90", "e4m3", "stats", tile, promote=promote))
 
 
 @pytest.mark.parametrize("row", [
