@@ -77,7 +77,7 @@ def _(t, dtype, margin=0, cache=False):
 
 
 @torch.library.register_fake("cutlass_fused::quantize_with_scale")
-def _(t, scale, dtype, transposed=False):
+def quantize_with_scale_fake(t, scale, dtype, transposed=False):
     if transposed:
         torch._check(t.dim() == 2, lambda: f"cutlass_fused: expected t to be 2-D, but got {t.dim()}-D")
         t8_t = t.new_empty((t.shape[1], t.shape[0]), dtype=dtype)
@@ -110,13 +110,10 @@ def _(amax_history, scale, amax_x, amax_w, margin=0, amax_compute_algo="max"):
 def _(x, weight, bias, scale, amax_history, fp8_scale, margin=0, amax_compute_algo="max", transposed=False):
     torch._check(x.dim() == 2 and weight.dim() == 2,
                  lambda: f"cutlass_fused: expected x and weight to be 2-D, but got {x.dim()}-D and {weight.dim()}-D")
-    casts = []
-    for t in (x, weight):
-        casts.append(t.new_empty(t.shape, dtype=torch.float8_e4m3fn))
-        casts.append(t.new_empty((t.shape[1], t.shape[0]) if transposed else (0,), dtype=torch.float8_e4m3fn))
-    s_x, s_w = x.new_empty((), dtype=torch.float32), x.new_empty((), dtype=torch.float32)
+    x8, x8_t, _, s_x = quantize_with_scale_fake(x, fp8_scale[0], torch.float8_e4m3fn, transposed)
+    w8, w8_t, _, s_w = quantize_with_scale_fake(weight, fp8_scale[1], torch.float8_e4m3fn, transposed)
     b, sc = fp8_operand_scales_fake(s_x, s_w, bias, scale)
-    return (*casts, s_x, s_w, b, sc)
+    return x8, x8_t, w8, w8_t, s_x, s_w, b, sc
 
 
 @torch.library.register_fake("cutlass_fused::dequantize")
