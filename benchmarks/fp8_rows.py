@@ -4,10 +4,12 @@ forced in turn, timed and checked, beside the floors of the same run.
     python benchmarks/fp8_rows.py [--shape 16384,4096,4096 ...] [--rounds 3] [--swizzle auto,2,4,8]
 
 Per shape, medians of do_bench over the rounds (the rows' order reversed every other round):
-- torch.mm (bf16) and torch._scaled_mm (cuBLAS's e4m3 GEMM, bf16 out, per-tensor scales): the floors;
+- torch.mm (bf16) and torch._scaled_mm (cuBLAS's e4m3 GEMM, bf16 out, per-tensor scales; promoted,
+  and "fast" with use_fast_accum): the floors;
 - bf16: our bf16 training forward;
 - each e4m3 row (in each --swizzle of the persistent scheduler; "auto" is the plan's): the layer with
-  Float8Recipe() (quantize, the row's GEMM, the tail), its GEMM's own GPU µs (torch.profiler), and
+  Float8Recipe() (quantize, the row's GEMM, the tail; fast_accum=True for a fast-accumulate row,
+  which the plan takes only under that recipe), its GEMM's own GPU µs (torch.profiler), and
   y's max error against float64 of the same quantized operands, so a fast-accumulate row is judged
   by what it costs in accuracy as well as what it saves.
 """
@@ -47,6 +49,10 @@ def main():
         x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
         ours = cutlass_fused.LinearScaleBatchNorm1d(k, n, device=dev, dtype=torch.bfloat16, fp8=fp8.Float8Recipe())
         ours.load_state_dict(base.state_dict())
+        fast = cutlass_fused.LinearScaleBatchNorm1d(k, n, device=dev, dtype=torch.bfloat16,
+                                                    fp8=fp8.Float8Recipe(fast_accum=True))
+        fast.load_state_dict(base.state_dict())
+        layer = {c: fast if "fastacc" in c else ours for c in cands}
         bf16 = cutlass_fused.LinearScaleBatchNorm1d(k, n, device=dev, dtype=torch.bfloat16)
         bf16.load_state_dict(base.state_dict())
         ref = SeedModel(k, n).to(dev, torch.float64)
@@ -61,10 +67,12 @@ def main():
         calls = {
             "torch.mm": lambda: torch.mm(x, base.gemm.weight.t()),
             "torch._scaled_mm": lambda: torch._scaled_mm(x8, w8.t(), one, one, out_dtype=torch.bfloat16),
+            "torch._scaled_mm fast": lambda: torch._scaled_mm(x8, w8.t(), one, one, out_dtype=torch.bfloat16,
+                                                              use_fast_accum=True),
             "bf16": lambda: bf16(x),
         }
         for c in cands:
-            calls[c] = lambda: ours(x)
+            calls[c] = lambda c=c: layer[c](x)
         times = {name: [] for name in calls}
         with torch.no_grad():
             for name in alternating(list(calls), args.rounds):
@@ -76,9 +84,9 @@ def main():
                 ms = statistics.median(t)
                 line = f"  {name:44s} {ms:8.4f}  {ms / mm:5.3f}"
                 if name in cands:
-                    _, by_kernel = profile(lambda: _forced(ours, x, cands[name]), calls=5)
+                    _, by_kernel = profile(lambda: _forced(layer[name], x, cands[name]), calls=5)
                     gemm = max(v for kname, v in by_kernel.items() if "cutlass" in kname and "e4m3" in kname)
-                    err = (_forced(ours, x, cands[name]).double() - y64).abs().max().item()
+                    err = (_forced(layer[name], x, cands[name]).double() - y64).abs().max().item()
                     line += f"  GEMM {gemm:7.1f} µs  err {err:.4f}"
                 print(line, flush=True)
             err_bf16 = (bf16(x).double() - y64_bf16).abs().max().item()

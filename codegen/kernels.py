@@ -12,7 +12,7 @@ Fields
   family   "sm90" (TMA warp-specialized, sm90a) or "sm80" (mma.sync, runs on sm80+)
   dtype    "bf16", "f16", "tf32" (fp32 in/out, TF32 math), "f32x3" (fp32, 3xTF32 math:
            in-kernel on sm80; on sm90 TF32 math over split operands, with promotion),
-           "e4m3" (FP8 operands, bf16 bias and h; sm90 stats only)
+           "e4m3" (FP8 operands, bf16 bias and h or y; sm90 only)
   mode     "eval"   y = (acc + b)*a + c, nothing else (fp16: h and z = h*s rounded
                     to fp16 on the way, as the unfused model rounds them; also the
                     sm80 training GEMM, followed by our column-statistics kernel)
@@ -28,6 +28,7 @@ Fields
   cluster  sm90 cluster shape
   schedule sm90 kernel schedule: "TmaWarpSpecializedCooperative",
            "TmaWarpSpecializedPingpong" or, for e4m3, "TmaWarpSpecializedCooperativeFP8FastAccum"
+           and "TmaWarpSpecializedPingpongFP8FastAccum"
            (csrc/kernels/gemm/sm90_kernel.cuh)
   warps    sm80 warp count (M, N, K)
   stages   sm80 mainloop stages (sm90 carves out what the epilogue leaves)
@@ -68,10 +69,16 @@ class Kernel:
         if self.schedule == "TmaWarpSpecializedPingpong":
             tail += "_pingpong"
         if self.schedule.endswith("FP8FastAccum"):
-            tail += "_fastacc"
+            tail += "_pingpong_fastacc" if "Pingpong" in self.schedule else "_fastacc"
         if self.promote:
             tail += f"_p{self.promote}"
         return f"{self.family}_{self.dtype}_{self.mode}_{t}_{tail}"
+
+    @property
+    def math(self) -> str:
+        """The GEMM's math as the plan names it (csrc/kernels/types.h, KernelDtype): the dtype, or
+        e4m3_fast for an e4m3 row that accumulates in the tensor cores alone."""
+        return "e4m3_fast" if self.schedule.endswith("FP8FastAccum") else self.dtype
 
     @property
     def header(self) -> str:
@@ -177,11 +184,22 @@ _SM90 += [Kernel("sm90", "f32x3", "stats", (128, 128, 32), c, promote=8) for c i
 # bf16's 64. Neither a cluster (2x1 or 1x2) nor a longer promotion interval (promote=8 or 16 MMAs
 # against CUTLASS's 4) moved the 128x128 row's GEMM (H100, benchmarks/fp8_rows.py, 2026-11-27;
 # docs/decisions.md, "The e4m3 row's candidates"), so the table keeps none of them.
-_SM90 += [Kernel("sm90", "e4m3", "stats", (128, 128, 128), (1, 1, 1)),
-          Kernel("sm90", "e4m3", "stats", (128, 256, 128), (2, 1, 1), "TmaWarpSpecializedCooperativeFP8FastAccum")]
+_SM90 += [Kernel("sm90", "e4m3", "stats", (128, 128, 128), (1, 1, 1))]
+# Candidates (not measured yet): ping-pong, whose two warpgroups each take a whole tile, so that one's
+# epilogue runs under the other's mainloop (64x128 and 128x64: a compile probe gave 168 registers and
+# no spills; 128x128 spilled).
+_SM90 += [Kernel("sm90", "e4m3", "stats", t, (1, 1, 1), "TmaWarpSpecializedPingpong") for t in ((64, 128, 128),
+                                                                                               (128, 64, 128))]
+# Float8Recipe(fast_accum=True): the forward's GEMMs accumulate in the tensor cores alone (math
+# "e4m3_fast"), as torchao's and TransformerEngine's forward GEMMs do by default. bf16's statistics
+# tile and cluster; the ping-pong 128x128 twin is a candidate.
+_SM90 += [Kernel("sm90", "e4m3", "stats", (128, 256, 128), (2, 1, 1), "TmaWarpSpecializedCooperativeFP8FastAccum"),
+          Kernel("sm90", "e4m3", "stats", (128, 128, 128), (1, 1, 1), "TmaWarpSpecializedPingpongFP8FastAccum")]
 # Its eval GEMM (inference over e4m3 x and W, the fold in the epilogue): the statistics row's tile and
-# promoted mainloop, the eval epilogue (bf16 bias and y, fp32 fold vectors).
-_SM90 += [Kernel("sm90", "e4m3", "eval", (128, 128, 128), (1, 1, 1))]
+# promoted mainloop, the eval epilogue (bf16 bias and y, fp32 fold vectors); with fast accumulation,
+# bf16 eval's 256x128 tile and 1x2 cluster (the fast statistics row turned around).
+_SM90 += [Kernel("sm90", "e4m3", "eval", (128, 128, 128), (1, 1, 1)),
+          Kernel("sm90", "e4m3", "eval", (256, 128, 128), (1, 2, 1), "TmaWarpSpecializedCooperativeFP8FastAccum")]
 
 # sm80: the tile cutlass_cppgen picks by default for bf16 (256x128x64, 4 warps
 # of 64x64, 3 stages), known to run correctly on Hopper too. fp32 kernels use

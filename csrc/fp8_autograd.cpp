@@ -107,7 +107,7 @@ Forward e4m3_forward(at::Tensor const& x, at::Tensor const& weight, OptTensor co
                      OptTensor const& running_var, OptTensor const& num_batches_tracked,
                      c10::optional<double> momentum, double eps, c10::string_view family, c10::string_view activation,
                      double negative_slope, c10::optional<at::ScalarType> output_dtype, int64_t margin, bool cache,
-                     bool transposed, Delayed const& delayed) {
+                     bool transposed, Delayed const& delayed, bool fast_accum) {
   static auto train = op_handle<Fp8TrainSig>("cutlass_fused::linear_scale_batch_norm_train_fp8");
   // Below autocast: this op has no autocast kernel (x and W reach it as the caller has them), and
   // the ops it calls must not be cast either; e4m3 values and a bf16 bias / alpha are exact in the
@@ -118,7 +118,7 @@ Forward e4m3_forward(at::Tensor const& x, at::Tensor const& weight, OptTensor co
   at::Tensor stats;
   std::tie(f.y, f.h, stats, f.mean, f.invstd) =
       train.call(f.o.x8, f.o.w8, f.o.b, f.o.sc, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked,
-                 momentum, eps, family, activation, negative_slope, output_dtype);
+                 momentum, eps, family, activation, negative_slope, output_dtype, fast_accum);
   return f;
 }
 
@@ -145,7 +145,7 @@ struct E4M3Function : torch::autograd::Function<E4M3Function> {
                                c10::string_view family, c10::string_view activation, double negative_slope,
                                c10::optional<at::ScalarType> output_dtype, int64_t margin, c10::string_view backward,
                                bool cache, OptTensor const& amax_history, OptTensor const& fp8_scale,
-                               c10::string_view amax_compute_algo) {
+                               c10::string_view amax_compute_algo, bool fast_accum) {
     check_backward(backward);
     save_needs(ctx, {x.requires_grad(), weight.requires_grad(), requires_grad(bias), scale.requires_grad(),
                      requires_grad(bn_weight), requires_grad(bn_bias)});
@@ -154,7 +154,7 @@ struct E4M3Function : torch::autograd::Function<E4M3Function> {
     bool e5m2 = backward == "e5m2";
     auto f = e4m3_forward(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked,
                           momentum, eps, family, activation, negative_slope, output_dtype, margin, cache, e5m2,
-                          {amax_history, fp8_scale, amax_compute_algo});
+                          {amax_history, fp8_scale, amax_compute_algo}, fast_accum);
     auto const& o = f.o;
     // The e5m2 backward's GEMMs take x8 and W8 transposed (K-major), the bf16 one's as they are.
     ctx->save_for_backward({e5m2 ? o.x8_t : o.x8, e5m2 ? o.w8_t : o.w8, f.h, f.mean, f.invstd, o.sc, saved(bn_weight),
@@ -176,7 +176,7 @@ struct E4M3Function : torch::autograd::Function<E4M3Function> {
     static auto quantize_t = op_handle<QuantizeTransposedSig>("cutlass_fused::quantize_transposed");
     static auto dequantize = op_handle<DequantizeSig>("cutlass_fused::dequantize");
     static auto backward_scales = op_handle<Fp8BackwardScalesSig>("cutlass_fused::fp8_backward_scales");
-    variable_list out(21);  // one per forward argument
+    variable_list out(22);  // one per forward argument
     at::Tensor dy = grads[0];
     if (!dy.defined()) return out;
     auto s = ctx->get_saved_variables();
@@ -238,10 +238,10 @@ at::Tensor e4m3_autograd(at::Tensor const& x, at::Tensor const& weight, OptTenso
                          c10::string_view family, c10::string_view activation, double negative_slope,
                          c10::optional<at::ScalarType> output_dtype, int64_t margin, c10::string_view backward,
                          bool cache, OptTensor const& amax_history, OptTensor const& fp8_scale,
-                         c10::string_view amax_compute_algo) {
+                         c10::string_view amax_compute_algo, bool fast_accum) {
   return E4M3Function::apply(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var,
                              num_batches_tracked, momentum, eps, family, activation, negative_slope, output_dtype,
-                             margin, backward, cache, amax_history, fp8_scale, amax_compute_algo)[0];
+                             margin, backward, cache, amax_history, fp8_scale, amax_compute_algo, fast_accum)[0];
 }
 
 // Without autograd (inference mode, or below Autograd): the forward alone.
@@ -252,11 +252,11 @@ at::Tensor e4m3_plain(at::Tensor const& x, at::Tensor const& weight, OptTensor c
                       c10::string_view activation, double negative_slope,
                       c10::optional<at::ScalarType> output_dtype, int64_t margin, c10::string_view backward,
                       bool cache, OptTensor const& amax_history, OptTensor const& fp8_scale,
-                      c10::string_view amax_compute_algo) {
+                      c10::string_view amax_compute_algo, bool fast_accum) {
   check_backward(backward);
   return e4m3_forward(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked,
                       momentum, eps, family, activation, negative_slope, output_dtype, margin, cache, false,
-                      {amax_history, fp8_scale, amax_compute_algo})
+                      {amax_history, fp8_scale, amax_compute_algo}, fast_accum)
       .y;
 }
 
@@ -268,13 +268,13 @@ at::Tensor eval_e4m3(at::Tensor const& x, at::Tensor const& weight, OptTensor co
                      OptTensor const& bn_weight, OptTensor const& bn_bias, at::Tensor const& running_mean,
                      at::Tensor const& running_var, double eps, c10::string_view family, c10::string_view activation,
                      double negative_slope, c10::optional<at::ScalarType> output_dtype, int64_t margin, bool cache,
-                     OptTensor const& fp8_scale) {
+                     OptTensor const& fp8_scale, bool fast_accum) {
   static auto eval = op_handle<Fp8EvalSig>("cutlass_fused::linear_scale_batch_norm_eval_fp8");
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);  // as e4m3_forward's
   OptTensor no_history;
   auto o = e4m3_operands(x, weight, bias, scale, margin, cache, false, {no_history, fp8_scale, "max"});
   return eval.call(o.x8, o.w8, o.b, o.sc, bn_weight, bn_bias, running_mean, running_var, eps, family, activation,
-                   negative_slope, output_dtype);
+                   negative_slope, output_dtype, fast_accum);
 }
 
 // fp8_delayed_operands as the ops it stands for (the CPU's; CUDA has its own, in fewer launches).

@@ -28,10 +28,10 @@ using MatmulSig = at::Tensor(at::Tensor const&, at::Tensor const&, c10::string_v
 using Fp8TrainSig = TrainOut(
     at::Tensor const&, at::Tensor const&, OptTensor const&, at::Tensor const&, OptTensor const&, OptTensor const&,
     OptTensor const&, OptTensor const&, OptTensor const&, c10::optional<double>, double, c10::string_view,
-    c10::string_view, double, c10::optional<at::ScalarType>);
+    c10::string_view, double, c10::optional<at::ScalarType>, bool);
 using Fp8EvalSig = at::Tensor(at::Tensor const&, at::Tensor const&, OptTensor const&, at::Tensor const&,
                               OptTensor const&, OptTensor const&, at::Tensor const&, at::Tensor const&, double,
-                              c10::string_view, c10::string_view, double, c10::optional<at::ScalarType>);
+                              c10::string_view, c10::string_view, double, c10::optional<at::ScalarType>, bool);
 using QuantizeE4M3Sig = std::tuple<at::Tensor, at::Tensor>(at::Tensor const&, int64_t, bool);
 using DequantizeSig = at::Tensor(at::Tensor const&, OptTensor const&, at::ScalarType);
 using QuantizeTransposedSig =

@@ -163,7 +163,9 @@ void set_overrides(std::string const& kernel, std::string const& tail, std::stri
 // compute capability and SM count, with the overrides in force; "key=value" lines.
 std::string plan_op(std::string const& op, int64_t m, int64_t n, int64_t k, at::ScalarType dtype, bool y_wider,
                     bool allow_tf32, std::string const& family, int64_t capability, int64_t sm_count,
-                    bool cumulative, bool groups16, c10::string_view activation) {
+                    bool cumulative, bool groups16, c10::string_view activation, c10::string_view fp8) {
+  TORCH_CHECK_VALUE(fp8 == "none" || fp8 == "e4m3" || fp8 == "e4m3_fast",
+                    "cutlass_fused: expected fp8 to be 'none', 'e4m3' or 'e4m3_fast', but got '", fp8, "'");
   Problem p;
   try {
     p.op = parse_op(op);
@@ -183,6 +185,8 @@ std::string plan_op(std::string const& op, int64_t m, int64_t n, int64_t k, at::
   p.cumulative = cumulative;
   p.groups16 = groups16;
   p.act = activation_of(activation);
+  p.fp8 = fp8 != "none";
+  p.fast_accum = fp8 == "e4m3_fast";
   p.overrides = current_overrides();
   try {
     return describe(make_plan(p));
@@ -375,7 +379,8 @@ TORCH_LIBRARY(cutlass_fused, m) {
       "linear_scale_batch_norm_train_fp8(Tensor x, Tensor weight, Tensor? bias, Tensor scale, Tensor? bn_weight,"
       " Tensor? bn_bias, Tensor(a!)? running_mean, Tensor(b!)? running_var, Tensor(c!)? num_batches_tracked,"
       " float? momentum, float eps, str family, str activation=\"none\", float negative_slope=0.01,"
-      " ScalarType? output_dtype=None) -> (Tensor y, Tensor h, Tensor stats, Tensor mean, Tensor invstd)");
+      " ScalarType? output_dtype=None, bool fast_accum=False)"
+      " -> (Tensor y, Tensor h, Tensor stats, Tensor mean, Tensor invstd)");
   // The e4m3 training path as one op with its autograd (csrc/fp8_autograd.cpp): x and W rounded
   // by quantize_e4m3 under current scaling (a frozen W8 kept where `cache` allows), the FP8 op
   // above, and the backward in bf16 over the dequantized operands or, backward="e5m2", as FP8 GEMMs
@@ -389,7 +394,8 @@ TORCH_LIBRARY(cutlass_fused, m) {
       " Tensor? bn_bias, Tensor(a!)? running_mean, Tensor(b!)? running_var, Tensor(c!)? num_batches_tracked,"
       " float? momentum, float eps, str family, str activation=\"none\", float negative_slope=0.01,"
       " ScalarType? output_dtype=None, int margin=0, str backward=\"bf16\", bool cache=False,"
-      " Tensor(d!)? amax_history=None, Tensor(e!)? fp8_scale=None, str amax_compute_algo=\"max\") -> Tensor");
+      " Tensor(d!)? amax_history=None, Tensor(e!)? fp8_scale=None, str amax_compute_algo=\"max\","
+      " bool fast_accum=False) -> Tensor");
   // FP8 current scaling (issue 33): t rounded to e4m3 under the power-of-two scale that maps its
   // amax into (224, 448] (less `margin` powers of two; 1 where the amax is 0 or not finite), and
   // that scale (0-dim fp32), as cutlass_fused/fp8.py's scale_of and quantize compute them: one op,
@@ -468,7 +474,8 @@ TORCH_LIBRARY(cutlass_fused, m) {
   m.def(
       "linear_scale_batch_norm_eval_fp8(Tensor x, Tensor weight, Tensor? bias, Tensor scale, Tensor? bn_weight,"
       " Tensor? bn_bias, Tensor running_mean, Tensor running_var, float eps, str family,"
-      " str activation=\"none\", float negative_slope=0.01, ScalarType? output_dtype=None) -> Tensor");
+      " str activation=\"none\", float negative_slope=0.01, ScalarType? output_dtype=None,"
+      " bool fast_accum=False) -> Tensor");
   // The e4m3 eval path as one op (csrc/fp8_autograd.cpp): x and W rounded by quantize_e4m3 under
   // current scaling (a frozen W8 kept where `cache` allows), or under fp8_scale's two scales
   // (delayed scaling, which eval reads and does not update), then the op above. No autograd: the
@@ -477,7 +484,7 @@ TORCH_LIBRARY(cutlass_fused, m) {
       "linear_scale_batch_norm_eval_e4m3(Tensor x, Tensor weight, Tensor? bias, Tensor scale, Tensor? bn_weight,"
       " Tensor? bn_bias, Tensor running_mean, Tensor running_var, float eps, str family,"
       " str activation=\"none\", float negative_slope=0.01, ScalarType? output_dtype=None, int margin=0,"
-      " bool cache=False, Tensor? fp8_scale=None) -> Tensor");
+      " bool cache=False, Tensor? fp8_scale=None, bool fast_accum=False) -> Tensor");
   // a @ b in the precision of the layer's forward for `family` (3xTF32 for fp32
   // without TF32 on sm90; torch.mm otherwise): the backward's dX and dW GEMMs.
   m.def("matmul(Tensor a, Tensor b, str family) -> Tensor");
@@ -488,7 +495,8 @@ TORCH_LIBRARY(cutlass_fused, m) {
         &set_overrides);
   // What the plan chooses for a problem (cutlass_fused.plan()), on any device.
   m.def("plan(str op, int m, int n, int k, ScalarType dtype, bool y_wider, bool allow_tf32, str family,"
-        " int capability, int sm_count, bool cumulative, bool groups16, str activation=\"none\") -> str",
+        " int capability, int sm_count, bool cumulative, bool groups16, str activation=\"none\","
+        " str fp8=\"none\") -> str",
         &plan_op);
   // Drops every value kept under `cache` (frozen_weights' exit).
   m.def("clear_cache() -> ()", &clear_cache);

@@ -270,7 +270,8 @@ at::Tensor linear_scale_batch_norm_eval_fp8_cpu(at::Tensor const& x, at::Tensor 
                                                 c10::optional<at::Tensor> const& bn_bias,
                                                 at::Tensor const& running_mean, at::Tensor const& running_var,
                                                 double eps, c10::string_view family, c10::string_view activation,
-                                                double negative_slope, c10::optional<at::ScalarType> output_dtype_) {
+                                                double negative_slope, c10::optional<at::ScalarType> output_dtype_,
+                                                bool /*fast_accum: the CPU's sums are its bf16 reference's*/) {
   auto r = fp8_reference(x, weight, bias, scale);
   return linear_scale_batch_norm_eval_cpu(r.x, r.weight, r.bias, scale, bn_weight, bn_bias, running_mean, running_var,
                                           eps, family, false, activation, negative_slope, output_dtype_);
@@ -290,7 +291,8 @@ TrainOut linear_scale_batch_norm_train_fp8_cpu(at::Tensor const& x, at::Tensor c
                                                c10::optional<at::Tensor> const& num_batches_tracked,
                                                c10::optional<double> momentum, double eps, c10::string_view family,
                                                c10::string_view activation, double negative_slope,
-                                               c10::optional<at::ScalarType> output_dtype_) {
+                                               c10::optional<at::ScalarType> output_dtype_,
+                                               bool /*fast_accum: the CPU's sums are its bf16 reference's*/) {
   auto r = fp8_reference(x, weight, bias, scale);
   return linear_scale_batch_norm_train_cpu(r.x, r.weight, r.bias, scale, bn_weight, bn_bias, running_mean,
                                            running_var, num_batches_tracked, momentum, eps, family, false, activation,

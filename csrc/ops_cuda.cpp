@@ -372,7 +372,8 @@ TrainOut train_cuda(at::Tensor const& x, at::Tensor const& weight, c10::optional
                     c10::optional<at::Tensor> const& running_var,
                     c10::optional<at::Tensor> const& num_batches_tracked, c10::optional<double> momentum,
                     double eps, c10::string_view family, bool cache, c10::string_view activation,
-                    double negative_slope, c10::optional<at::ScalarType> output_dtype_, bool fp8) {
+                    double negative_slope, c10::optional<at::ScalarType> output_dtype_, bool fp8,
+                    bool fast_accum) {
   check_gemm_inputs(x, weight, bias, scale, fp8);
   auto xt = element_dtype(x);  // h's dtype
   int64_t m = x.size(0), n = weight.size(0);
@@ -397,6 +398,7 @@ TrainOut train_cuda(at::Tensor const& x, at::Tensor const& weight, c10::optional
   Problem pr = problem(Op::train, m, n, x.size(1), xt, out_dtype != xt, family, dev);
   pr.cumulative = !momentum.has_value();
   pr.fp8 = fp8;
+  pr.fast_accum = fast_accum;
   // h (padded rows) and y (contiguous) are fresh: 16-byte groups wherever n allows them.
   pr.groups16 = n % (16 / static_cast<int64_t>(c10::elementSize(xt))) == 0;
   Plan plan = planned(pr);
@@ -443,7 +445,7 @@ TrainOut linear_scale_batch_norm_train_cuda(at::Tensor const& x, at::Tensor cons
                                             bool cache, c10::string_view activation, double negative_slope,
                                             c10::optional<at::ScalarType> output_dtype_) {
   return train_cuda(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked,
-                    momentum, eps, family, cache, activation, negative_slope, output_dtype_, false);
+                    momentum, eps, family, cache, activation, negative_slope, output_dtype_, false, false);
 }
 
 TrainOut linear_scale_batch_norm_train_fp8_cuda(at::Tensor const& x, at::Tensor const& weight,
@@ -455,9 +457,9 @@ TrainOut linear_scale_batch_norm_train_fp8_cuda(at::Tensor const& x, at::Tensor 
                                                 c10::optional<at::Tensor> const& num_batches_tracked,
                                                 c10::optional<double> momentum, double eps, c10::string_view family,
                                                 c10::string_view activation, double negative_slope,
-                                                c10::optional<at::ScalarType> output_dtype_) {
+                                                c10::optional<at::ScalarType> output_dtype_, bool fast_accum) {
   return train_cuda(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked,
-                    momentum, eps, family, false, activation, negative_slope, output_dtype_, true);
+                    momentum, eps, family, false, activation, negative_slope, output_dtype_, true, fast_accum);
 }
 
 // The backward's kernel arguments for dy and h, with the tensors they point into (dense copies
@@ -578,7 +580,7 @@ at::Tensor eval_cuda(at::Tensor const& x, at::Tensor const& weight, c10::optiona
                      c10::optional<at::Tensor> const& bn_bias_in, at::Tensor const& running_mean_in,
                      at::Tensor const& running_var_in, double eps, c10::string_view family, bool cache,
                      c10::string_view activation, double negative_slope,
-                     c10::optional<at::ScalarType> output_dtype_, bool fp8) {
+                     c10::optional<at::ScalarType> output_dtype_, bool fp8, bool fast_accum) {
   check_gemm_inputs(x, weight, bias, scale_in, fp8);
   int64_t m = x.size(0), n = weight.size(0), k = x.size(1);
   auto dev = x.device();
@@ -608,6 +610,7 @@ at::Tensor eval_cuda(at::Tensor const& x, at::Tensor const& weight, c10::optiona
   c10::cuda::CUDAGuard guard(dev);
   Problem pr = problem(Op::eval, m, n, k, xt, out != xt, family, dev);
   pr.fp8 = fp8;
+  pr.fast_accum = fast_accum;
   Plan plan = planned(pr);
   // One (2 or 3, kn) allocation: each row starts a multiple of kn floats in,
   // which keeps it 16-byte aligned for the EVT.
@@ -641,7 +644,7 @@ at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor con
                                              c10::string_view activation, double negative_slope,
                                              c10::optional<at::ScalarType> output_dtype_) {
   return eval_cuda(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, eps, family, cache,
-                   activation, negative_slope, output_dtype_, false);
+                   activation, negative_slope, output_dtype_, false, false);
 }
 
 at::Tensor linear_scale_batch_norm_eval_fp8_cuda(at::Tensor const& x, at::Tensor const& weight,
@@ -650,9 +653,10 @@ at::Tensor linear_scale_batch_norm_eval_fp8_cuda(at::Tensor const& x, at::Tensor
                                                  c10::optional<at::Tensor> const& bn_bias,
                                                  at::Tensor const& running_mean, at::Tensor const& running_var,
                                                  double eps, c10::string_view family, c10::string_view activation,
-                                                 double negative_slope, c10::optional<at::ScalarType> output_dtype_) {
+                                                 double negative_slope, c10::optional<at::ScalarType> output_dtype_,
+                                                 bool fast_accum) {
   return eval_cuda(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, eps, family, false,
-                   activation, negative_slope, output_dtype_, true);
+                   activation, negative_slope, output_dtype_, true, fast_accum);
 }
 
 // The backward's GEMMs in the forward's precision: fp32 without TF32 on the

@@ -41,21 +41,24 @@ SWEEP = [128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 MODES = ("train", "eval", "fwdbwd")
 IMPLS = ("torch.mm", "eager", "compile", "compile-max-autotune", "cutlass_fused", "cutlass_fused-frozen",
          "cutlass_fused-fp8", "cutlass_fused-fp8-e5m2", "cutlass_fused-fp8-delayed", "cutlass_fused-fp8-delayed-e5m2",
-         "torchao-float8", "torchao-float8+compile")
+         "cutlass_fused-fp8-delayed-fast", "cutlass_fused-fp8-delayed-e5m2-fast", "torchao-float8",
+         "torchao-float8+compile")
 # cutlass_fused-frozen: ours inside cutlass_fused.frozen_weights() (the eval fold and fp32's weight
 # split kept between calls), on a copy of the layer of its own; the torchao rows: the unfused model
 # with torchao's float8 training of its Linear (issue 33's anchor; torchao is not a dependency).
 # cutlass_fused-fp8: ours with Float8Recipe() (the e4m3 kernels, issue 33); cutlass_fused-fp8-e5m2:
 # with Float8Recipe(backward="e5m2") (FP8 dX and dW GEMMs too); -delayed: with scaling="delayed" (x
-# and W cast under the scales of the calls before, one pass each). Asked for by --impl only.
+# and W cast under the scales of the calls before, one pass each); -fast: with fast_accum=True (the
+# forward's GEMMs accumulate in the tensor cores alone). Asked for by --impl only.
 DEFAULT_IMPLS = IMPLS[:5]
 
 
 def fp8_recipe(row):
-    """The Float8Recipe a row's name asks for (the layer's "cutlass_fused-fp8[-delayed][-e5m2]", the
-    step's "fused-fp8[-delayed][-e5m2][+compile]")."""
+    """The Float8Recipe a row's name asks for (the layer's "cutlass_fused-fp8[-delayed][-e5m2][-fast]",
+    the step's "fused-fp8[-delayed][-e5m2][-fast][+compile]")."""
     return cutlass_fused.Float8Recipe(backward="e5m2" if "e5m2" in row else "bf16",
-                                      scaling="delayed" if "delayed" in row else "current")
+                                      scaling="delayed" if "delayed" in row else "current",
+                                      fast_accum="-fast" in row)
 GEMMS = {"train": 1, "eval": 1, "fwdbwd": 3}
 # Error floor of the correctness check: one output rounding step of an O(1) value.
 FLOOR = {"bf16": 2e-2, "f16": 3e-3, "tf32": 2e-3, "f32": 1e-5}

@@ -37,8 +37,9 @@ ROWS = ("eager", "compile", "fused", "fused+compile")
 TORCHAO_ROWS = ("torchao-float8", "torchao-float8+compile", "torchao-float8-rowwise+compile")
 # fused-fp8: fuse(model) with Float8Recipe() on every fused layer (the e4m3 kernels; issue 33);
 # fused-fp8-e5m2: with Float8Recipe(backward="e5m2") (the FP8 backward's GEMMs as well);
-# fused-fp8-delayed-e5m2: with scaling="delayed" too (one cast pass each for x and W).
-FP8_ROWS = ("fused-fp8", "fused-fp8-e5m2", "fused-fp8-delayed-e5m2")
+# fused-fp8-delayed-e5m2: with scaling="delayed" too (one cast pass each for x and W); -fast: with
+# fast_accum=True as well (the forward's GEMMs accumulate in the tensor cores alone).
+FP8_ROWS = ("fused-fp8", "fused-fp8-e5m2", "fused-fp8-delayed-e5m2", "fused-fp8-delayed-e5m2-fast")
 # +graph: the whole step (forward, backward, AdamW with capturable=True) as one CUDA graph, replayed
 # (Row.replayed): the GPU's time for the step with no host in the way, which a host-bound step
 # (the FP8 rows': docs/decisions.md) does not get eagerly.

@@ -53,7 +53,12 @@ class Float8Recipe:
     e4m3 x8 and W8: TransformerEngine's hybrid format; dh under current scaling with either
     scaling of x and W). "e5m2" is taken by the e4m3 training path only, so it needs a recipe
     without emulate; the layer's other calls (eval, SyncBN, fp32 or fp16 data) differentiate in
-    their own dtype."""
+    their own dtype. fast_accum: the e4m3 kernels' forward GEMMs (training and eval) accumulate
+    in the tensor cores alone, without CUTLASS's promotion into a second fp32 accumulator every
+    4 MMAs, as torchao's and TransformerEngine's forward GEMMs do by default: faster, with a
+    larger error in h that grows with in_features (docs/decisions.md, "Fast accumulation"). The
+    backward's GEMMs stay promoted (as the peers keep theirs), and the CPU and the emulated path
+    accumulate as the bf16 kernels do; so it takes a recipe without emulate."""
 
     margin: int = 0
     emulate: bool = False
@@ -61,6 +66,7 @@ class Float8Recipe:
     amax_history_len: int = 16
     amax_compute_algo: str = "max"
     backward: str = "bf16"
+    fast_accum: bool = False
 
     def __post_init__(self):
         def is_int(v):
@@ -82,6 +88,12 @@ class Float8Recipe:
         if self.backward not in ("bf16", "e5m2"):
             raise ValueError(f"cutlass_fused: expected Float8Recipe backward to be 'bf16' or 'e5m2', but got "
                              f"{self.backward!r}")
+        if not isinstance(self.fast_accum, bool):
+            raise ValueError(f"cutlass_fused: expected Float8Recipe fast_accum to be a bool, but got "
+                             f"{self.fast_accum!r}")
+        if self.fast_accum and self.emulate:
+            raise ValueError("cutlass_fused: Float8Recipe(fast_accum=True) is the e4m3 kernels' accumulation, which "
+                             "takes a recipe without emulate")
         if self.backward == "e5m2" and self.emulate:
             raise ValueError("cutlass_fused: Float8Recipe(backward='e5m2') runs with the e4m3 training path, which "
                              "takes a recipe without emulate")
@@ -221,7 +233,7 @@ class DelayedState:
 
 def train_e4m3(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, momentum,
                eps, family, activation="none", negative_slope=0.01, margin=0, output_dtype=None, backward="bf16",
-               state=None, amax_compute_algo="max"):
+               state=None, amax_compute_algo="max", fast_accum=False):
     """y of the training op with x and W rounded to e4m3, through the e4m3 kernels (on the CPU, the
     op's bf16 reference): the emulated path's values and gradients (tests/test_fp8.py). Current
     scaling, or delayed scaling under `state` (a DelayedState, updated in place as
@@ -229,7 +241,7 @@ def train_e4m3(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running
     bf16 x (the block before's y); y in h * scale's dtype, or output_dtype (rounded once from the
     fp32 value where the kernels write it, as the training op). One op with its autograd in C++
     (ops.linear_scale_batch_norm_train_e4m3, csrc/fp8_autograd.cpp); backward: Float8Recipe's
-    ("bf16", or "e5m2": FP8 GEMMs over dh rounded to e5m2)."""
+    ("bf16", or "e5m2": FP8 GEMMs over dh rounded to e5m2); fast_accum: Float8Recipe's."""
     from .frozen import may_cache
     from .ops import ops
     # Inside frozen_weights() (a frozen weight), W8 and its scale are kept between calls (current
@@ -239,11 +251,11 @@ def train_e4m3(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running
     return ops.linear_scale_batch_norm_train_e4m3(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var,
                                                   num_batches_tracked, momentum, eps, family, activation,
                                                   negative_slope, output_dtype, margin, backward, cache, history,
-                                                  fp8_scale, amax_compute_algo)
+                                                  fp8_scale, amax_compute_algo, fast_accum)
 
 
 def eval_e4m3(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, eps, family, activation="none",
-              negative_slope=0.01, margin=0, output_dtype=None, state=None):
+              negative_slope=0.01, margin=0, output_dtype=None, state=None, fast_accum=False):
     """y of the eval op with x and W rounded to e4m3 under current scaling, or under a delayed
     `state`'s scales (read, not updated), through the e4m3 eval GEMM with the fold in its epilogue
     (on the CPU, the op's bf16 reference): the emulated path's y. x and W as train_e4m3 takes them.
@@ -254,4 +266,4 @@ def eval_e4m3(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_
     cache = may_cache(weight, bias, scale, bn_weight, bn_bias, running_mean, running_var)
     return ops.linear_scale_batch_norm_eval_e4m3(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var,
                                                  eps, family, activation, negative_slope, output_dtype, margin, cache,
-                                                 None if state is None else state.scale)
+                                                 None if state is None else state.scale, fast_accum)

@@ -161,11 +161,11 @@ class LinearScaleBatchNorm1d(nn.Module):
             return train_e4m3(x, self.gemm.weight, self.gemm.bias, self.scale, bn.weight, bn.bias, running_mean,
                               running_var, nbt, bn.momentum, bn.eps, _family.current(), self.activation,
                               self.negative_slope, recipe.margin, output_dtype, recipe.backward, state,
-                              recipe.amax_compute_algo)
+                              recipe.amax_compute_algo, recipe.fast_accum)
         if self._runs_e4m3_eval(x, use_batch_stats):
             return eval_e4m3(x, self.gemm.weight, self.gemm.bias, self.scale, bn.weight, bn.bias, running_mean,
                              running_var, bn.eps, _family.current(), self.activation, self.negative_slope,
-                             recipe.margin, output_dtype, state)
+                             recipe.margin, output_dtype, state, recipe.fast_accum)
         x, weight = fp8_operands(x, self.gemm.weight, recipe, state, update=self.training)
         if should_sync(self.process_group, bn.training):
             return sync_linear_scale_batch_norm(x, weight, self.gemm.bias, self.scale, bn.weight, bn.bias,

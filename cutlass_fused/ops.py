@@ -47,7 +47,7 @@ def _(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num
 
 @torch.library.register_fake("cutlass_fused::linear_scale_batch_norm_train_fp8")
 def _(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, momentum, eps,
-      family, activation="none", negative_slope=0.01, output_dtype=None):
+      family, activation="none", negative_slope=0.01, output_dtype=None, fast_accum=False):
     # As the training op's over bf16 x and W: h is bf16 beside e4m3 operands.
     h, stats = _linear_stats(x.new_empty(x.shape, dtype=torch.bfloat16),
                              weight.new_empty(weight.shape, dtype=torch.bfloat16), bias, family)
@@ -58,7 +58,7 @@ def _(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num
 @torch.library.register_fake("cutlass_fused::linear_scale_batch_norm_train_e4m3")
 def _(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, momentum, eps,
       family, activation="none", negative_slope=0.01, output_dtype=None, margin=0, backward="bf16", cache=False,
-      amax_history=None, fp8_scale=None, amax_compute_algo="max"):
+      amax_history=None, fp8_scale=None, amax_compute_algo="max", fast_accum=False):
     # y of the FP8 op: bf16 h times scale, promoted, or output_dtype; a delayed state updated in place.
     y = x.new_empty((x.shape[0], weight.shape[0]), dtype=torch.promote_types(torch.bfloat16, scale.dtype))
     return y if output_dtype is None else y.to(output_dtype)
@@ -160,13 +160,13 @@ def _fp8_eval_y(x, weight, scale, output_dtype):
 
 @torch.library.register_fake("cutlass_fused::linear_scale_batch_norm_eval_fp8")
 def _(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, eps, family, activation="none",
-      negative_slope=0.01, output_dtype=None):
+      negative_slope=0.01, output_dtype=None, fast_accum=False):
     return _fp8_eval_y(x, weight, scale, output_dtype)
 
 
 @torch.library.register_fake("cutlass_fused::linear_scale_batch_norm_eval_e4m3")
 def _(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, eps, family, activation="none",
-      negative_slope=0.01, output_dtype=None, margin=0, cache=False, fp8_scale=None):
+      negative_slope=0.01, output_dtype=None, margin=0, cache=False, fp8_scale=None, fast_accum=False):
     return _fp8_eval_y(x, weight, scale, output_dtype)
 
 

@@ -248,7 +248,7 @@ def test_bench_fp8_rows(tmp_path, monkeypatch):
     import cutlass_fused.module as module
     orig = module.train_e4m3
     monkeypatch.setattr(module, "train_e4m3", lambda *a: (calls.append(1), orig(*a))[1])
-    fp8_rows = ("fused-fp8", "fused-fp8-e5m2", "fused-fp8-delayed-e5m2")
+    fp8_rows = ("fused-fp8", "fused-fp8-e5m2", "fused-fp8-delayed-e5m2", "fused-fp8-delayed-e5m2-fast")
     assert bench.main(["--step-case", "bf16,32,48,2", "--step-row", "eager", "--step-row", "fused",
                        *[a for row in fp8_rows for a in ("--step-row", row)], "--out", str(tmp_path)]) == 0
     rows = {r["impl"]: r for r in json.loads((tmp_path / "step.json").read_text())["rows"]}
@@ -256,15 +256,17 @@ def test_bench_fp8_rows(tmp_path, monkeypatch):
         assert rows[row]["error"] is None and rows[row]["fused_layers"] == 2
         assert rows[row]["loss_parity"] < 5e-2, row
     # (a row's bf16 loss may round to fused's)
-    assert len(calls) >= 3 * 2, "each fused-fp8 row ran the e4m3 op on both layers"
+    assert len(calls) >= 4 * 2, "each fused-fp8 row ran the e4m3 op on both layers"
     impls = ("cutlass_fused-fp8", "cutlass_fused-fp8-e5m2", "cutlass_fused-fp8-delayed",
-             "cutlass_fused-fp8-delayed-e5m2")
+             "cutlass_fused-fp8-delayed-e5m2", "cutlass_fused-fp8-delayed-e5m2-fast")
     assert bench.main(["--shape", "64,32,48", "--dtype", "bf16", "--mode", "fwdbwd", "--impl", "torch.mm",
                        *[a for impl in impls for a in ("--impl", impl)], "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert [r["impl"] for r in rows if r["ms"] > 0 and r["impl"].startswith("cutlass_fused-fp8")] == list(impls)
     assert bench.fp8_recipe("fused-fp8-delayed-e5m2+compile") == cutlass_fused.Float8Recipe(scaling="delayed",
                                                                                           backward="e5m2")
+    assert bench.fp8_recipe("cutlass_fused-fp8-delayed-fast") == cutlass_fused.Float8Recipe(scaling="delayed",
+                                                                                          fast_accum=True)
 
 
 @pytest.mark.skipif(CUDA, reason="the CPU refusal of compile rows")

@@ -372,8 +372,9 @@ def test_each_e4m3_row(row, override):
         pytest.skip(f"{row} is not in this build")
     torch.manual_seed(5)
     seed = Seed(128, 1024).to(torch.bfloat16)
+    # A fast-accumulate row serves Float8Recipe(fast_accum=True) alone.
     ours = cutlass_fused.LinearScaleBatchNorm1d(128, 1024, device="cuda", dtype=torch.bfloat16,
-                                                fp8=cutlass_fused.Float8Recipe())
+                                                fp8=cutlass_fused.Float8Recipe(fast_accum="fastacc" in row))
     ours.load_state_dict(seed.state_dict())
     x = (3 * torch.randn(1000, 128)).to(torch.bfloat16)
     override(kernel=row)
@@ -486,6 +487,66 @@ def test_backward_recipe_checks():
     with pytest.raises(ValueError, match="takes a recipe without emulate"):
         cutlass_fused.Float8Recipe(backward="e5m2", emulate=True)
     assert cutlass_fused.Float8Recipe(backward="e5m2", scaling="delayed").delayed
+    assert cutlass_fused.Float8Recipe(fast_accum=True).fast_accum and not cutlass_fused.Float8Recipe().fast_accum
+    with pytest.raises(ValueError, match="expected Float8Recipe fast_accum to be a bool, but got 1"):
+        cutlass_fused.Float8Recipe(fast_accum=1)
+    with pytest.raises(ValueError, match=r"fast_accum=True\) is the e4m3 kernels' accumulation, which takes a recipe "
+                                         "without emulate"):
+        cutlass_fused.Float8Recipe(fast_accum=True, emulate=True)
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA else []))
+@pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("m,k,n", [(1000, 769, 1000), (3, 5125, 96)], ids=["1000x769x1000", "3x5125x96"])
+def test_fast_accum(device, train, m, k, n):
+    """Float8Recipe(fast_accum=True): the forward's e4m3 GEMM (training and eval) is a fast-accumulate
+    row (a CUDA profile names it), and y and the running stats meet the 2x rule against float64 of
+    the same quantized operands, beside the promoted recipe's, at a K of 5125 too, where the tensor
+    cores' own sums run longest; the backward runs. The CPU, which accumulates as its bf16 reference
+    does, gives the promoted recipe's bits."""
+    skip_without_e4m3(device)
+    out = {}
+    for fast in (False, True):
+        torch.manual_seed(6)
+        layer = cutlass_fused.LinearScaleBatchNorm1d(k, n, activation="relu", device=device, dtype=torch.bfloat16,
+                                                     fp8=cutlass_fused.Float8Recipe(fast_accum=fast))
+        with torch.no_grad():
+            layer.scale.uniform_(0.5, 2)
+            layer.bn.running_mean.normal_()
+            layer.bn.running_var.uniform_(0.5, 2)
+        layer.train(train)
+        before = {key: v.detach().cpu().double() for key, v in layer.state_dict().items()}
+        x = (3 * torch.randn(m, k)).to(device, torch.bfloat16).requires_grad_(train)
+        if device == "cuda":
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof, \
+                    torch.set_grad_enabled(train):
+                y = layer(x)
+                torch.cuda.synchronize()
+            ran = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+            e4m3 = [name for name in ran if "sm90_e4m3_" in name]
+            # compute-sanitizer holds CUPTI (scripts/sanitize.sh sets CUTLASS_FUSED_NO_PROFILER).
+            assert os.environ.get("CUTLASS_FUSED_NO_PROFILER") or (
+                e4m3 and all(("fastacc" in name) == fast for name in e4m3)), ran
+        else:
+            with torch.set_grad_enabled(train):
+                y = layer(x)
+        if train:
+            y.float().square().sum().backward()
+            assert torch.isfinite(x.grad).all() and torch.isfinite(layer.gemm.weight.grad).all()
+        out[fast] = (layer, y.detach())
+    (promoted, y_promoted), (fast, y_fast) = out[False], out[True]
+    if device == "cpu":
+        assert torch.equal(y_fast, y_promoted)
+        return
+    seed = Seed(k, n).double().train(train)
+    seed.load_state_dict(before, strict=False)
+    with torch.no_grad():
+        seed.gemm.weight.copy_(fp8.round_to_e4m3(fast.gemm.weight.detach().cpu()).double())
+        y64 = F.relu(seed(fp8.round_to_e4m3(x.detach().cpu()).double()))
+    assert_close_rule(y_fast.cpu().float(), y_promoted.cpu().float(), y64, "bf16", "y")
+    for name in ("running_mean", "running_var"):
+        assert_close_rule(getattr(fast.bn, name).cpu(), getattr(promoted.bn, name).cpu(), getattr(seed.bn, name),
+                          "bf16", name)
 
 
 def test_state_dict_and_recipe_checks():

@@ -131,7 +131,8 @@ def fp8_devices():
 
 
 @pytest.mark.parametrize("device", fp8_devices())
-def test_linear_scale_batch_norm_train_fp8(device):
+@pytest.mark.parametrize("fast_accum", [False, True], ids=["promoted", "fast_accum"])
+def test_linear_scale_batch_norm_train_fp8(device, fast_accum):
     # K a multiple of 16 (e4m3's 16-byte rows) and M, N of 8: no padding of the operands.
     x, w, v = samples(device, torch.float32, m=8, k=16, n=16)
     x8, w8 = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
@@ -139,12 +140,12 @@ def test_linear_scale_batch_norm_train_fp8(device):
     args = (x8, w8, v(), v(), v(), v(), rm, rv, torch.tensor(3, device=device), 0.1, 1e-5, "auto")
     # Not test_schema: it multiplies the inputs, which float8 tensors do not support; the schema's
     # mutations are checked below instead.
-    torch.library.opcheck(ops.linear_scale_batch_norm_train_fp8, args,
+    torch.library.opcheck(ops.linear_scale_batch_norm_train_fp8, args, {"fast_accum": fast_accum},
                           test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_static",
                                       "test_aot_dispatch_dynamic"))
     before = [t.clone() for t in args[:8]]
     versions = [rm._version, rv._version]
-    ops.linear_scale_batch_norm_train_fp8(*args)
+    ops.linear_scale_batch_norm_train_fp8(*args, fast_accum=fast_accum)
     assert rm._version > versions[0] and rv._version > versions[1]
     assert not torch.equal(rm, before[6]) and not torch.equal(rv, before[7])
     for t, b in zip(args[:6], before[:6]):  # the inputs the schema says are read only
@@ -153,16 +154,17 @@ def test_linear_scale_batch_norm_train_fp8(device):
 
 
 @pytest.mark.parametrize("device", fp8_devices())
-def test_linear_scale_batch_norm_eval_fp8(device):
+@pytest.mark.parametrize("fast_accum", [False, True], ids=["promoted", "fast_accum"])
+def test_linear_scale_batch_norm_eval_fp8(device, fast_accum):
     x, w, v = samples(device, torch.float32, m=8, k=16, n=16)
     x8, w8 = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
     args = (x8, w8, v(), v(), v(), v(), v(), v().abs() + 1, 1e-5, "auto", "relu")
     # Not test_schema, as for linear_scale_batch_norm_train_fp8: the inputs are checked below.
-    torch.library.opcheck(ops.linear_scale_batch_norm_eval_fp8, args,
+    torch.library.opcheck(ops.linear_scale_batch_norm_eval_fp8, args, {"fast_accum": fast_accum},
                           test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_static",
                                       "test_aot_dispatch_dynamic"))
     before = [t.clone() for t in args[:8]]
-    ops.linear_scale_batch_norm_eval_fp8(*args)
+    ops.linear_scale_batch_norm_eval_fp8(*args, fast_accum=fast_accum)
     for t, b in zip(args[:8], before):  # every tensor input is read only
         assert torch.equal(t.view(torch.uint8), b.view(torch.uint8)) if t.dtype == torch.float8_e4m3fn \
             else torch.equal(t, b)
@@ -170,12 +172,13 @@ def test_linear_scale_batch_norm_eval_fp8(device):
 
 @pytest.mark.parametrize("device", fp8_devices())
 @pytest.mark.parametrize("scaling", ["current", "delayed"])
-def test_linear_scale_batch_norm_eval_e4m3(device, scaling):
+@pytest.mark.parametrize("fast_accum", [False, True], ids=["promoted", "fast_accum"])
+def test_linear_scale_batch_norm_eval_e4m3(device, scaling, fast_accum):
     x, w, v = samples(device, torch.bfloat16, m=8, k=16, n=16)
     fp8_scale = torch.tensor([0.5, 4.0], device=device) if scaling == "delayed" else None
     args = (x, w, v(), v(), v(), v(), v(), v().abs() + 1, 1e-5, "auto", "relu", 0.01, None, 0, False, fp8_scale)
     # Not test_schema: its check multiplies the inner FP8 op's float8 inputs (as above).
-    torch.library.opcheck(ops.linear_scale_batch_norm_eval_e4m3, args,
+    torch.library.opcheck(ops.linear_scale_batch_norm_eval_e4m3, args, {"fast_accum": fast_accum},
                           test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_static",
                                       "test_aot_dispatch_dynamic"))
 
@@ -271,7 +274,8 @@ def test_dequantize(device, dtype, with_scale):
 @pytest.mark.parametrize("device", fp8_devices())
 @pytest.mark.parametrize("backward", ["bf16", "e5m2"])
 @pytest.mark.parametrize("scaling", ["current", "delayed"])
-def test_linear_scale_batch_norm_train_e4m3(device, backward, scaling):
+@pytest.mark.parametrize("fast_accum", [False, True], ids=["promoted", "fast_accum"])
+def test_linear_scale_batch_norm_train_e4m3(device, backward, scaling, fast_accum):
     x, w, v = samples(device, torch.bfloat16, m=8, k=16, n=16)
     rm, rv = v(), v().abs() + 1
     # Delayed scaling: the layer's state (history, scales), updated in place.
@@ -281,12 +285,12 @@ def test_linear_scale_batch_norm_train_e4m3(device, backward, scaling):
             1e-5, "auto", "relu", 0.01, None, 0, backward, False, *state)
     # Not test_schema: its check multiplies the inner FP8 op's float8 inputs, which torch does not
     # support (as for linear_scale_batch_norm_train_fp8 above); the mutations are checked below.
-    torch.library.opcheck(ops.linear_scale_batch_norm_train_e4m3, args,
+    torch.library.opcheck(ops.linear_scale_batch_norm_train_e4m3, args, {"fast_accum": fast_accum},
                           test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_static",
                                       "test_aot_dispatch_dynamic"))
     written = [rm, rv, *state[:2]]
     versions = [t._version for t in written]
     before = [t.clone() for t in written]
-    ops.linear_scale_batch_norm_train_e4m3(*args)
+    ops.linear_scale_batch_norm_train_e4m3(*args, fast_accum=fast_accum)
     for t, version, b in zip(written, versions, before):
         assert t._version > version and not torch.equal(t, b)

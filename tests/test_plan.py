@@ -241,3 +241,26 @@ def test_the_plan_names_rows_on_any_build():
         assert cutlass_fused.built_kernels() == []
     elif torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0):
         assert name in cutlass_fused.built_kernels()
+
+
+def test_fp8_math_and_rows():
+    """The FP8 ops' GEMMs: promoted e4m3 rows by default, the fast-accumulate rows under
+    Float8Recipe(fast_accum=True) ("e4m3_fast"), each mode its own; only the sm90 family, only
+    training and eval, and the statistics GEMM whatever the grid (e4m3 has no eval kernel plus pass)."""
+    for m, n, k in [(16384, 4096, 4096), (4096, 4096, 4096), (1024, 8192, 8192)]:
+        train, fast = plan(m, n, k, fp8="e4m3", **H100), plan(m, n, k, fp8="e4m3_fast", **H100)
+        assert (train["math"], train["kernel"]) == ("e4m3", "sm90_e4m3_stats_128x128x128_c1x1x1")
+        assert (fast["math"], fast["kernel"]) == ("e4m3_fast", "sm90_e4m3_stats_128x256x128_c2x1x1_fastacc")
+        assert train["stats_gemm"] and fast["stats_gemm"]
+        assert plan(m, n, k, mode="eval", fp8="e4m3", **H100)["kernel"] == "sm90_e4m3_eval_128x128x128_c1x1x1"
+        assert plan(m, n, k, mode="eval", fp8="e4m3_fast", **H100)["kernel"] == "sm90_e4m3_eval_256x128x128_c1x2x1_fastacc"
+    assert plan(2, 16, 32, fp8="e4m3_fast", **H100)["stats_gemm"]  # one CTA: still the statistics GEMM
+    with pytest.raises(RuntimeError, match="e4m3 operands need the sm90 family"):
+        plan(1024, 1024, 1024, fp8="e4m3", family="sm80", **H100)
+    with pytest.raises(RuntimeError, match="taken by the training and eval ops only"):
+        plan(1024, 1024, 1024, mode="linear", fp8="e4m3_fast", **H100)
+    with pytest.raises(ValueError, match="expected fp8 to be 'none', 'e4m3' or 'e4m3_fast', but got 'e5m2'"):
+        plan(1024, 1024, 1024, fp8="e5m2", **H100)
+    # A fast row forced where the recipe asks for promotion serves nothing: the plan keeps promotion.
+    with cutlass_fused.overrides(kernel="sm90_e4m3_stats_128x256x128_c2x1x1_fastacc"):
+        assert plan(4096, 4096, 4096, fp8="e4m3", **H100)["kernel"] == "sm90_e4m3_stats_128x128x128_c1x1x1"

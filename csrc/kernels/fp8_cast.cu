@@ -412,6 +412,13 @@ void dispatch_format(Fp8 format, F&& f) {
     f(std::integral_constant<Fp8, Fp8::e5m2>{});
 }
 
+// f(bias value, scale value): the scale arithmetic's kernels take the bias's and the scale's
+// dtypes as two template parameters.
+template <class F>
+void dispatch_scales(DType bias_dtype, DType scale_dtype, F&& f) {
+  dispatch(bias_dtype, [&](auto b) { dispatch(scale_dtype, [&](auto s) { f(b, s); }); });
+}
+
 }  // namespace
 
 void quantize_e4m3(void const* t, DType dtype, int64_t n, int margin, unsigned* amax_bits, float* scale, uint8_t* out,
@@ -458,14 +465,12 @@ void fp8_operand_scales(float const* s_x, float const* s_w, void const* bias, DT
                         void const* scale, DType scale_dtype, int64_t ns, void* b_out, void* sc_out,
                         cudaStream_t stream) {
   if (std::max(nb, ns) == 0) return;
-  dispatch(bias_dtype, [&](auto b) {
-    dispatch(scale_dtype, [&](auto sc) {
-      using B = decltype(b);
-      using S = decltype(sc);
-      operand_scales_kernel<B, S><<<grid_for(std::max(nb, ns)), kThreads, 0, stream>>>(
-          s_x, s_w, static_cast<B const*>(bias), nb, static_cast<S const*>(scale), ns,
-          static_cast<__nv_bfloat16*>(b_out), static_cast<S*>(sc_out));
-    });
+  dispatch_scales(bias_dtype, scale_dtype, [&](auto b, auto sc) {
+    using B = decltype(b);
+    using S = decltype(sc);
+    operand_scales_kernel<B, S><<<grid_for(std::max(nb, ns)), kThreads, 0, stream>>>(
+        s_x, s_w, static_cast<B const*>(bias), nb, static_cast<S const*>(scale), ns,
+        static_cast<__nv_bfloat16*>(b_out), static_cast<S*>(sc_out));
   });
   check_cuda(cudaGetLastError(), "fp8_operand_scales");
 }
@@ -474,14 +479,12 @@ void fp8_backward_scales(void const* dsc, DType dsc_dtype, int64_t n, float cons
                          float const* s_g, void* dbias, DType bias_dtype, void* dscale, DType scale_dtype,
                          float* inv_g, cudaStream_t stream) {
   dispatch(dsc_dtype, [&](auto d) {
-    dispatch(bias_dtype, [&](auto b) {
-      dispatch(scale_dtype, [&](auto s) {
-        using D = decltype(d);
-        using B = decltype(b);
-        using S = decltype(s);
-        backward_scales_kernel<D, B, S><<<grid_for(std::max<int64_t>(n, 1)), kThreads, 0, stream>>>(
-            static_cast<D const*>(dsc), n, s_x, s_w, s_g, static_cast<B*>(dbias), static_cast<S*>(dscale), inv_g);
-      });
+    dispatch_scales(bias_dtype, scale_dtype, [&](auto b, auto s) {
+      using D = decltype(d);
+      using B = decltype(b);
+      using S = decltype(s);
+      backward_scales_kernel<D, B, S><<<grid_for(std::max<int64_t>(n, 1)), kThreads, 0, stream>>>(
+          static_cast<D const*>(dsc), n, s_x, s_w, s_g, static_cast<B*>(dbias), static_cast<S*>(dscale), inv_g);
     });
   });
   check_cuda(cudaGetLastError(), "fp8_backward_scales");
@@ -510,14 +513,12 @@ void delayed_operands(Fp8Operand const& x, Fp8Operand const& w, float* history, 
   };
   cast(x, fp8_scale, s_x, amax_bits);
   cast(w, fp8_scale + 1, s_w, amax_bits + 1);
-  dispatch(bias_dtype, [&](auto b) {
-    dispatch(scale_dtype, [&](auto sc) {
-      using B = decltype(b);
-      using S = decltype(sc);
-      record_and_scales_kernel<B, S><<<grid_for(std::max<int64_t>({nb, ns, 1})), kThreads, 0, stream>>>(
-          history, len, amax_bits, margin, use_max, fp8_scale, s_x, s_w, static_cast<B const*>(bias), nb,
-          static_cast<S const*>(scale), ns, static_cast<__nv_bfloat16*>(b_out), static_cast<S*>(sc_out));
-    });
+  dispatch_scales(bias_dtype, scale_dtype, [&](auto b, auto sc) {
+    using B = decltype(b);
+    using S = decltype(sc);
+    record_and_scales_kernel<B, S><<<grid_for(std::max<int64_t>({nb, ns, 1})), kThreads, 0, stream>>>(
+        history, len, amax_bits, margin, use_max, fp8_scale, s_x, s_w, static_cast<B const*>(bias), nb,
+        static_cast<S const*>(scale), ns, static_cast<__nv_bfloat16*>(b_out), static_cast<S*>(sc_out));
   });
   check_cuda(cudaGetLastError(), "fp8_delayed_operands");
 }

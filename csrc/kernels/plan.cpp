@@ -189,7 +189,7 @@ bool stats_gemm(Problem const& p, Family family, KernelDtype math, int64_t kn, G
   int64_t km = swapped ? kn : p.m, kb = swapped ? p.m : kn;
   auto const* info = find_kernel(family, math, Mode::stats, km, kb, p.k, p.sm_count, p.overrides.kernel);
   // e4m3 has no eval kernel to fall back on: its statistics GEMM runs whatever the grid.
-  if (info == nullptr || (math != KernelDtype::e4m3 && cta_count(*info, km, kb) < std::max(1, p.sm_count / 2)))
+  if (info == nullptr || (!is_e4m3(math) && cta_count(*info, km, kb) < std::max(1, p.sm_count / 2)))
     return false;
   g.kernel = info;
   g.kn = kn;
@@ -363,7 +363,7 @@ Plan make_plan(Problem const& p) {
                                "bfloat16");
     if (plan.family != Family::sm90)
       throw std::runtime_error("cutlass_fused: e4m3 operands need the sm90 family (Hopper's FP8 tensor cores)");
-    plan.math = KernelDtype::e4m3;
+    plan.math = p.fast_accum ? KernelDtype::e4m3_fast : KernelDtype::e4m3;
   }
   // Both families need N to be a multiple of 16 bytes (sm80 stores whole vectors, sm90's
   // can_implement rejects D otherwise): the kernel computes kn columns, from zero weight rows,

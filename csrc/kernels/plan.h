@@ -58,6 +58,7 @@ struct Problem {
   bool cumulative = false;         // momentum=None
   Activation act = Activation::none;  // backward: the activation whose derivative it folds in
   bool fp8 = false;  // train, eval: x and W in e4m3 (issue 33); h, y and the BN part in `x` (bf16)
+  bool fast_accum = false;  // fp8: the e4m3_fast rows (tensor-core accumulation alone)
   // The call's data (train: h and y; backward: dy, h and dh) can be read in 16-byte groups:
   // n, the row strides and the base pointers allow it. The binding says so from its tensors;
   // fresh allocations allow it wherever n does.

@@ -18,8 +18,8 @@ namespace {
 #define CUTLASS_FUSED_ENTRY_sm80(name) nullptr
 #endif
 
-#define CUTLASS_FUSED_ROW(name, family, dtype, mode, stats, tm, tn, tk)                                          \
-  {KernelId::name, #name, Family::family, KernelDtype::dtype, Mode::mode, Stats::stats, tm, tn, tk, \
+#define CUTLASS_FUSED_ROW(name, family, math, mode, stats, tm, tn, tk)                                           \
+  {KernelId::name, #name, Family::family, KernelDtype::math, Mode::mode, Stats::stats, tm, tn, tk, \
    CUTLASS_FUSED_ENTRY_##family(name)},
 
 KernelInfo const kTable[] = {CUTLASS_FUSED_KERNELS(CUTLASS_FUSED_ROW)};
@@ -44,6 +44,7 @@ char const* to_string(KernelDtype d) {
     case KernelDtype::tf32: return "tf32";
     case KernelDtype::f32x3: return "f32x3";
     case KernelDtype::e4m3: return "e4m3";
+    case KernelDtype::e4m3_fast: return "e4m3_fast";
   }
   return "?";
 }

@@ -10,8 +10,12 @@ enum class DType { bf16, f16, f32 };
 // What a row of codegen/kernels.py is, as the X-macro of generated/kernels.inc spells it
 // (so the enumerators are the generator's words).
 enum class Family { sm90, sm80 };
-// The GEMM's math: tf32 is fp32 data with TF32 math; f32x3 is fp32 without TF32 (3xTF32).
-enum class KernelDtype { bf16, f16, tf32, f32x3, e4m3 };
+// The GEMM's math: tf32 is fp32 data with TF32 math; f32x3 is fp32 without TF32 (3xTF32); e4m3
+// is FP8 operands with promoted fp32 accumulation, e4m3_fast the same operands accumulated in the
+// tensor cores alone (Float8Recipe(fast_accum=True)).
+enum class KernelDtype { bf16, f16, tf32, f32x3, e4m3, e4m3_fast };
+
+constexpr bool is_e4m3(KernelDtype d) { return d == KernelDtype::e4m3 || d == KernelDtype::e4m3_fast; }
 // eval: out = ((x W^T) + b) * a + c. stats: the operands swapped (W x^T, i.e. h row-major),
 // plus per-CTA sums of h and h^2 for the training tail.
 enum class Mode { eval, stats };

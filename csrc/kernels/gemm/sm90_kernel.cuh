@@ -41,6 +41,10 @@ struct CooperativeFP8FastAccum {
   using Kernel = cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8FastAccum;
   using Epilogue = cutlass::epilogue::TmaWarpSpecializedCooperative;
 };
+struct PingpongFP8FastAccum {
+  using Kernel = cutlass::gemm::KernelTmaWarpSpecializedPingpongFP8FastAccum;
+  using Epilogue = cutlass::epilogue::TmaWarpSpecialized;
+};
 
 // The mainloop CollectiveBuilder chose, as the kernel runs it. 3xTF32 runs the TF32
 // mainloop (over operands the binding split, K tripled) with accumulator promotion:
