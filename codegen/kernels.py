@@ -179,20 +179,18 @@ _SM90 += [Kernel("sm90", "f32x3", "stats", (128, 128, 32), c, promote=8) for c i
 
 # FP8 (issue 33): the training GEMM over e4m3 x and W. The promoted mainloop keeps a second
 # accumulator: a compile probe (docs/decisions.md, "FP8") saw it spill at 128x256 cooperative and
-# at 128x128 ping-pong, not at 128x128 cooperative, the default here; fast accumulation at bf16's
-# statistics tile and cluster is the candidate to measure against it. K tiles of 128 bytes, as
+# at 128x128 ping-pong, not at 128x128 cooperative, the default here. K tiles of 128 bytes, as
 # bf16's 64. Neither a cluster (2x1 or 1x2) nor a longer promotion interval (promote=8 or 16 MMAs
 # against CUTLASS's 4) moved the 128x128 row's GEMM (H100, benchmarks/fp8_rows.py, 2026-11-27;
 # docs/decisions.md, "The e4m3 row's candidates"), so the table keeps none of them.
 _SM90 += [Kernel("sm90", "e4m3", "stats", (128, 128, 128), (1, 1, 1))]
-# Candidates (not measured yet): ping-pong, whose two warpgroups each take a whole tile, so that one's
-# epilogue runs under the other's mainloop (64x128 and 128x64: a compile probe gave 168 registers and
-# no spills; 128x128 spilled).
-_SM90 += [Kernel("sm90", "e4m3", "stats", t, (1, 1, 1), "TmaWarpSpecializedPingpong") for t in ((64, 128, 128),
-                                                                                               (128, 64, 128))]
 # Float8Recipe(fast_accum=True): the forward's GEMMs accumulate in the tensor cores alone (math
 # "e4m3_fast"), as torchao's and TransformerEngine's forward GEMMs do by default. bf16's statistics
-# tile and cluster; the ping-pong 128x128 twin is a candidate.
+# tile and cluster; the ping-pong 128x128 row is its small-batch tile (find_kernel takes it where
+# 128x256 fills fewer than half the SMs). GEMM us at 16384x4096^2 / 4096^3 / 1024x8192^2 (H100,
+# benchmarks/fp8_rows.py, 2026-11-27): 384.2 / 101.8 / 95.0, ping-pong 443.3 / 115.8 / 93.1, against
+# the promoted row's 490.5 / 135.5 / 120.3. Not kept: promoted ping-pong 64x128 and 128x64
+# (641.6 / 184.0 / 175.7 and 721.0 / 178.2 / 176.3; docs/decisions.md, "Fast accumulation").
 _SM90 += [Kernel("sm90", "e4m3", "stats", (128, 256, 128), (2, 1, 1), "TmaWarpSpecializedCooperativeFP8FastAccum"),
           Kernel("sm90", "e4m3", "stats", (128, 128, 128), (1, 1, 1), "TmaWarpSpecializedPingpongFP8FastAccum")]
 # Its eval GEMM (inference over e4m3 x and W, the fold in the epilogue): the statistics row's tile and

@@ -253,8 +253,13 @@ def test_fp8_math_and_rows():
         assert (fast["math"], fast["kernel"]) == ("e4m3_fast", "sm90_e4m3_stats_128x256x128_c2x1x1_fastacc")
         assert train["stats_gemm"] and fast["stats_gemm"]
         assert plan(m, n, k, mode="eval", fp8="e4m3", **H100)["kernel"] == "sm90_e4m3_eval_128x128x128_c1x1x1"
-        assert plan(m, n, k, mode="eval", fp8="e4m3_fast", **H100)["kernel"] == "sm90_e4m3_eval_256x128x128_c1x2x1_fastacc"
+        fast_eval = plan(m, n, k, mode="eval", fp8="e4m3_fast", **H100)
+        assert fast_eval["kernel"] == "sm90_e4m3_eval_256x128x128_c1x2x1_fastacc"
     assert plan(2, 16, 32, fp8="e4m3_fast", **H100)["stats_gemm"]  # one CTA: still the statistics GEMM
+    # A batch that 128x256 tiles leave under half the SMs: the fast rows' ping-pong 128x128 tile.
+    small = plan(1000, 1000, 769, fp8="e4m3_fast", **H100)
+    assert small["kernel"] == "sm90_e4m3_stats_128x128x128_c1x1x1_pingpong_fastacc"
+    assert plan(1000, 1000, 769, fp8="e4m3", **H100)["kernel"] == "sm90_e4m3_stats_128x128x128_c1x1x1"
     with pytest.raises(RuntimeError, match="e4m3 operands need the sm90 family"):
         plan(1024, 1024, 1024, fp8="e4m3", family="sm80", **H100)
     with pytest.raises(RuntimeError, match="taken by the training and eval ops only"):
