@@ -374,7 +374,9 @@ TORCH_LIBRARY(cutlass_fused, m) {
   // x8 W8^T + bias in bf16, then as the training op with a bf16 x, so y, the statistics and the
   // running stats are the layer's (BN cancels alpha but in eps, which scale * alpha carries). No
   // autograd: its caller differentiates around it. A separate op, so that the training op's
-  // contract (autocast, autograd, h in x's dtype) stays as it is.
+  // contract (autocast, autograd, h in x's dtype) stays as it is. fast_accum: the e4m3 GEMM
+  // accumulates in the tensor cores alone (the plan's e4m3_fast rows); the CPU's bf16 reference
+  // ignores it. The e4m3 ops below pass it on.
   m.def(
       "linear_scale_batch_norm_train_fp8(Tensor x, Tensor weight, Tensor? bias, Tensor scale, Tensor? bn_weight,"
       " Tensor? bn_bias, Tensor(a!)? running_mean, Tensor(b!)? running_var, Tensor(c!)? num_batches_tracked,"
