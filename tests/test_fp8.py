@@ -1031,7 +1031,8 @@ def test_teacher_task_runs(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
     result = json.loads((tmp_path / "fp8_teacher.json").read_text())
-    assert set(result["curves"]) == {"no fp8", "fp8 current", "fp8 delayed", "fp8 e5m2 bwd", "fp8 delayed e5m2"}
+    assert set(result["curves"]) == {"no fp8", "fp8 current", "fp8 delayed", "fp8 e5m2 bwd", "fp8 delayed e5m2",
+                                     "fp8 delayed e5m2 fast"}
     for name, curve in result["curves"].items():
         assert len(curve) == 60 and curve[-1] < curve[0] - 0.5, name
         assert abs(result["final"][name] / result["final"]["no fp8"] - 1) < 0.05, name
