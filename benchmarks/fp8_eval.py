@@ -1,7 +1,7 @@
 """The FP8 layer's eval forward (inference, issue 33): torch.mm of the shape, our bf16 eval, the
 emulated FP8 eval (Float8Recipe(emulate=True): the rounding through the bf16 kernels) and the e4m3
-eval (Float8Recipe(): quantize x, and W outside frozen_weights(), then one e4m3 GEMM with the fold),
-in torch.no_grad; do_bench medians in rounds (the rows' order reversed every other round), each
+eval (Float8Recipe(): quantize x, and W outside frozen_weights(), then one e4m3 GEMM with the fold)
+and the same with fast_accum=True (the fast-accumulate eval row), in torch.no_grad; do_bench medians in rounds (the rows' order reversed every other round), each
 row's ratio to the same run's torch.mm, and the e4m3 row's kernels from torch.profiler.
 
     python benchmarks/fp8_eval.py [--shape M,K,N ...] [--rounds 3]
@@ -15,7 +15,8 @@ import torch
 import cutlass_fused
 from cutlass_fused.bench import alternating, median_ms, profile
 
-RECIPES = {"bf16": None, "fp8-emulated": cutlass_fused.Float8Recipe(emulate=True), "fp8": cutlass_fused.Float8Recipe()}
+RECIPES = {"bf16": None, "fp8-emulated": cutlass_fused.Float8Recipe(emulate=True), "fp8": cutlass_fused.Float8Recipe(),
+           "fp8-fast": cutlass_fused.Float8Recipe(fast_accum=True)}
 
 
 def rows(m, k, n):
@@ -28,8 +29,8 @@ def rows(m, k, n):
                                                      fp8=recipe).eval()
         out[name] = lambda layer=layer: layer(x)
         if recipe is not None and not recipe.emulate:  # W8 kept between calls
-            out["fp8, frozen_weights()"] = out[name]
-            frozen["fp8, frozen_weights()"] = layer
+            out[f"{name}, frozen_weights()"] = out[name]
+            frozen[f"{name}, frozen_weights()"] = layer
     return out, frozen
 
 
@@ -51,8 +52,8 @@ def main():
             mm = statistics.median(times["torch.mm"])
             print(f"{m}x{k}x{n}, ms (x torch.mm):")
             for name, t in times.items():
-                print(f"  {name:22s} {statistics.median(t):7.3f}  ({statistics.median(t) / mm:.3f})")
-            for name in ("fp8", "fp8, frozen_weights()"):
+                print(f"  {name:27s} {statistics.median(t):7.3f}  ({statistics.median(t) / mm:.3f})")
+            for name in ("fp8", "fp8, frozen_weights()", "fp8-fast"):
                 with scope(name):
                     launches, kernels = profile(calls[name])
                 print(f"  {name} kernels: {launches:.0f} launches, {sum(kernels.values()):.1f} us a call")
