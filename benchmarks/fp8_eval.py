@@ -1,8 +1,9 @@
 """The FP8 layer's eval forward (inference, issue 33): torch.mm of the shape, our bf16 eval, the
 emulated FP8 eval (Float8Recipe(emulate=True): the rounding through the bf16 kernels) and the e4m3
 eval (Float8Recipe(): quantize x, and W outside frozen_weights(), then one e4m3 GEMM with the fold)
-and the same with fast_accum=True (the fast-accumulate eval row), in torch.no_grad; do_bench medians in rounds (the rows' order reversed every other round), each
-row's ratio to the same run's torch.mm, and the e4m3 row's kernels from torch.profiler.
+and the same with fast_accum=True (the fast-accumulate eval row), in torch.no_grad; do_bench medians
+in rounds (the rows' order reversed every other round), each row's ratio to the same run's
+torch.mm, and the e4m3 rows' kernels from torch.profiler.
 
     python benchmarks/fp8_eval.py [--shape M,K,N ...] [--rounds 3]
 """

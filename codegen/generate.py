@@ -49,9 +49,9 @@ def check_row(k: Kernel) -> None:
     if k.promote and not (k.family == "sm90" and k.dtype in ("f32x3", "e4m3")):
         bad("promote is for the sm90 f32x3 and e4m3 (promoted) mainloops only")
     mmas = k.tile[2] // 32  # an e4m3 k-tile's MMAs (k = 32 each)
-    if k.promote and k.dtype == "e4m3" and (k.schedule.endswith("FP8FastAccum") or mmas == 0 or k.promote % mmas):
+    if k.promote and k.dtype == "e4m3" and (k.fast_accum or mmas == 0 or k.promote % mmas):
         bad("an e4m3 promote needs the promoted mainloop and a multiple of the k-tile's MMAs (tile K / 32)")
-    if k.schedule.endswith("FP8FastAccum") and k.dtype != "e4m3":
+    if k.fast_accum and k.dtype != "e4m3":
         bad("the FP8 fast-accumulation schedule is for e4m3 rows only")
     if k.dtype == "e4m3" and k.family != "sm90":
         bad("e4m3 rows are sm90 kernels only (Hopper's FP8 tensor cores)")

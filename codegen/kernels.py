@@ -66,19 +66,24 @@ class Kernel:
         t = "x".join(map(str, self.tile))
         c = "x".join(map(str, self.cluster))
         tail = f"c{c}" if self.family == "sm90" else f"s{self.stages}"
-        if self.schedule == "TmaWarpSpecializedPingpong":
+        if "Pingpong" in self.schedule:
             tail += "_pingpong"
-        if self.schedule.endswith("FP8FastAccum"):
-            tail += "_pingpong_fastacc" if "Pingpong" in self.schedule else "_fastacc"
+        if self.fast_accum:
+            tail += "_fastacc"
         if self.promote:
             tail += f"_p{self.promote}"
         return f"{self.family}_{self.dtype}_{self.mode}_{t}_{tail}"
 
     @property
+    def fast_accum(self) -> bool:
+        """An FP8 schedule that accumulates in the tensor cores alone (no promotion)."""
+        return self.schedule.endswith("FP8FastAccum")
+
+    @property
     def math(self) -> str:
         """The GEMM's math as the plan names it (csrc/kernels/types.h, KernelDtype): the dtype, or
         e4m3_fast for an e4m3 row that accumulates in the tensor cores alone."""
-        return "e4m3_fast" if self.schedule.endswith("FP8FastAccum") else self.dtype
+        return "e4m3_fast" if self.fast_accum else self.dtype
 
     @property
     def header(self) -> str:
