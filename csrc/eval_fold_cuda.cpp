@@ -22,14 +22,20 @@ ColVec col(OptTensor const& t) {
 
 }  // namespace
 
+EvalFold eval_fold_inputs(at::Tensor const& scale, OptTensor const& bn_weight, OptTensor const& bn_bias,
+                          at::Tensor const& running_mean, at::Tensor const& running_var, double eps) {
+  return {col(scale), col(bn_weight), col(bn_bias), col(running_mean), col(running_var), eps,
+          static_cast<int>(scale.size(0))};
+}
+
 at::Tensor eval_fold(at::Tensor const& scale, OptTensor const& bn_weight, OptTensor const& bn_bias,
                      at::Tensor const& running_mean, at::Tensor const& running_var, double eps, int64_t kn,
                      bool cache, bool scale_apart) {
   auto make = [&] {
     auto fold = at::empty({scale_apart ? 3 : 2, kn}, scale.options().dtype(at::kFloat));
-    fold_eval(static_cast<int>(scale.size(0)), static_cast<int>(kn), col(scale), col(bn_weight), col(bn_bias),
-              col(running_mean), col(running_var), eps, fold[0].data_ptr<float>(), fold[1].data_ptr<float>(),
-              scale_apart ? fold[2].data_ptr<float>() : nullptr, at::cuda::getCurrentCUDAStream().stream());
+    fold_eval(eval_fold_inputs(scale, bn_weight, bn_bias, running_mean, running_var, eps), static_cast<int>(kn),
+              fold[0].data_ptr<float>(), fold[1].data_ptr<float>(), scale_apart ? fold[2].data_ptr<float>() : nullptr,
+              at::cuda::getCurrentCUDAStream().stream());
     return fold;
   };
   return derived(Derived::eval_fold, {scale, bn_weight, bn_bias, running_mean, running_var},

@@ -3,7 +3,16 @@
 
 #include <ATen/ATen.h>
 
+#include "kernels/types.h"
+
 namespace cutlass_fused {
+
+// The fold's inputs as the kernels take them (the pointers of the caller's tensors, which must
+// outlive the launch), over scale's columns: the sm90 eval epilogue makes the fold from them
+// itself (csrc/kernels/gemm/sm90_fold.cuh).
+EvalFold eval_fold_inputs(at::Tensor const& scale, c10::optional<at::Tensor> const& bn_weight,
+                          c10::optional<at::Tensor> const& bn_bias, at::Tensor const& running_mean,
+                          at::Tensor const& running_var, double eps);
 
 // (2, kn) fp32 on scale's device: row 0 a = scale * w * invstd, row 1
 // c = b - running_mean * w * invstd (fold_eval in csrc/kernels/batch_norm.h),

@@ -147,13 +147,15 @@ void check_gemm_inputs(at::Tensor const& x, at::Tensor const& weight, c10::optio
   if (bias.has_value()) check_device(*bias, x.device(), "bias");
 }
 
-// The epilogue's per-column vectors (eval: the fold), or none (h = x W^T + b).
+// The epilogue's per-column vectors (eval: the fold, made by the fold kernel or, with fold.n > 0,
+// by the sm90 eval epilogue), or none (h = x W^T + b).
 struct Epilogue {
   float const* a = nullptr;
   float const* c = nullptr;
   float const* s = nullptr;
   Activation act = Activation::none;
   float slope = 0.f;
+  EvalFold fold;
 };
 
 // The call's one workspace, held until its kernels are queued: the CUTLASS kernel's own bytes,
@@ -195,6 +197,7 @@ Workspace run_gemm(Plan const& plan, at::Tensor const& x, at::Tensor const& weig
   p.a = e.a;
   p.c = e.c;
   p.s = e.s;
+  p.fold = e.fold;
   p.act = e.act;
   p.slope = e.slope;
   p.swizzle = g.swizzle;
@@ -612,10 +615,17 @@ at::Tensor eval_cuda(at::Tensor const& x, at::Tensor const& weight, c10::optiona
   pr.fp8 = fp8;
   pr.fast_accum = fast_accum;
   Plan plan = planned(pr);
+  // Where the plan says, the sm90 eval kernel makes the fold in its epilogue (gemm/sm90_fold.cuh):
+  // one launch. Else, and inside frozen_weights() (cache), the fold kernel's vectors, which the
+  // scope keeps for the next call, as on sm80 and the fp32 route; both give y the same bits
+  // (eval_fold.cuh).
+  bool fold_in_epilogue = plan.fold_in_epilogue && !cache;
   // One (2 or 3, kn) allocation: each row starts a multiple of kn floats in,
   // which keeps it 16-byte aligned for the EVT.
-  auto ac = eval_fold(scale, bn_weight, bn_bias, running_mean, running_var, eps, plan.gemm.kn, cache,
-                      plan.fold_scale_apart);
+  at::Tensor ac;
+  if (!fold_in_epilogue)
+    ac = eval_fold(scale, bn_weight, bn_bias, running_mean, running_var, eps, plan.gemm.kn, cache,
+                   plan.fold_scale_apart);
   if (plan.eval_in_fp32) {
     // y = h * a + c in one fp32 pass, which moves the bytes that widening a 16-bit y would.
     auto y =
@@ -628,9 +638,14 @@ at::Tensor eval_cuda(at::Tensor const& x, at::Tensor const& weight, c10::optiona
   // except where sm80's 3xTF32 infinity fix rewrites outputs after it (inf_fix.h: it knows no
   // activation; a rare family, whose y then takes the ATen op).
   bool in_epilogue = !plan.gemm.inf_fix;
-  Epilogue e{ac[0].data_ptr<float>(), ac[1].data_ptr<float>(),
-             plan.fold_scale_apart ? ac[2].data_ptr<float>() : nullptr, in_epilogue ? act : Activation::none,
-             static_cast<float>(negative_slope)};
+  Epilogue e{nullptr, nullptr, nullptr, in_epilogue ? act : Activation::none, static_cast<float>(negative_slope)};
+  if (fold_in_epilogue) {
+    e.fold = eval_fold_inputs(scale, bn_weight, bn_bias, running_mean, running_var, eps);
+  } else {
+    e.a = ac[0].data_ptr<float>();
+    e.c = ac[1].data_ptr<float>();
+    e.s = plan.fold_scale_apart ? ac[2].data_ptr<float>() : nullptr;
+  }
   run_gemm(plan, x, weight, bias, e, y, cache);
   return finish(y.is_contiguous() ? y : y.contiguous(), in_epilogue);
 }

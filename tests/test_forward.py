@@ -7,7 +7,7 @@ import torch
 
 import cutlass_fused
 from cutlass_fused.ops import ops
-from common import (END_TO_END_BATCH, FAMILIES, FAMILY_IDS, MODES, assert_close_rule, batch_norm, max_err, params,
+from common import (END_TO_END_BATCH, FAMILIES, FAMILY_IDS, HOPPER, MODES, assert_close_rule, batch_norm, max_err, params,
                     precision, reference_h, reference_z, shape_cases)
 
 # (batch, in_features, out_features): aligned, unaligned K and N, tiny, 1 feature.
@@ -191,14 +191,15 @@ def test_fused_train_matches_split_ops(shape, dtype, momentum, override):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("family", [f for d, f in FAMILIES if d == "cuda"])
-@pytest.mark.parametrize("training,frozen,launches", [(True, False, 2), (False, False, 2), (False, True, 1)],
+@pytest.mark.parametrize("training,frozen,launches", [(True, False, 2), (False, False, None), (False, True, 1)],
                          ids=["train", "eval", "eval-frozen"])
 @pytest.mark.parametrize("activation", [None, "relu", "gelu"])
 def test_launches_per_forward(family, training, frozen, launches, activation):
-    """Training: the GEMM and one kernel for everything after it. Eval: the fold and the GEMM,
-    or inside frozen_weights(), where the fold is kept, the GEMM alone. The activation adds no
-    launch: the tail, or the eval GEMM's epilogue, applies it. (bf16, aligned: no padding or
-    casts.)"""
+    """Training: the GEMM and one kernel for everything after it. Eval: the GEMM alone on sm90,
+    whose epilogue makes the fold; on sm80 the fold kernel and the GEMM, or inside frozen_weights(),
+    where the fold is kept, the GEMM alone. The activation adds no launch: the tail, or the eval
+    GEMM's epilogue, applies it. (bf16, aligned: no padding or casts.)"""
+    launches = launches or (1 if family == "sm90" else 2)
     layer = cutlass_fused.LinearScaleBatchNorm1d(256, 512, device="cuda", dtype=torch.bfloat16,
                                                  activation=activation).train(training)
     x = torch.randn(128, 256, device="cuda", dtype=torch.bfloat16)
@@ -213,6 +214,49 @@ def test_launches_per_forward(family, training, frozen, launches, activation):
     if cutlass_fused._overrides.current().poison:  # the test-only NaN fills of each output
         kernels = [k for k in kernels if "FillFunctor" not in k]
     assert len(kernels) == launches, kernels
+
+
+@pytest.mark.skipif(not HOPPER, reason="the sm90 family's eval kernels")
+@pytest.mark.parametrize("shape", [(1000, 96, 769), (3, 64, 1000), (300, 5125, 96)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("mode", ["bf16", "f16", "tf32", "f32"])
+@pytest.mark.parametrize("activation", ["none", "relu", "gelu"])
+@pytest.mark.parametrize("affine", [True, False], ids=["affine", "no_affine"])
+def test_eval_fold_in_the_epilogue(shape, mode, activation, affine):
+    """sm90 eval makes the fold (a = scale w invstd, c = b - mean w invstd; fp16: w invstd and scale
+    apart) in its epilogue, a CTA's columns at a time (csrc/kernels/gemm/sm90_fold.cuh); with
+    cache=True (frozen_weights()) it reads the fold kernel's vectors instead. Both call fold_value:
+    y is the same bits, padded columns (769, 1000) and partial tiles included. The vectors are in
+    the data's dtype (an fp32 scale beside 16-bit data takes the fp32 route, fold kernel only).
+    No fold kernel without the cache (the profile). The plan takes this route up to two tiles a CTA
+    (test_plan.py, test_eval_routes), as all three shapes here are."""
+    m, k, n = shape
+    dtype = MODES[mode][0]
+    assert cutlass_fused.plan(m, n, k, dtype=dtype, mode="eval", family="sm90", allow_tf32=mode == "tf32",
+                              sm_count=torch.cuda.get_device_properties(0).multi_processor_count)["fold_in_epilogue"]
+    p = params(k, n, "cuda", dtype, affine=affine, seed=m + n, param_dtype=dtype)
+    x = torch.randn(m, k, device="cuda").to(dtype)
+
+    def eval_y(cache):
+        return ops.linear_scale_batch_norm_eval(x, p["weight"], p["bias"], p["scale"], p["bn_weight"], p["bn_bias"],
+                                                p["running_mean"], p["running_var"], 1e-5, "sm90", cache, activation,
+                                                0.01)
+
+    with precision("cuda", "sm90", mode):
+        try:
+            kept = eval_y(True)
+        finally:
+            ops.clear_cache()
+        made = eval_y(False)
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            eval_y(False)
+            torch.cuda.synchronize()
+    assert torch.isfinite(made).all()
+    assert torch.equal(made, kept)
+    # Beside the GEMM only the operands' padding copies and 3xTF32 split, the poison fills and y's narrowing.
+    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert not [name for name in kernels if "fold_eval" in name], kernels
+    assert len([name for name in kernels if "_eval_" in name]) == 1, kernels
 
 
 # The training tails (overrides(tail=...)) must write the same bits, with the statistics GEMM's

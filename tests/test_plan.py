@@ -201,6 +201,15 @@ def test_eval_routes():
     # The all-fp16 eval kernels round z = h * scale themselves: the fold keeps scale apart.
     assert plan(64, 64, 64, dtype=torch.float16, mode="eval", **H100)["fold_scale_apart"]
     assert not plan(64, 64, 64, dtype=torch.bfloat16, mode="eval", **H100)["fold_scale_apart"]
+    # sm90 makes the fold in the eval epilogue up to two tiles a CTA (its latency is paid a tile),
+    # the fold kernel past that, on sm80 and on the fp32 route.
+    for m, n, k in [(128, 8192, 8192), (512, 8192, 8192), (1024, 8192, 8192), (3, 769, 1000)]:
+        assert plan(m, n, k, mode="eval", **H100)["fold_in_epilogue"], (m, n, k)
+    for m, n, k in [(16384, 4096, 4096), (4096, 4096, 4096)]:
+        assert not plan(m, n, k, mode="eval", **H100)["fold_in_epilogue"], (m, n, k)
+    assert not plan(128, 8192, 8192, mode="eval", family="sm80", **H100)["fold_in_epilogue"]
+    assert not plan(128, 8192, 8192, mode="eval", y_dtype=torch.float32, **H100)["fold_in_epilogue"]
+    assert not plan(128, 8192, 8192, mode="train", **H100)["fold_in_epilogue"]
 
 
 def test_matmul_has_its_own_gemm_only_for_sm90_3xtf32():

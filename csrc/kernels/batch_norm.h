@@ -17,15 +17,7 @@
 
 namespace cutlass_fused {
 
-// A per-column vector (scale, BN weight and bias, running stats, gradients) in
-// its own dtype. Kernels read and write these in place, so that no step casts
-// parameters on the host: each cast is a kernel launch plus host time, and a
-// model cast whole to bf16 has seven of them a training step. p == nullptr
-// reads as the vector's neutral value (1 for multipliers, 0 for offsets).
-struct ColVec {
-  void const* p = nullptr;
-  DType dt = DType::f32;
-};
+// A per-column vector written in its own dtype (ColVec, types.h, the read one).
 struct ColOut {
   void* p = nullptr;
   DType dt = DType::f32;
@@ -157,12 +149,11 @@ void batch_norm_backward(BackwardArgs const& a, BackwardKernels kernels, int pie
 void batch_norm_backward_reduce(BackwardArgs const& a, double* sums, cudaStream_t stream);
 void batch_norm_backward_elemt(BackwardArgs const& a, double const* sums, double const* count, cudaStream_t stream);
 
-// Eval-mode folding: out_a = scale * w * invstd, out_c = b - running_mean * w * invstd,
-// with invstd = 1 / sqrt(running_var + eps), into fp32 vectors for the EVT;
-// zero in columns n .. kn, the padding the GEMM computes. With out_s (the fp16
-// eval kernels, which round z = h * scale themselves), out_s = scale and
-// out_a = w * invstd.
-void fold_eval(int n, int kn, ColVec scale, ColVec weight, ColVec bias, ColVec running_mean, ColVec running_var, double eps,
-               float* out_a, float* out_c, float* out_s, cudaStream_t stream);
+// Eval-mode folding (eval_fold.cuh's fold_value, column by column): out_a = scale * w * invstd,
+// out_c = b - running_mean * w * invstd, with invstd = 1 / sqrt(running_var + eps), into fp32
+// vectors for the EVT; zero in columns f.n .. kn, the padding the GEMM computes. With out_s (the
+// fp16 eval kernels, which round z = h * scale themselves), out_s = scale and out_a = w * invstd.
+// The sm90 eval kernels make the same values in their epilogue (gemm/sm90_fold.cuh).
+void fold_eval(EvalFold const& f, int kn, float* out_a, float* out_c, float* out_s, cudaStream_t stream);
 
 }  // namespace cutlass_fused

@@ -21,6 +21,7 @@
 #include "kernels/batch_norm.h"
 #include "kernels/check.h"
 #include "kernels/dispatch.cuh"
+#include "kernels/eval_fold.cuh"
 #include "kernels/limits.h"
 
 namespace cutlass_fused {
@@ -63,16 +64,6 @@ void dispatch_act(Activation act, F&& f) {
 // reduce_partials for the two passes) centers its totals here, so all give the same bits.
 __device__ __forceinline__ double centered(double sum_g, double sum_gh, double mean) {
   return __fma_rn(-mean, sum_g, sum_gh);
-}
-
-// Element c of a per-column vector as fp64; `none` where the vector is absent.
-__device__ __forceinline__ double load(ColVec v, int c, double none) {
-  if (v.p == nullptr) return none;
-  switch (v.dt) {
-    case DType::bf16: return __bfloat162float(static_cast<__nv_bfloat16 const*>(v.p)[c]);
-    case DType::f16: return __half2float(static_cast<__half const*>(v.p)[c]);
-    default: return static_cast<float const*>(v.p)[c];
-  }
 }
 
 // Stores through fp32, as PyTorch computes these vectors in fp32 and rounds once more.

@@ -27,6 +27,8 @@ struct GemmEvtArgs {
   float const* a = nullptr;                   // N, or nullptr for one
   float const* c = nullptr;                   // N, or nullptr for zero
   float const* s = nullptr;                   // f16 eval kernels: N, or nullptr for one (see below)
+  EvalFold fold;                              // sm90 eval kernels, fold.n > 0: a, c and s made in the
+                                              //   epilogue from these (sm90_fold.cuh), the three above unread
   Activation act = Activation::none;          // eval kernels: y = act(...) before y's rounding
   float slope = 0.f;                          //   leaky_relu's negative slope
   void* out = nullptr;      int64_t ldo = 0;  // M x N, row-major

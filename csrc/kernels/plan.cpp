@@ -385,6 +385,14 @@ Plan make_plan(Problem const& p) {
       plan.gemm = eval_gemm(p, plan.family, plan.math, kn);
       plan.eval_in_fp32 = p.y_wider;
       plan.fold_scale_apart = p.x == DType::f16 && !p.y_wider;
+      // The fold in the sm90 epilogue adds its latency to every tile a CTA takes (fp64 over five
+      // vectors, then a barrier); the fold kernel costs one launch (3.3-3.9 us and its gap) a call.
+      // Eval in CUDA graphs, x mm, fold kernel -> epilogue (H100, 2026-11-27, one call): 128-512
+      // rows of 8192^2 (one tile a CTA) 1.114 / 1.123 / 1.092 -> 1.079 / 1.084 / 1.062, 1024 rows
+      // (two) 1.029 -> 1.026; 4096^3 (four) 1.050 -> 1.047 and 1.051 -> 1.057 without graphs;
+      // 16384 x 4096^2 (fifteen) 1.019 -> 1.037. So the epilogue takes it up to two tiles a CTA.
+      plan.fold_in_epilogue = plan.family == Family::sm90 && !plan.eval_in_fp32 &&
+                              cta_count(*plan.gemm.kernel, p.m, kn) <= 2 * int64_t{std::max(1, p.sm_count)};
       break;
     case Op::matmul:
       // Only the sm90 family's 3xTF32 has its own GEMM here; the rest is torch.mm, whose
@@ -416,7 +424,8 @@ std::string describe(Plan const& plan) {
     << "\nraster=" << (g.raster == 1 ? "m" : g.raster == 2 ? "n" : "auto") << "\nstats_gemm=" << int(g.sums.bytes > 0)
     << "\nsplit=" << int(g.split) << "\ninf_fix=" << int(g.inf_fix) << "\nsum_tiles=" << g.sums.tiles
     << "\nsum_ld=" << g.sums.ld << "\nsum_bytes=" << g.sums.bytes << "\neval_in_fp32=" << int(plan.eval_in_fp32)
-    << "\nfold_scale_apart=" << int(plan.fold_scale_apart) << "\ntail=" << to_string(plan.tail)
+    << "\nfold_scale_apart=" << int(plan.fold_scale_apart) << "\nfold_in_epilogue=" << int(plan.fold_in_epilogue)
+    << "\ntail=" << to_string(plan.tail)
     << "\nbackward=" << to_string(plan.backward) << "\npieces=" << plan.pieces << "\nworkspace=" << plan.workspace;
   return s.str();
 }

@@ -101,6 +101,9 @@ struct Plan {
   // The eval fold's rows for the fp16 eval kernels, which round z = h * scale themselves:
   // (w * invstd, c, scale) instead of (scale * w * invstd, c).
   bool fold_scale_apart = false;
+  // sm90 eval: the epilogue makes the fold itself, a CTA once a tile (gemm/sm90_fold.cuh), where
+  // the fold kernel's launch would cost more (plan.cpp); else the fold kernel runs before the GEMM.
+  bool fold_in_epilogue = false;
   // Bytes of the one workspace: the GEMM's per-CTA sums (at 0), then the BatchNorm kernels'
   // scratch (at bn_offset). The CUTLASS kernel's own workspace is added by the caller.
   size_t bn_offset = 0;

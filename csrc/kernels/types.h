@@ -7,6 +7,25 @@ namespace cutlass_fused {
 // Element types of the BatchNorm kernels' data (h, y, dy) and per-column vectors.
 enum class DType { bf16, f16, f32 };
 
+// A per-column vector (scale, BN weight and bias, running stats, gradients) in
+// its own dtype. Kernels read and write these in place, so that no step casts
+// parameters on the host: each cast is a kernel launch plus host time, and a
+// model cast whole to bf16 has seven of them a training step. p == nullptr
+// reads as the vector's neutral value (1 for multipliers, 0 for offsets).
+struct ColVec {
+  void const* p = nullptr;
+  DType dt = DType::f32;
+};
+
+// The eval fold's inputs: the layer's scale, BatchNorm weight and bias, running stats and eps,
+// over its n columns (eval_fold.cuh). n == 0: no fold (the eval kernels' vectors are read as
+// given, the fold kernel's or none).
+struct EvalFold {
+  ColVec scale, weight, bias, mean, var;
+  double eps = 0;
+  int n = 0;
+};
+
 // What a row of codegen/kernels.py is, as the X-macro of generated/kernels.inc spells it
 // (so the enumerators are the generator's words).
 enum class Family { sm90, sm80 };

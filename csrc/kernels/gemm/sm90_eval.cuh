@@ -1,6 +1,7 @@
 // The sm90a eval GEMM (mode "eval" of codegen/kernels.py): inference's Linear,
 // BatchNorm and activation in one kernel, y = act((x W^T + b) * a + c) per column, where the fold
-// (eval_fold_cuda.cpp) gives a = scale * gamma * invstd, c = beta - mean * a.
+// gives a = scale * gamma * invstd, c = beta - mean * a: made in this epilogue (sm90_fold.cuh), or
+// read as the fold kernel kept it inside frozen_weights() (eval_fold_cuda.cpp).
 // b is added before the scale, in PyTorch's order of operations, so that nothing
 // is ever divided by scale or gamma. Null b and c read 0, null a 1 (linear_h: b alone).
 //
@@ -9,6 +10,7 @@
 #pragma once
 
 #include "kernels/evt_extra.h"
+#include "kernels/gemm/sm90_fold.cuh"
 #include "kernels/gemm/sm90_kernel.cuh"
 
 namespace cutlass_fused::gemm::sm90_eval {
@@ -26,18 +28,18 @@ using RowBroadcast =
 template <class Dtype, class TileShape>
 struct Evt {
   using Element = typename Dtype::Element;
-  using A = RowBroadcast<TileShape, float>;
+  using A = Sm90FoldBroadcast<TileShape, FoldPart::a>;
   using B = RowBroadcast<TileShape, Element>;
-  using C = RowBroadcast<TileShape, float>;
+  using C = Sm90FoldBroadcast<TileShape, FoldPart::c>;
 
   using H = fusion::Sm90EVT<Sm90Op<cutlass::plus>, fusion::Sm90AccFetch, B>;  // acc + b
   using Z = fusion::Sm90EVT<Sm90Op<cutlass::multiplies>, H, A>;              // h * a
   using Y = fusion::Sm90EVT<Sm90Op<plus_activated, Element>, Z, C>;          // act(z + c), stored as D
 
   // An EVT node's Arguments are {children..., its own}; compute nodes and the
-  // accumulator take {}, but Y its activation.
+  // accumulator take {}, but Y its activation; a fold node {its pointer's, the fold}.
   static typename Y::Arguments args(GemmEvtArgs const& p) {
-    return {{{{}, {static_cast<Element const*>(p.b)}, {}}, {p.a, 1.f}, {}}, {p.c}, {p.act, p.slope}};
+    return {{{{}, {static_cast<Element const*>(p.b)}, {}}, {{p.a, 1.f}, p.fold}, {}}, {{p.c}, p.fold}, {p.act, p.slope}};
   }
 };
 
@@ -50,17 +52,20 @@ struct Evt {
 template <class TileShape>
 struct Evt<dtype::f16, TileShape> {
   using Element = dtype::f16::Element;
-  using A = RowBroadcast<TileShape, float>;
+  using A = Sm90FoldBroadcast<TileShape, FoldPart::g>;
   using B = RowBroadcast<TileShape, Element>;
-  using C = RowBroadcast<TileShape, float>;
-  using S = RowBroadcast<TileShape, float>;
+  using C = Sm90FoldBroadcast<TileShape, FoldPart::c>;
+  using S = Sm90FoldBroadcast<TileShape, FoldPart::s>;
 
   using H = fusion::Sm90EVT<Sm90Op<plus_rounded_to_f16>, fusion::Sm90AccFetch, B>;  // f16(acc + b)
   using Z = fusion::Sm90EVT<Sm90Op<multiplies_rounded_to_f16>, H, S>;               // f16(h * s)
   using Y = fusion::Sm90EVT<Sm90Op<multiply_add_activated, Element>, Z, A, C>;      // act(z * a + c)
 
   static typename Y::Arguments args(GemmEvtArgs const& p) {
-    return {{{{}, {static_cast<Element const*>(p.b)}, {}}, {p.s, 1.f}, {}}, {p.a, 1.f}, {p.c}, {p.act, p.slope}};
+    return {{{{}, {static_cast<Element const*>(p.b)}, {}}, {{p.s, 1.f}, p.fold}, {}},
+            {{p.a, 1.f}, p.fold},
+            {{p.c}, p.fold},
+            {p.act, p.slope}};
   }
 };
 
