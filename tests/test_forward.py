@@ -253,6 +253,8 @@ def test_eval_fold_in_the_epilogue(shape, mode, activation, affine):
             torch.cuda.synchronize()
     assert torch.isfinite(made).all()
     assert torch.equal(made, kept)
+    if os.environ.get("CUTLASS_FUSED_NO_PROFILER"):  # compute-sanitizer holds CUPTI (scripts/sanitize.sh)
+        return
     # Beside the GEMM only the operands' padding copies and 3xTF32 split, the poison fills and y's narrowing.
     kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     assert not [name for name in kernels if "fold_eval" in name], kernels
