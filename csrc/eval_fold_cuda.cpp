@@ -1,7 +1,8 @@
 // The eval fold: the two (fp16: three) per-column vectors the eval GEMM's
 // epilogue reads, made from scale, the batch norm's affine parameters and its
 // running stats by one small kernel before the GEMM (kept between calls only
-// inside frozen_weights(): derived_cache.h).
+// inside frozen_weights(): derived_cache.h), where the sm90 eval epilogue does
+// not make them itself (Plan::fold_in_epilogue; eval_fold_inputs).
 #include "eval_fold_cuda.h"
 
 #include <ATen/cuda/CUDAContext.h>

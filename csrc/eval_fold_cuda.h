@@ -1,4 +1,5 @@
-// The eval epilogue's per-column vectors (csrc/eval_fold_cuda.cpp).
+// The eval epilogue's per-column vectors (csrc/eval_fold_cuda.cpp), or their inputs for the sm90
+// epilogue that makes them itself.
 #pragma once
 
 #include <ATen/ATen.h>

@@ -39,7 +39,9 @@ struct Evt {
   // An EVT node's Arguments are {children..., its own}; compute nodes and the
   // accumulator take {}, but Y its activation; a fold node {its pointer's, the fold}.
   static typename Y::Arguments args(GemmEvtArgs const& p) {
-    return {{{{}, {static_cast<Element const*>(p.b)}, {}}, {{p.a, 1.f}, p.fold}, {}}, {{p.c}, p.fold}, {p.act, p.slope}};
+    return {{{{}, {static_cast<Element const*>(p.b)}, {}}, {{p.a, 1.f}, p.fold}, {}},
+            {{p.c}, p.fold},
+            {p.act, p.slope}};
   }
 };
 

@@ -1,11 +1,12 @@
 // The eval fold inside the sm90 eval epilogue: a per-column vector of y whose values each CTA makes
 // for its own tile's columns from the layer's raw vectors (eval_fold.cuh's fold_value), where
-// CUTLASS's row broadcast would read a vector the fold kernel wrote. Eval is then one launch on
-// sm90 with nothing kept between calls (ops_cuda.cpp, eval_cuda): the fold kernel took 3.3-3.9 us
-// and a launch a call, 1.09-1.12x torch.mm in all at 128-512 rows of 8192^2 (H100, 2026-11-27).
-// A CTA folds its tile's 64-256 columns once a tile, in fp64, beside a mainloop of >= 64 k-steps.
+// CUTLASS's row broadcast would read a vector the fold kernel wrote. Eval is then one launch with
+// nothing kept between calls (ops_cuda.cpp, eval_cuda): the fold kernel cost 3.3-3.9 us and a
+// launch a call, eval 1.09-1.12x torch.mm in all at 128-512 rows of 8192^2 (H100, 2026-11-27).
+// Its latency (five vector loads, an fp64 divide and square root, the barrier after begin()) is
+// paid once a tile, which is why the plan takes it only up to two tiles a CTA (plan.cpp).
 // Without a fold (EvalFold::n == 0) the node is the row broadcast of its pointer: the fold kept
-// inside frozen_weights(), or null (1 or 0: linear_h's h alone).
+// inside frozen_weights() or made by the fold kernel, or null (1 or 0: linear_h's h alone).
 #pragma once
 
 #include "cutlass/epilogue/fusion/sm90_visitor_load_tma_warpspecialized.hpp"
@@ -13,11 +14,13 @@
 
 namespace cutlass_fused::gemm {
 
+template <class TileShape>
+using Sm90FloatRow =
+    cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, float, float, cute::Stride<cute::_0, cute::_1, cute::_0>>;
+
 template <class TileShape, FoldPart Part>
-struct Sm90FoldBroadcast
-    : cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, float, float, cute::Stride<cute::_0, cute::_1, cute::_0>> {
-  using Base =
-      cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, float, float, cute::Stride<cute::_0, cute::_1, cute::_0>>;
+struct Sm90FoldBroadcast : Sm90FloatRow<TileShape> {
+  using Base = Sm90FloatRow<TileShape>;
   using SharedStorage = typename Base::SharedStorage;
 
   // {the row broadcast's {pointer, null value}, the fold's inputs}
