@@ -8,8 +8,8 @@
 # with two-item blocks at 520 x 50816, and its rows kept in shared memory: all of an item's
 # at 1500 x 1032, some at 4096 x 2048 in bf16 and fp32, with relu) and the FP8 kernels (amax, cast, the
 # transposing cast's shared-memory tiles, dequantize, the e4m3 rows, the e4m3 eval GEMMs (promoted
-# and fast-accumulating), delayed scaling's casts that measure the amax and its history step, the FP8 ops' scale arithmetic), and
-# the eval fold that the sm90 eval epilogue makes itself.
+# and fast-accumulating), delayed scaling's casts that measure the amax and its history step, the
+# FP8 ops' scale arithmetic), and the eval fold that the sm90 eval epilogue makes itself.
 # PyTorch's caching allocator would hide out-of-bounds accesses inside its
 # blocks, so memcheck runs with it off.
 # Usage: bash scripts/sanitize.sh [memcheck] [racecheck] [synccheck]   (default: all three)

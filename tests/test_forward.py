@@ -7,8 +7,8 @@ import torch
 
 import cutlass_fused
 from cutlass_fused.ops import ops
-from common import (END_TO_END_BATCH, FAMILIES, FAMILY_IDS, HOPPER, MODES, assert_close_rule, batch_norm, max_err, params,
-                    precision, reference_h, reference_z, shape_cases)
+from common import (END_TO_END_BATCH, FAMILIES, FAMILY_IDS, HOPPER, MODES, assert_close_rule, batch_norm, max_err,
+                    params, precision, reference_h, reference_z, shape_cases)
 
 # (batch, in_features, out_features): aligned, unaligned K and N, tiny, 1 feature.
 SHAPES = [(256, 512, 384), (3, 769, 1000), (1000, 1000, 769), (2, 5125, 40), (5, 1, 1), (1000, 64, 8)]
@@ -217,7 +217,8 @@ def test_launches_per_forward(family, training, frozen, launches, activation):
 
 
 @pytest.mark.skipif(not HOPPER, reason="the sm90 family's eval kernels")
-@pytest.mark.parametrize("shape", [(1000, 96, 769), (3, 64, 1000), (300, 5125, 96)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shape", [(1000, 96, 769), (3, 64, 1000), (300, 5125, 96)],
+                         ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("mode", ["bf16", "f16", "tf32", "f32"])
 @pytest.mark.parametrize("activation", ["none", "relu", "gelu"])
 @pytest.mark.parametrize("affine", [True, False], ids=["affine", "no_affine"])
