@@ -32,6 +32,12 @@ enum class Derived { eval_fold, weight_split, weight_inf_rows, weight_e4m3, weig
 at::Tensor derived(Derived kind, std::initializer_list<c10::optional<at::Tensor>> from, std::vector<double> key,
                    bool cache, std::function<at::Tensor()> const& make);
 
+// Whether derived() would keep (or find kept) a value of `from`: `cache`, no capture on the
+// current stream, no inference tensor. A caller with a route that keeps nothing (the sm90 eval
+// epilogue's own fold) takes that route where this is false: a captured graph would otherwise
+// hold the work of making the value, on every replay.
+bool keeps(bool cache, std::initializer_list<c10::optional<at::Tensor>> from);
+
 // Drops every kept value (frozen_weights' exit, through the clear_cache op).
 void clear_derived();
 

@@ -41,15 +41,18 @@ std::vector<Entry>& entries() {
 
 }  // namespace
 
+bool keeps(bool cache, std::initializer_list<c10::optional<at::Tensor>> from) {
+  if (!cache) return false;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(at::cuda::getCurrentCUDAStream().stream(), &capture));
+  return capture == cudaStreamCaptureStatusNone &&
+         std::all_of(from.begin(), from.end(), [](auto const& t) { return TensorStamp::stampable(t); });
+}
+
 at::Tensor derived(Derived kind, std::initializer_list<c10::optional<at::Tensor>> from, std::vector<double> key,
                    bool cache, std::function<at::Tensor()> const& make) {
-  if (!cache) return make();
+  if (!keeps(cache, from)) return make();
   auto stream = at::cuda::getCurrentCUDAStream();
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  C10_CUDA_CHECK(cudaStreamIsCapturing(stream.stream(), &capture));
-  bool cacheable = capture == cudaStreamCaptureStatusNone &&
-                   std::all_of(from.begin(), from.end(), [](auto const& t) { return TensorStamp::stampable(t); });
-  if (!cacheable) return make();
   std::lock_guard<std::mutex> lock(mutex);
   auto& c = entries();
   // Values of tensors that no longer exist go back to the allocator at the next call.

@@ -43,4 +43,9 @@ at::Tensor eval_fold(at::Tensor const& scale, OptTensor const& bn_weight, OptTen
                  {eps, static_cast<double>(kn), scale_apart ? 1.0 : 0.0}, cache, make);
 }
 
+bool eval_fold_kept(at::Tensor const& scale, OptTensor const& bn_weight, OptTensor const& bn_bias,
+                    at::Tensor const& running_mean, at::Tensor const& running_var, bool cache) {
+  return keeps(cache, {scale, bn_weight, bn_bias, running_mean, running_var});
+}
+
 }  // namespace cutlass_fused

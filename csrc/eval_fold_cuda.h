@@ -25,4 +25,10 @@ at::Tensor eval_fold(at::Tensor const& scale, c10::optional<at::Tensor> const& b
                      c10::optional<at::Tensor> const& bn_bias, at::Tensor const& running_mean,
                      at::Tensor const& running_var, double eps, int64_t kn, bool cache, bool scale_apart = false);
 
+// Whether eval_fold would keep its vectors for the next call (or find them kept): `cache`, and
+// neither a CUDA graph capture nor an inference tensor (derived_cache.h, keeps).
+bool eval_fold_kept(at::Tensor const& scale, c10::optional<at::Tensor> const& bn_weight,
+                    c10::optional<at::Tensor> const& bn_bias, at::Tensor const& running_mean,
+                    at::Tensor const& running_var, bool cache);
+
 }  // namespace cutlass_fused

@@ -616,10 +616,11 @@ at::Tensor eval_cuda(at::Tensor const& x, at::Tensor const& weight, c10::optiona
   pr.fast_accum = fast_accum;
   Plan plan = planned(pr);
   // Where the plan says, the sm90 eval kernel makes the fold in its epilogue (gemm/sm90_fold.cuh):
-  // one launch. Else, and inside frozen_weights() (cache), the fold kernel's vectors, which the
-  // scope keeps for the next call, as on sm80 and the fp32 route; both give y the same bits
-  // (eval_fold.cuh).
-  bool fold_in_epilogue = plan.fold_in_epilogue && !cache;
+  // one launch. Else, and where frozen_weights() keeps the vectors for the next call (cache,
+  // outside graph capture), the fold kernel's, as on sm80 and the fp32 route; both give y the
+  // same bits (eval_fold.cuh).
+  bool fold_in_epilogue =
+      plan.fold_in_epilogue && !eval_fold_kept(scale, bn_weight, bn_bias, running_mean, running_var, cache);
   // One (2 or 3, kn) allocation: each row starts a multiple of kn floats in,
   // which keeps it 16-byte aligned for the EVT.
   at::Tensor ac;

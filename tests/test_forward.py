@@ -262,6 +262,46 @@ def test_eval_fold_in_the_epilogue(shape, mode, activation, affine):
     assert len([name for name in kernels if "_eval_" in name]) == 1, kernels
 
 
+@pytest.mark.skipif(not HOPPER, reason="the sm90 family's eval kernels")
+@pytest.mark.parametrize("mode", ["bf16", "f16"])
+def test_eval_fold_in_the_epilogue_under_capture(mode):
+    """Inside frozen_weights() (cache=True) a CUDA graph being captured keeps nothing, so the
+    epilogue makes the fold: the graph replays one GEMM, not the fold kernel and the GEMM, and y
+    has the bits of the fold kernel's vectors kept outside the capture."""
+    m, k, n = 300, 96, 769
+    dtype = MODES[mode][0]
+    p = params(k, n, "cuda", dtype, seed=m + n, param_dtype=dtype)
+    x = torch.randn(m, k, device="cuda").to(dtype)
+
+    def eval_y():
+        return ops.linear_scale_batch_norm_eval(x, p["weight"], p["bias"], p["scale"], p["bn_weight"], p["bn_bias"],
+                                                p["running_mean"], p["running_var"], 1e-5, "sm90", True, "relu",
+                                                0.01)
+
+    try:
+        kept = eval_y()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            eval_y()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = eval_y()
+        graph.replay()
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            graph.replay()
+            torch.cuda.synchronize()
+    finally:
+        ops.clear_cache()
+    assert torch.isfinite(kept).all()
+    assert torch.equal(captured, kept)
+    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert not [name for name in kernels if "fold_eval" in name], kernels
+    assert len([name for name in kernels if "_eval_" in name]) == 1, kernels
+
+
 # The training tails (overrides(tail=...)) must write the same bits, with the statistics GEMM's
 # sums (16-bit and fp32 at the three larger shapes take it) and without them (stats_gemm=False), and
 # for columns whose tile sums are not trusted (a bias 1000x their spread sends them to the exact
