@@ -9,9 +9,11 @@ namespace {
 // very value the forward activated.
 template <class A>
 __device__ Column<A> forward_column(BackwardArgs const& g, int c) {
-  double s = static_cast<float>(load(g.scale, c, 1.0)), w = static_cast<float>(load(g.weight, c, 1.0));
+  uint32_t scale = load_bits(g.scale, c), weight = load_bits(g.weight, c), bias = load_bits(g.bias, c);
+  double s = static_cast<float>(from_bits(g.scale, scale, 1.0));
+  double w = static_cast<float>(from_bits(g.weight, weight, 1.0));
   return {static_cast<A>(g.mean_h[c]), static_cast<A>(s * g.invstd[c] * w),
-          static_cast<A>(double{static_cast<float>(load(g.bias, c, 0.0))})};
+          static_cast<A>(double{static_cast<float>(from_bits(g.bias, bias, 0.0))})};
 }
 
 // The gradient of BN(z) at one element: dy, times the activation K's derivative there.
@@ -104,8 +106,9 @@ struct GradColumn {
 // column), also its dscale, dweight and dbias.
 template <class A, ActSet Act>
 __device__ GradColumn<A> grad_column(BackwardArgs const& g, double sdy, double q, double count, int c, bool outputs) {
-  double s = load(g.scale, c, 1.0), istd = g.invstd[c];
-  double w = load(g.weight, c, 1.0);
+  uint32_t scale = load_bits(g.scale, c), weight = load_bits(g.weight, c);
+  double s = from_bits(g.scale, scale, 1.0), istd = g.invstd[c];
+  double w = from_bits(g.weight, weight, 1.0);
   double a = s * w * istd;
   if (outputs) {
     store(g.dbias, c, sdy);

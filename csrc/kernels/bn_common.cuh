@@ -423,9 +423,12 @@ struct ColumnInputs {
 };
 
 __device__ ColumnInputs column_inputs(FinalizeArgs const& a, ColOut rm, ColOut rv, int c) {
+  ColVec mean{rm.p, rm.dt}, var{rv.p, rv.dt};
+  uint32_t bits[5] = {load_bits(a.scale, c), load_bits(a.weight, c), load_bits(a.bias, c), load_bits(mean, c),
+                      load_bits(var, c)};  // every load before any conversion (load_bits)
   auto f = [](double x) { return static_cast<float>(x); };
-  return {f(load(a.scale, c, 1.0)), f(load(a.weight, c, 1.0)), f(load(a.bias, c, 0.0)), f(load({rm.p, rm.dt}, c, 0.0)),
-          f(load({rv.p, rv.dt}, c, 0.0))};
+  return {f(from_bits(a.scale, bits[0], 1.0)), f(from_bits(a.weight, bits[1], 1.0)), f(from_bits(a.bias, bits[2], 0.0)),
+          f(from_bits(mean, bits[3], 0.0)), f(from_bits(var, bits[4], 0.0))};
 }
 
 // From column c's sum and sum of squares of h, and its scale s. Explicitly rounded operations:

@@ -23,8 +23,11 @@ __global__ void update_running_kernel(int n, double const* __restrict__ stats, C
   int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= n) return;
   double m = nbt ? 1.0 / static_cast<double>(*nbt) : momentum;
-  double old_mean = load({rm.p, rm.dt}, c, 0.0), old_var = load({rv.p, rv.dt}, c, 0.0);
-  update_running(moments(stats[c], stats[n + c], load(scale, c, 1.0), count), count, m, old_mean, old_var, rm, rv, c);
+  ColVec mean{rm.p, rm.dt}, var{rv.p, rv.dt};
+  uint32_t bits[3] = {load_bits(mean, c), load_bits(var, c), load_bits(scale, c)};
+  double old_mean = from_bits(mean, bits[0], 0.0), old_var = from_bits(var, bits[1], 0.0);
+  update_running(moments(stats[c], stats[n + c], from_bits(scale, bits[2], 1.0), count), count, m, old_mean, old_var,
+                 rm, rv, c);
 }
 
 template <class T, class TO, bool Act, int V, int R>
