@@ -9,7 +9,8 @@
 # at 1500 x 1032, some at 4096 x 2048 in bf16 and fp32, with relu) and the FP8 kernels (amax, cast, the
 # transposing cast's shared-memory tiles, dequantize, the e4m3 rows, the e4m3 eval GEMMs (promoted
 # and fast-accumulating), delayed scaling's casts that measure the amax and its history step, the
-# FP8 ops' scale arithmetic), and the eval fold that the sm90 eval epilogue makes itself.
+# FP8 ops' scale arithmetic), the eval fold that the sm90 eval epilogue makes itself, and the
+# small-batch training tails (registers and shared-memory slab).
 # PyTorch's caching allocator would hide out-of-bounds accesses inside its
 # blocks, so memcheck runs with it off.
 # Usage: bash scripts/sanitize.sh [memcheck] [racecheck] [synccheck]   (default: all three)
@@ -29,12 +30,13 @@ FILES=(
   "tests/test_fp8.py"
   "tests/test_activation.py::test_backward_kernels_agree_past_the_slab"
   "tests/test_forward.py::test_eval_fold_in_the_epilogue"
+  "tests/test_forward.py::test_training_tails_agree"
 )
 KEYS=("cuda and (3x769x1000 or 1000x1000x769)" "cuda" "1000x96x5125 or 333x128x130" "1000x96x5125 or falls_back"
       "cuda" "1000x96x5125 or 3x64x769" "spread and (bf16 or f32)"
       "(cuda and (values_transposed or torchs_cast or op_edges or e5m2_backward_in_the_layer or fast_accum)) or each_e4m3_row or (cuda and e4m3_eval_is_the_emulated_one and autocast-bf16-y and 3x769x1000) or (cuda and ((with_scale_is_fp8_rounding and bf16) or quantize_with_scale_edges or fp8_record_is or fp8_operand_scales_is_torchs or fp8_backward_scales_is_torchs or (delayed_operands_is_the_ops and bf16) or delayed_e5m2_backward))"
       "relu and (1500x1032-bf16 or 4096x2048-bf16 or 4096x2048-f32)"
-      "not no_affine and relu and (bf16 or f16)")
+      "not no_affine and relu and (bf16 or f16)" "bf16 and spread and (200x32 or 512x64)")
 rc=0
 tools=("$@")
 [ ${#tools[@]} -eq 0 ] && tools=(memcheck racecheck synccheck)
