@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import cutlass_fused
+from codegen.kernels import KERNELS
 from cutlass_fused.ops import ops
 from common import (END_TO_END_BATCH, FAMILIES, FAMILY_IDS, HOPPER, MODES, assert_close_rule, batch_norm, max_err,
                     params, precision, reference_h, reference_z, shape_cases)
@@ -300,6 +301,30 @@ def test_eval_fold_in_the_epilogue_under_capture(mode):
     kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     assert not [name for name in kernels if "fold_eval" in name], kernels
     assert len([name for name in kernels if "_eval_" in name]) == 1, kernels
+
+
+# Every eval row of the kernel table (the defaults, the small-batch tiles and the tuner's candidates),
+# forced in turn, against float64: partial tiles of rows and columns (1000 x 769), and 3 rows. The
+# e4m3 rows serve the FP8 op (test_fp8). The row's own kernel must be the one that ran.
+EVAL_KERNELS = [k for k in KERNELS if k.mode == "eval" and k.dtype != "e4m3"]
+
+
+@pytest.mark.skipif(not HOPPER, reason="the table's kernels run on an sm90 GPU")
+@pytest.mark.parametrize("kernel", EVAL_KERNELS, ids=lambda k: k.name)
+@pytest.mark.parametrize("shape", [(1000, 96, 769), (3, 64, 1000)], ids=lambda s: "x".join(map(str, s)))
+def test_each_eval_kernel(kernel, shape, override):
+    if kernel.name not in cutlass_fused.built_kernels():
+        pytest.skip(f"{kernel.name} is not in this build")
+    override(kernel=kernel.name)
+    mode = {"f32x3": "f32"}.get(kernel.dtype, kernel.dtype)
+    if os.environ.get("CUTLASS_FUSED_NO_PROFILER"):  # compute-sanitizer holds CUPTI (scripts/sanitize.sh)
+        run_steps("cuda", kernel.family, mode, shape, training=False, momentum=0.1, steps=1)
+        return
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        run_steps("cuda", kernel.family, mode, shape, training=False, momentum=0.1, steps=1)
+        torch.cuda.synchronize()
+    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert any(f"{kernel.name}::" in name for name in kernels), kernels
 
 
 # The training tails (overrides(tail=...)) must write the same bits, with the statistics GEMM's

@@ -96,6 +96,8 @@ def test_tuned_kernels_by_shape(dtype):
     name = {torch.bfloat16: "bf16", torch.float16: "f16"}[dtype]
     assert plan(1024, 8192, 8192, dtype=dtype, **H100)["kernel"] == f"sm90_{name}_stats_128x256x64_c1x1x1"
     assert plan(1024, 8192 - 64, 8192, dtype=dtype, **H100)["kernel"] == f"sm90_{name}_stats_128x256x64_c2x1x1"
+    assert plan(512, 8192, 8192, dtype=dtype, **H100)["kernel"] == f"sm90_{name}_stats_128x256x64_c1x1x1"
+    assert plan(512, 8192, 8192 - 64, dtype=dtype, **H100)["kernel"] == f"sm90_{name}_stats_128x256x64_c2x1x1"
     want = "eval_128x128x64_c2x1x1" if dtype == torch.bfloat16 else "eval_128x128x64_c1x2x1"
     assert plan(256, 8192, 8192, dtype=dtype, mode="eval", **H100)["kernel"] == f"sm90_{name}_{want}"
 

@@ -58,7 +58,9 @@ def test_training_gemm_by_batch(shape, kernel, dtype):
 @pytest.mark.skipif(not HOPPER, reason="the sm90 family's tiles need a Hopper GPU")
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
 @pytest.mark.parametrize("shape,kernel", [((1024, 8192, 8192), "stats_128x256x64_c1x1x1"),
-                                          ((1024, 8192 - 64, 8192), "stats_128x256x64_c2x1x1")])
+                                          ((1024, 8192 - 64, 8192), "stats_128x256x64_c2x1x1"),
+                                          ((512, 8192, 8192), "stats_128x256x64_c1x1x1"),
+                                          ((512, 8192 - 64, 8192), "stats_128x256x64_c2x1x1")])
 def test_tuned_kernel_by_shape(shape, kernel, dtype):
     names = gemm_kernels(*shape, training=True, dtype=dtype)
     assert len(names) == 1 and f"sm90_{dtype}_{kernel}" in next(iter(names)), names
