@@ -47,8 +47,8 @@ constexpr TunedKernel kTunedKernels[] = {
     // at 16384 x 4096^2 and 4096^3 in both dtypes (1-3%) and was mixed at 2048 x 8192^2.
     {KernelId::sm90_bf16_stats_128x256x64_c1x1x1, 8192, 1024, 8192},
     {KernelId::sm90_f16_stats_128x256x64_c1x1x1, 8192, 1024, 8192},
-    // The same at 512 x 8192^2 (H100, 2026-11-27), c2x1 -> c1x1: bf16 in CUDA graphs 1.126 -> 1.103
-    // (tuner 1.148 -> 1.116, and 1.161 -> 1.130 the day before); fp16, tuner 1.136 -> 1.100.
+    // The same at 512 x 8192^2 (H100, 2026-11-27), c2x1 -> c1x1 in CUDA graphs: bf16 1.130 -> 1.114
+    // and 1.126 -> 1.103; fp16 1.127 -> 1.107.
     {KernelId::sm90_bf16_stats_128x256x64_c1x1x1, 8192, 512, 8192},
     {KernelId::sm90_f16_stats_128x256x64_c1x1x1, 8192, 512, 8192},
     // bf16 eval at 256 x 8192^2 with the CTA pair along the batch, eval x torch.mm c1x2 -> c2x1:
