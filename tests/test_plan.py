@@ -102,6 +102,18 @@ def test_tuned_kernels_by_shape(dtype):
     assert plan(256, 8192, 8192, dtype=dtype, mode="eval", **H100)["kernel"] == f"sm90_{name}_{want}"
 
 
+def test_tuned_bf16_kernels_at_384_to_768_rows():
+    """kTunedKernels' bf16 rows for batches of 384, 512 and 768 at 8192^2; fp16, and a neighbour, keep
+    the rule's."""
+    want = {(384, "eval"): "eval_128x256x64_c1x1x1", (384, "train"): "stats_256x128x64_c1x2x1",
+            (512, "eval"): "eval_128x256x64_c1x1x1", (768, "eval"): "eval_128x128x64_c2x1x1",
+            (768, "train"): "stats_128x128x64_c1x1x1"}
+    for (m, mode), kernel in want.items():
+        assert plan(m, 8192, 8192, mode=mode, **H100)["kernel"] == f"sm90_bf16_{kernel}"
+        assert plan(m, 8192, 8192 - 64, mode=mode, **H100)["kernel"] != f"sm90_bf16_{kernel}"
+        assert plan(m, 8192, 8192, dtype=torch.float16, mode=mode, **H100)["kernel"] != f"sm90_f16_{kernel}"
+
+
 def test_tile_order():
     # 16-bit: swizzle 8 where a wave then reads at most 0.65 of the operand rows it reads without.
     assert plan(16384, 8192, 8192, mode="eval", **H100)["swizzle"] == 8

@@ -66,12 +66,15 @@ def test_tuned_kernel_by_shape(shape, kernel, dtype):
     assert len(names) == 1 and f"sm90_{dtype}_{kernel}" in next(iter(names)), names
 
 
-# The eval entry: 256 x 8192^2 in bf16 takes the CTA pair along the batch, a neighbour the rule's
-# 128x128 tile with the pair along the features, and fp16 (no such row) the rule's too.
+# The eval entries: 256 x 8192^2 in bf16 takes the CTA pair along the batch, a neighbour the rule's
+# 128x128 tile with the pair along the features, and fp16 (no such row) the rule's too; 384 and 768
+# rows in bf16 their entries' tiles.
 @pytest.mark.skipif(not HOPPER, reason="the sm90 family's tiles need a Hopper GPU")
 @pytest.mark.parametrize("shape,dtype,kernel", [((256, 8192, 8192), "bf16", "eval_128x128x64_c2x1x1"),
                                                 ((256, 8192, 8192 - 128), "bf16", "eval_128x128x64_c1x2x1"),
-                                                ((256, 8192, 8192), "f16", "eval_128x128x64_c1x2x1")])
+                                                ((256, 8192, 8192), "f16", "eval_128x128x64_c1x2x1"),
+                                                ((384, 8192, 8192), "bf16", "eval_128x256x64_c1x1x1"),
+                                                ((768, 8192, 8192), "bf16", "eval_128x128x64_c2x1x1")])
 def test_tuned_eval_kernel_by_shape(shape, dtype, kernel):
     names = gemm_kernels(*shape, dtype=dtype)
     assert len(names) == 1 and f"sm90_{dtype}_{kernel}" in next(iter(names)), names

@@ -54,6 +54,16 @@ constexpr TunedKernel kTunedKernels[] = {
     // bf16 eval at 256 x 8192^2 with the CTA pair along the batch, eval x torch.mm c1x2 -> c2x1:
     // 1.080 -> 1.043.
     {KernelId::sm90_bf16_eval_128x128x64_c2x1x1, 256, 8192, 8192},
+    // Batches the rule tiles badly at 8192^2 (H100, 2026-11-27; bf16, x torch.mm in CUDA graphs, the
+    // rule's kernel -> the entry's; cuBLAS runs a 128x192 tile at 384 and 768 rows, which the table
+    // lacks). 384 rows: the rule's 256-row tiles are a quarter padding; eval 1.600 -> 1.251, train
+    // 1.719 -> 1.388. 768 rows: 192 tiles of 256x128 are 1.45 waves on 132 SMs; eval 1.243 -> 1.097,
+    // train 1.318 -> 1.147. 512 rows: eval 1.061 -> 1.037.
+    {KernelId::sm90_bf16_eval_128x256x64_c1x1x1, 384, 8192, 8192},
+    {KernelId::sm90_bf16_stats_256x128x64_c1x2x1, 8192, 384, 8192},
+    {KernelId::sm90_bf16_eval_128x128x64_c2x1x1, 768, 8192, 8192},
+    {KernelId::sm90_bf16_stats_128x128x64_c1x1x1, 8192, 768, 8192},
+    {KernelId::sm90_bf16_eval_128x256x64_c1x1x1, 512, 8192, 8192},
 };
 
 // The kernel for (family, math, mode) and an m x n x k problem: the override where it serves
