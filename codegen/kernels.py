@@ -160,6 +160,15 @@ _SM90 += [Kernel("sm90", "bf16", "eval", (128, 128, 64), (2, 1, 1))]
 # 128x256 without a cluster: kTunedKernels takes it for bf16 eval at 384 and 512 rows of 8192^2
 # (plan.cpp). 256x128 without one was level at 512 rows (1.062 against 1.057 x mm in graphs).
 _SM90 += [Kernel("sm90", "bf16", "eval", (128, 256, 64), (1, 1, 1))]
+# 192-wide tiles, as cuBLAS runs at 384 and 768 rows of 8192^2 (nvjet 128x192): where the
+# 256-wide tiles leave a quarter padding or a partial wave, find_kernel's rule takes them
+# (csrc/kernels/plan.cpp, slot_use). Statistics: 128 features x 192 batch rows; eval: 128 batch
+# rows x 192 features (a wgmma N of 192; an M of 192 would not split over the cooperative
+# schedule's two warp groups). Without a cluster: with one (stats 2x1, eval 1x2) each ran 3-40%
+# slower at the seven shapes tried (H100, in CUDA graphs, x torch.mm: eval 384 x 8192^2 1.044
+# against 1.421, train 1.148 against 1.179; docs/decisions.md, "Small batches").
+_SM90 += [Kernel("sm90", "bf16", "stats", (128, 192, 64), (1, 1, 1)),
+          Kernel("sm90", "bf16", "eval", (128, 192, 64), (1, 1, 1))]
 
 # sm90 fp32 without TF32: the TF32 kernel run over operands split for 3xTF32
 # (the binding splits them, K tripled) with accumulator promotion

@@ -52,10 +52,13 @@ def test_eval_kernel_by_batch(shape, tile, dtype):
 
 
 def test_half_the_sms_is_counted_on_the_gpu_at_hand():
-    # 256 x 8192 in 256x128 tiles is 64 CTAs: half of 132 SMs wants 66, half of 108 only 54.
-    assert plan(256, 8192, 1024, mode="eval", capability=(9, 0), sm_count=108)["kernel"] == \
-        "sm90_bf16_eval_256x128x64_c1x2x1"
-    assert plan(256, 8192, 1024, mode="eval", **H100)["kernel"] == "sm90_bf16_eval_128x128x64_c1x2x1"
+    # 256 x 8192 in 256x128 tiles is 64 CTAs: half of 132 SMs wants 66, half of 108 only 54. (fp16:
+    # on 108 SMs bf16's 128x192 tile would take the 44 SMs that 256x128 leaves idle, slot_use.)
+    f16 = dict(dtype=torch.float16, mode="eval")
+    assert plan(256, 8192, 1024, capability=(9, 0), sm_count=108, **f16)["kernel"] == "sm90_f16_eval_256x128x64_c1x2x1"
+    assert plan(256, 8192, 1024, **f16, **H100)["kernel"] == "sm90_f16_eval_128x128x64_c1x2x1"
+    assert plan(256, 8192, 1024, capability=(9, 0), sm_count=108, mode="eval")["kernel"] == \
+        "sm90_bf16_eval_128x192x64_c1x1x1"
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -102,18 +105,45 @@ def test_tuned_kernels_by_shape(dtype):
     assert plan(256, 8192, 8192, dtype=dtype, mode="eval", **H100)["kernel"] == f"sm90_{name}_{want}"
 
 
-def test_tuned_bf16_kernels_at_384_to_768_rows():
-    """kTunedKernels' bf16 rows for batches of 384, 512 and 768 at 8192^2; a neighbour (K - 64) keeps the
-    rule's kernel, and so does fp16 at the shape itself (the same as at its neighbour: the rule does
-    not look at K)."""
-    want = {(384, "eval"): "eval_128x256x64_c1x1x1", (384, "train"): "stats_256x128x64_c1x2x1",
-            (512, "eval"): "eval_128x256x64_c1x1x1", (768, "eval"): "eval_128x128x64_c2x1x1",
-            (768, "train"): "stats_128x128x64_c1x1x1"}
-    for (m, mode), kernel in want.items():
-        assert plan(m, 8192, 8192, mode=mode, **H100)["kernel"] == f"sm90_bf16_{kernel}"
-        assert plan(m, 8192, 8192 - 64, mode=mode, **H100)["kernel"] != f"sm90_bf16_{kernel}"
-        f16 = [plan(m, 8192, k, dtype=torch.float16, mode=mode, **H100)["kernel"] for k in (8192, 8192 - 64)]
-        assert f16[0] == f16[1], f16
+# (batch, in, out) -> bf16's kernel where the 256-wide tiles pad a batch of 3 x 2^k rows or leave a
+# partial wave (slot_use): the 128x192 rows, measured ahead at each of these shapes (H100,
+# docs/decisions.md, "Small batches").
+@pytest.mark.parametrize("shape,mode,kernel", [((384, 8192, 8192), "eval", "eval_128x192x64_c1x1x1"),
+                                               ((384, 8192, 8192), "train", "stats_128x192x64_c1x1x1"),
+                                               ((768, 8192, 8192), "eval", "eval_128x192x64_c1x1x1"),
+                                               ((768, 8192, 8192), "train", "stats_128x192x64_c1x1x1"),
+                                               ((1536, 4096, 4096), "train", "stats_128x192x64_c1x1x1"),
+                                               ((1536, 4096, 4096), "eval", "eval_128x192x64_c1x1x1"),
+                                               ((1024, 6144, 6144), "eval", "eval_128x192x64_c1x1x1"),
+                                               ((3072, 3072, 3072), "train", "stats_128x192x64_c1x1x1"),
+                                               ((128, 12288, 12288), "train", "stats_128x192x64_c1x1x1")])
+def test_192_wide_tiles_where_256_wide_ones_pad_or_leave_a_partial_wave(shape, mode, kernel):
+    m, k, n = shape
+    assert plan(m, n, k, mode=mode, **H100)["kernel"] == f"sm90_bf16_{kernel}"
+
+
+def test_tuned_bf16_training_gemms_where_128x128_beats_the_rule():
+    """kTunedKernels' 640 x 8192^2 and 1024 x 6144^2 entries; a neighbour (K - 64) and fp16 keep the rule's."""
+    for m, n in [(640, 8192), (1024, 6144)]:
+        assert plan(m, n, n, **H100)["kernel"] == "sm90_bf16_stats_128x128x64_c1x1x1"
+        assert plan(m, n, n - 64, **H100)["kernel"] != "sm90_bf16_stats_128x128x64_c1x1x1"
+        assert plan(m, n, n, dtype=torch.float16, **H100)["kernel"] == \
+            plan(m, n, n - 64, dtype=torch.float16, **H100)["kernel"]
+
+
+def test_192_wide_tiles_not_where_the_default_fills_its_waves():
+    """Powers of two keep the default and the small-batch tiles: at 256 rows 128x192 would fill
+    132 SMs' CTAs but be a third padding; fp16 has no 192-wide rows."""
+    for m, k, n, mode, kernel in [(1024, 8192, 8192, "eval", "eval_256x128x64_c1x2x1"),
+                                  (4096, 4096, 4096, "train", "stats_128x256x64_c2x1x1"),
+                                  (16384, 4096, 4096, "train", "stats_128x256x64_c2x1x1"),
+                                  (256, 1024, 8192, "eval", "eval_128x128x64_c1x2x1"),
+                                  (256, 1024, 8192, "train", "stats_128x128x64_c1x1x1"),
+                                  (128, 8192, 8192, "train", "eval_128x64x64_c1x2x1")]:
+        assert plan(m, n, k, mode=mode, **H100)["kernel"] == f"sm90_bf16_{kernel}", (m, k, n, mode)
+    assert plan(384, 8192, 8192, dtype=torch.float16, **H100)["kernel"] == "sm90_f16_stats_128x256x64_c2x1x1"
+    assert plan(384, 8192, 8192, dtype=torch.float16, mode="eval", **H100)["kernel"] == \
+        "sm90_f16_eval_256x128x64_c1x2x1"
 
 
 def test_tile_order():
@@ -182,13 +212,12 @@ def test_backward_kernels_by_shape(shape, dtype, kernels):
 def test_backward_with_an_activation(activation):
     """With an activation the cooperative kernel holds two blocks an SM (it spilled under three)
     and takes one item a block, past the slab's rows: 2 x 132 SMs at most (16384 x 4096: 16 column
-    groups x 16 chunks); wider layers and the slab's rows keep their kernels, and so does fp32
-    with gelu, gelu_tanh or silu, whose fp32 cooperative kernel spills."""
+    groups x 16 chunks); wider layers and the slab's rows keep their kernels. fp32 too, gelu,
+    gelu_tanh and silu included since their arithmetic is fp32 (activation.cuh)."""
     for shape in [(768, 8192), (1024, 8192), (4096, 4096), (16384, 4096)]:
         assert plan(*shape, 0, mode="backward", activation=activation, **H100)["backward"] == "cooperative"
-    fp32 = "passes" if activation in ("gelu", "gelu_tanh", "silu") else "cooperative"
-    assert plan(4096, 4096, 0, dtype=torch.float32, mode="backward", activation=activation,
-                **H100)["backward"] == fp32
+        assert plan(*shape, 0, dtype=torch.float32, mode="backward", activation=activation,
+                    **H100)["backward"] == "cooperative"
     assert plan(600, 131072, 0, mode="backward", activation=activation, **H100)["backward"] == "passes"
     assert plan(256, 8192, 0, mode="backward", activation=activation, **H100)["backward"] == "slab"
 

@@ -67,16 +67,32 @@ def test_tuned_kernel_by_shape(shape, kernel, dtype):
 
 
 # The eval entries: 256 x 8192^2 in bf16 takes the CTA pair along the batch, a neighbour the rule's
-# 128x128 tile with the pair along the features, and fp16 (no such row) the rule's too; 384 and 768
-# rows in bf16 their entries' tiles.
+# 128x128 tile with the pair along the features, and fp16 (no such row) the rule's too; 512 rows in
+# bf16 its entry's tile.
 @pytest.mark.skipif(not HOPPER, reason="the sm90 family's tiles need a Hopper GPU")
 @pytest.mark.parametrize("shape,dtype,kernel", [((256, 8192, 8192), "bf16", "eval_128x128x64_c2x1x1"),
                                                 ((256, 8192, 8192 - 128), "bf16", "eval_128x128x64_c1x2x1"),
                                                 ((256, 8192, 8192), "f16", "eval_128x128x64_c1x2x1"),
-                                                ((384, 8192, 8192), "bf16", "eval_128x256x64_c1x1x1"),
-                                                ((768, 8192, 8192), "bf16", "eval_128x128x64_c2x1x1")])
+                                                ((512, 8192, 8192), "bf16", "eval_128x256x64_c1x1x1")])
 def test_tuned_eval_kernel_by_shape(shape, dtype, kernel):
     names = gemm_kernels(*shape, dtype=dtype)
+    assert len(names) == 1 and f"sm90_{dtype}_{kernel}" in next(iter(names)), names
+
+
+# bf16's 192-wide tiles where the 256-wide ones pad the batch or leave a partial wave
+# (plan.cpp's slot_use), in both modes; fp16 has none and keeps its default; 640 x 8192^2 takes
+# its entry's 128x128 tile, and its neighbour the rule's 128x192.
+@pytest.mark.skipif(not HOPPER, reason="the sm90 family's tiles need a Hopper GPU")
+@pytest.mark.parametrize("shape,training,dtype,kernel", [
+    ((384, 8192, 8192), False, "bf16", "eval_128x192x64_c1x1x1"),
+    ((384, 8192, 8192), True, "bf16", "stats_128x192x64_c1x1x1"),
+    ((768, 1024, 8192), True, "bf16", "stats_128x192x64_c1x1x1"),
+    ((1536, 1024, 4096), False, "bf16", "eval_128x192x64_c1x1x1"),
+    ((384, 1024, 8192), True, "f16", "stats_128x256x64_c2x1x1"),
+    ((640, 8192, 8192), True, "bf16", "stats_128x128x64_c1x1x1"),  # kTunedKernels
+    ((640, 8192 - 64, 8192), True, "bf16", "stats_128x192x64_c1x1x1")])
+def test_192_wide_tiles_by_shape(shape, training, dtype, kernel):
+    names = gemm_kernels(*shape, training=training, dtype=dtype)
     assert len(names) == 1 and f"sm90_{dtype}_{kernel}" in next(iter(names)), names
 
 

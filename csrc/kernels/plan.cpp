@@ -54,23 +54,38 @@ constexpr TunedKernel kTunedKernels[] = {
     // bf16 eval at 256 x 8192^2 with the CTA pair along the batch, eval x torch.mm c1x2 -> c2x1:
     // 1.080 -> 1.043.
     {KernelId::sm90_bf16_eval_128x128x64_c2x1x1, 256, 8192, 8192},
-    // Batches the rule tiles badly at 8192^2 (H100, 2026-11-27; bf16, x torch.mm in CUDA graphs, the
-    // rule's kernel -> the entry's; cuBLAS runs a 128x192 tile at 384 and 768 rows, which the table
-    // lacks). 384 rows: the rule's 256-row tiles are a quarter padding; eval 1.600 -> 1.251, train
-    // 1.719 -> 1.388. 768 rows: 192 tiles of 256x128 are 1.45 waves on 132 SMs; eval 1.243 -> 1.097,
-    // train 1.318 -> 1.147. 512 rows: eval 1.061 -> 1.037.
-    {KernelId::sm90_bf16_eval_128x256x64_c1x1x1, 384, 8192, 8192},
-    {KernelId::sm90_bf16_stats_256x128x64_c1x2x1, 8192, 384, 8192},
-    {KernelId::sm90_bf16_eval_128x128x64_c2x1x1, 768, 8192, 8192},
-    {KernelId::sm90_bf16_stats_128x128x64_c1x1x1, 8192, 768, 8192},
+    // bf16 eval at 512 x 8192^2 without the cluster (H100, 2026-11-27, in CUDA graphs): 1.061 -> 1.037.
     {KernelId::sm90_bf16_eval_128x256x64_c1x1x1, 512, 8192, 8192},
+    // bf16 training GEMMs where the rule's tiles (slot_use) leave 2-3 waves mostly full of padding
+    // and 128x128 does better, which the slot count cannot see (H100, 2026-11-27, in CUDA graphs,
+    // x torch.mm, the rule's kernel -> 128x128 c1x1): 640 x 8192^2 128x192 1.637 -> 1.314, 1024 x
+    // 6144^2 128x256 c2x1 1.355 -> 1.258. At 3072^3 128x128 lost (1.680 against 128x192's 1.417).
+    {KernelId::sm90_bf16_stats_128x128x64_c1x1x1, 8192, 640, 8192},
+    {KernelId::sm90_bf16_stats_128x128x64_c1x1x1, 6144, 1024, 6144},
 };
+
+// The share of the SMs' tile slots that does useful work: the problem's m x n over the waves of
+// tiles the kernel runs (its CTAs over the SMs, rounded up) times a wave's tile area. Padding and a
+// partial last wave both lower it: 384 batch rows in 256-row tiles, or 192 tiles on 132 SMs, 0.73.
+double slot_use(KernelInfo const& info, int64_t m, int64_t n, int sm_count) {
+  int64_t waves = ceil_div(cta_count(info, m, n), sm_count);
+  return double(m) * double(n) / (double(waves) * sm_count * info.tile_m * info.tile_n);
+}
 
 // The kernel for (family, math, mode) and an m x n x k problem: the override where it serves
 // the problem, else a row kTunedKernels names for it, else the first such row of the table, the
-// default; when its tiles would give fewer CTAs than half the SMs (a small batch), the row with
-// the largest tile that reaches that many is taken instead, or, if none does, the one with the
-// most CTAs. nullptr: the table has no such row.
+// default, where its tiles give at least half the SMs a CTA; but a row whose tile is at least 3/4
+// of the default's and fills half the SMs too takes its place where it uses the SMs' tile slots
+// (slot_use) 10% better: the 192-wide tiles, where the 256-wide pad or leave a partial wave (H100,
+// bf16, in CUDA graphs, x torch.mm, the former rule's kernel or entry -> 128x192: eval / train 384 x
+// 8192^2 1.252 -> 1.044 / 1.396 -> 1.148, 768 x 8192^2 1.099 -> 1.024 / 1.146 -> 1.098, 1536 x
+// 4096^2 1.329 -> 1.070 / 1.506 -> 1.225, 3072^3 1.416 -> 1.223 / 1.605 -> 1.438; eval 1024 x 6144^2
+// 1.257 -> 1.007; train 640 x 8192^2 1.693 -> 1.648, 128 x 12288^2 1.638 -> 1.354; docs/decisions.md,
+// "Small batches"). Smaller tiles are left out: the slot count does not see their lower
+// arithmetic intensity. When the default's tiles give fewer CTAs than half the SMs (a small
+// batch), the row with the largest tile that reaches that many is taken instead, among those
+// within 10% of the best slot use (so not 128x192 at 256 rows, a third of it padding), or, if
+// none reaches it, the one with the most CTAs. nullptr: the table has no such row.
 KernelInfo const* find_kernel(Family family, KernelDtype math, Mode mode, int64_t m, int64_t n, int64_t k,
                               int sm_count, KernelInfo const* forced) {
   auto serves = [&](KernelInfo const* row) {
@@ -84,17 +99,32 @@ KernelInfo const* find_kernel(Family family, KernelDtype math, Mode mode, int64_
     }
   }
   auto ctas = [&](KernelInfo const* row) { return cta_count(*row, m, n); };
+  auto use = [&](KernelInfo const* row) { return slot_use(*row, m, n, sm_count); };
+  auto area = [](KernelInfo const* row) { return int64_t{row->tile_m} * row->tile_n; };
   int64_t enough = std::max(1, sm_count / 2);
   KernelInfo const* first = nullptr;
-  KernelInfo const* best = nullptr;
+  double best_use = 0;  // among the rows that fill half the SMs
   for (auto const* row = kernels_begin(); row != kernels_end(); ++row) {
     if (!serves(row)) continue;
-    if (first == nullptr) first = best = row;
-    bool fills = ctas(row) >= enough, best_fills = ctas(best) >= enough;
-    int64_t area = int64_t{row->tile_m} * row->tile_n, best_area = int64_t{best->tile_m} * best->tile_n;
-    if (fills ? (!best_fills || area > best_area) : (!best_fills && ctas(row) > ctas(best))) best = row;
+    if (first == nullptr) first = row;
+    if (ctas(row) >= enough) best_use = std::max(best_use, use(row));
   }
-  if (first != nullptr && ctas(first) >= enough) return first;
+  if (first == nullptr) return nullptr;
+  if (ctas(first) >= enough) {
+    KernelInfo const* pick = first;
+    for (auto const* row = kernels_begin(); row != kernels_end(); ++row) {
+      if (serves(row) && ctas(row) >= enough && 4 * area(row) >= 3 * area(first) && use(row) > 1.1 * use(first) &&
+          use(row) > use(pick))
+        pick = row;
+    }
+    return pick;
+  }
+  auto fills = [&](KernelInfo const* row) { return ctas(row) >= enough && 1.1 * use(row) >= best_use; };
+  KernelInfo const* best = first;
+  for (auto const* row = kernels_begin(); row != kernels_end(); ++row) {
+    if (!serves(row)) continue;
+    if (fills(row) ? (!fills(best) || area(row) > area(best)) : (!fills(best) && ctas(row) > ctas(best))) best = row;
+  }
   return best;
 }
 
@@ -257,11 +287,13 @@ Tail pick_tail(Problem const& p, int* pieces) {
 // 244.5 -> 241.9, 640 x 8192 32.6 -> 30.5; gelu 4096^2 111.1 -> 90.5, 16384 x 4096 349.5 -> 308.0;
 // it won at all nine shapes measured. Its blocks keep their first rows in shared memory, so it
 // holds 2 blocks an SM without an activation too: wider layers (more items) take the passes.
-// fp32 takes it without an activation and with relu or leaky_relu (H100, L2 flushed, b4fd449's
-// kernels, passes -> cooperative, us: none 4096^2 118.6 -> 109.7, 1024 x 8192 63.4 -> 53.3, 16384
-// x 4096 453.1 -> 445.8, 768 x 8192 48.6 -> 38.9, 2048^2 36.5 -> 27.2; relu 127.7 -> 113.6, 71.8 ->
-// 57.4, 456.1 -> 450.2); with gelu, gelu_tanh and silu it keeps the passes, where its kernel
-// spills (79 / 127 STL / LDL under 128 registers).
+// fp32 alike (H100, L2 flushed, b4fd449's kernels, passes -> cooperative, us: none 4096^2 118.6 ->
+// 109.7, 1024 x 8192 63.4 -> 53.3, 16384 x 4096 453.1 -> 445.8, 768 x 8192 48.6 -> 38.9, 2048^2 36.5
+// -> 27.2; relu 127.7 -> 113.6, 71.8 -> 57.4, 456.1 -> 450.2), with gelu, gelu_tanh and silu too
+// since their arithmetic is fp32 (activation.cuh) and the kernel no longer spills (H100, 2026-11-27:
+// gelu 4096^2 138.1 -> 128.7, 16384 x 4096 480.8 -> 477.3, 1024 x 8192 78.8 -> 69.3, 768 x 8192
+// 62.1 -> 53.7, 2048^2 45.2 -> 39.6; silu 154.9 -> 129.0, 567.1 -> 473.0, 84.8 -> 69.7, 67.1 ->
+// 54.0, 48.9 -> 39.5).
 BackwardKernels pick_backward(Problem const& p, int* pieces) {
   BackwardKernels forced = p.overrides.backward;
   int bytes = bytes_of(p.x), m = static_cast<int>(p.m), n = static_cast<int>(p.n);
@@ -271,7 +303,6 @@ BackwardKernels pick_backward(Problem const& p, int* pieces) {
   int64_t items = int64_t{groups} * limits::grad_chunks(m, groups, p.sm_count);
   switch (forced) {
     case BackwardKernels::automatic:
-      if (bytes == 4 && act_set(p.act) == ActSet::smooth) return BackwardKernels::passes;
       if (bytes == 2 && m <= limits::kSlabRows && *pieces >= 4) return BackwardKernels::slab;
       return streams && m > limits::kSlabRows &&
                      items <= int64_t{limits::kCooperativeBackwardBlocksPerSm} * p.sm_count
