@@ -164,9 +164,9 @@ _SM90 += [Kernel("sm90", "bf16", "eval", (128, 256, 64), (1, 1, 1))]
 # 256-wide tiles leave a quarter padding or a partial wave, find_kernel's rule takes them
 # (csrc/kernels/plan.cpp, slot_use). Statistics: 128 features x 192 batch rows; eval: 128 batch
 # rows x 192 features (a wgmma N of 192; an M of 192 would not split over the cooperative
-# schedule's two warp groups). Without a cluster: with one (stats 2x1, eval 1x2) each ran 3-40%
-# slower at the seven shapes tried (H100, in CUDA graphs, x torch.mm: eval 384 x 8192^2 1.044
-# against 1.421, train 1.148 against 1.179; docs/decisions.md, "Small batches").
+# schedule's two warp groups). Without a cluster: with one (stats 2x1, eval 1x2) they ran 2-36%
+# slower at the six shapes tried (H100, in CUDA graphs, x torch.mm: eval 384 x 8192^2 1.044
+# against 1.421, train 1.148 against 1.179; docs/decisions.md, "Kernel table").
 _SM90 += [Kernel("sm90", "bf16", "stats", (128, 192, 64), (1, 1, 1)),
           Kernel("sm90", "bf16", "eval", (128, 192, 64), (1, 1, 1))]
 
