@@ -157,7 +157,7 @@ _SM90 += [Kernel("sm90", dt, "eval", tile, (1, 2, 1))
 # c1x2 (registry.cpp's kTunedKernels). It lost at 128, 384 and 512 rows and at 256 x 4096^2,
 # and a 1x4 cluster of 128x64 tiles lost everywhere (benchmarks/NOTES.md, v0.20).
 _SM90 += [Kernel("sm90", "bf16", "eval", (128, 128, 64), (2, 1, 1))]
-# 128x256 without a cluster: kTunedKernels takes it for bf16 eval at 384 and 512 rows of 8192^2
+# 128x256 without a cluster: kTunedKernels takes it for bf16 eval at 512 rows of 8192^2
 # (plan.cpp). 256x128 without one was level at 512 rows (1.062 against 1.057 x mm in graphs).
 _SM90 += [Kernel("sm90", "bf16", "eval", (128, 256, 64), (1, 1, 1))]
 # 192-wide tiles, as cuBLAS runs at 384 and 768 rows of 8192^2 (nvjet 128x192): where the
