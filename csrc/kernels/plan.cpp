@@ -56,10 +56,11 @@ constexpr TunedKernel kTunedKernels[] = {
     {KernelId::sm90_bf16_eval_128x128x64_c2x1x1, 256, 8192, 8192},
     // bf16 eval at 512 x 8192^2 without the cluster (H100, 2026-11-27, in CUDA graphs): 1.061 -> 1.037.
     {KernelId::sm90_bf16_eval_128x256x64_c1x1x1, 512, 8192, 8192},
-    // bf16 training GEMMs where the rule's tiles (slot_use) leave 2-3 waves mostly full of padding
-    // and 128x128 does better, which the slot count cannot see (H100, 2026-11-27, in CUDA graphs,
-    // x torch.mm, the rule's kernel -> 128x128 c1x1): 640 x 8192^2 128x192 1.637 -> 1.314, 1024 x
-    // 6144^2 128x256 c2x1 1.355 -> 1.258. At 3072^3 128x128 lost (1.680 against 128x192's 1.417).
+    // bf16 training GEMMs where the rule's tiles leave a partial last tile or wave (640 rows in
+    // 192-row tiles, the last a third full; 192 CTAs of 128x256 at 1024 x 6144^2) and 128x128, which
+    // slot_use leaves out, does better (H100, 2026-11-27, in CUDA graphs, x torch.mm, the rule's
+    // kernel -> 128x128 c1x1): 640 x 8192^2 128x192 1.637 -> 1.314, 1024 x 6144^2 128x256 c2x1
+    // 1.355 -> 1.258. At 3072^3 128x128 lost (1.680 against 128x192's 1.417).
     {KernelId::sm90_bf16_stats_128x128x64_c1x1x1, 8192, 640, 8192},
     {KernelId::sm90_bf16_stats_128x128x64_c1x1x1, 6144, 1024, 6144},
 };
