@@ -20,6 +20,15 @@ if CUDA:
 FAMILY_IDS = [f"{d}-{f}" for d, f in FAMILIES]
 
 
+def cuda_kernels(fn):
+    """fn()'s result and the names of the CUDA kernels it ran (torch.profiler; the device
+    synchronized before the profile ends, so that every launch is counted)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        out = fn()
+        torch.cuda.synchronize()
+    return out, [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
 def skip_without_e4m3(device):
     """Skips a CUDA case where the e4m3 kernels cannot run (cutlass_fused.fp8.e4m3_kernels: an sm90
     GPU and a build with the e4m3 rows); the CPU always runs the e4m3 op's bf16 reference."""

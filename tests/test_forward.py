@@ -8,8 +8,8 @@ import torch
 import cutlass_fused
 from codegen.kernels import KERNELS
 from cutlass_fused.ops import ops
-from common import (END_TO_END_BATCH, FAMILIES, FAMILY_IDS, HOPPER, MODES, assert_close_rule, batch_norm, max_err,
-                    params, precision, reference_h, reference_z, shape_cases)
+from common import (END_TO_END_BATCH, FAMILIES, FAMILY_IDS, HOPPER, MODES, assert_close_rule, batch_norm,
+                    cuda_kernels, max_err, params, precision, reference_h, reference_z, shape_cases)
 
 # (batch, in_features, out_features): aligned, unaligned K and N, tiny, 1 feature.
 SHAPES = [(256, 512, 384), (3, 769, 1000), (1000, 1000, 769), (2, 5125, 40), (5, 1, 1), (1000, 64, 8)]
@@ -208,10 +208,7 @@ def test_launches_per_forward(family, training, frozen, launches, activation):
     with cutlass_fused.use_kernel_family(family), torch.no_grad(), scope:
         layer(x)
         torch.cuda.synchronize()
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            layer(x)
-            torch.cuda.synchronize()
-    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        _, kernels = cuda_kernels(lambda: layer(x))
     if cutlass_fused._overrides.current().poison:  # the test-only NaN fills of each output
         kernels = [k for k in kernels if "FillFunctor" not in k]
     assert len(kernels) == launches, kernels
@@ -250,15 +247,12 @@ def test_eval_fold_in_the_epilogue(shape, mode, activation, affine):
             ops.clear_cache()
         made = eval_y(False)
         torch.cuda.synchronize()
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            eval_y(False)
-            torch.cuda.synchronize()
+        _, kernels = cuda_kernels(lambda: eval_y(False))
     assert torch.isfinite(made).all()
     assert torch.equal(made, kept)
     if os.environ.get("CUTLASS_FUSED_NO_PROFILER"):  # compute-sanitizer holds CUPTI (scripts/sanitize.sh)
         return
     # Beside the GEMM only the operands' padding copies and 3xTF32 split, the poison fills and y's narrowing.
-    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     assert not [name for name in kernels if "fold_eval" in name], kernels
     assert len([name for name in kernels if "_eval_" in name]) == 1, kernels
 
@@ -291,14 +285,11 @@ def test_eval_fold_in_the_epilogue_under_capture(mode):
             captured = eval_y()
         graph.replay()
         torch.cuda.synchronize()
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            graph.replay()
-            torch.cuda.synchronize()
+        _, kernels = cuda_kernels(graph.replay)
     finally:
         ops.clear_cache()
     assert torch.isfinite(kept).all()
     assert torch.equal(captured, kept)
-    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     assert not [name for name in kernels if "fold_eval" in name], kernels
     assert len([name for name in kernels if "_eval_" in name]) == 1, kernels
 
@@ -320,10 +311,8 @@ def test_each_eval_kernel(kernel, shape, override):
     if os.environ.get("CUTLASS_FUSED_NO_PROFILER"):  # compute-sanitizer holds CUPTI (scripts/sanitize.sh)
         run_steps("cuda", kernel.family, mode, shape, training=False, momentum=0.1, steps=1)
         return
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        run_steps("cuda", kernel.family, mode, shape, training=False, momentum=0.1, steps=1)
-        torch.cuda.synchronize()
-    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    _, kernels = cuda_kernels(
+        lambda: run_steps("cuda", kernel.family, mode, shape, training=False, momentum=0.1, steps=1))
     assert any(f"{kernel.name}::" in name for name in kernels), kernels
 
 

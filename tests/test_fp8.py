@@ -12,8 +12,8 @@ import cutlass_fused
 from cutlass_fused import fp8
 from codegen.kernels import KERNELS
 from cutlass_fused.seed import SeedModel as Seed
-from common import (CUDA, FAMILIES, FAMILY_IDS, assert_close_rule, assert_close_rule_scaled, max_err,
-                    skip_without_e4m3)
+from common import (CUDA, FAMILIES, FAMILY_IDS, assert_close_rule, assert_close_rule_scaled, cuda_kernels,
+                    max_err, skip_without_e4m3)
 
 DT = {"bf16": torch.bfloat16, "f32": torch.float32}
 CASES = [pytest.param(d, f, dt, id=f"{i}-{dt}") for (d, f), i in zip(FAMILIES, FAMILY_IDS) for dt in DT]
@@ -378,11 +378,8 @@ def test_each_e4m3_row(row, override):
     ours.load_state_dict(seed.state_dict())
     x = (3 * torch.randn(1000, 128)).to(torch.bfloat16)
     override(kernel=row)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        y = ours(x.cuda())
-        torch.cuda.synchronize()
+    y, ran = cuda_kernels(lambda: ours(x.cuda()))
     # compute-sanitizer holds CUPTI (scripts/sanitize.sh sets CUTLASS_FUSED_NO_PROFILER): numbers only there.
-    ran = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     assert os.environ.get("CUTLASS_FUSED_NO_PROFILER") or any(row in k for k in ran), (row, ran)
     ref64, _, y64 = _quantized_reference(seed, x, torch.float64)
     refs, _, ys = _quantized_reference(seed, x, torch.bfloat16)
@@ -518,11 +515,8 @@ def test_fast_accum(device, train, m, k, n):
         before = {key: v.detach().cpu() for key, v in layer.state_dict().items()}
         x = (3 * torch.randn(m, k)).to(device, torch.bfloat16).requires_grad_(train)
         if device == "cuda":
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof, \
-                    torch.set_grad_enabled(train):
-                y = layer(x)
-                torch.cuda.synchronize()
-            ran = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+            with torch.set_grad_enabled(train):
+                y, ran = cuda_kernels(lambda: layer(x))
             e4m3 = [name for name in ran if "sm90_e4m3_" in name]
             # compute-sanitizer holds CUPTI (scripts/sanitize.sh sets CUTLASS_FUSED_NO_PROFILER).
             assert os.environ.get("CUTLASS_FUSED_NO_PROFILER") or (

@@ -51,14 +51,17 @@ def test_eval_kernel_by_batch(shape, tile, dtype):
     assert plan(*shape, dtype=dtype, mode="eval", **H100)["kernel"] == f"sm90_{name}_eval_{tile}"
 
 
-def test_half_the_sms_is_counted_on_the_gpu_at_hand():
-    # 256 x 8192 in 256x128 tiles is 64 CTAs: half of 132 SMs wants 66, half of 108 only 54. (fp16:
-    # on 108 SMs bf16's 128x192 tile would take the 44 SMs that 256x128 leaves idle, slot_use.)
-    f16 = dict(dtype=torch.float16, mode="eval")
-    assert plan(256, 8192, 1024, capability=(9, 0), sm_count=108, **f16)["kernel"] == "sm90_f16_eval_256x128x64_c1x2x1"
-    assert plan(256, 8192, 1024, **f16, **H100)["kernel"] == "sm90_f16_eval_128x128x64_c1x2x1"
-    assert plan(256, 8192, 1024, capability=(9, 0), sm_count=108, mode="eval")["kernel"] == \
-        "sm90_bf16_eval_128x192x64_c1x1x1"
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_the_sms_is_counted_on_the_gpu_at_hand(dtype):
+    # Training at 256 x 8192: 64 CTAs of the 128x256 statistics tile. Half of 132 SMs wants 66, half
+    # of 108 only 54, so 108 SMs keep the default and 132 take the small-batch tile. (Eval there, in
+    # 256x128 tiles, fills 108 SMs' half too, but slot_use then takes the 128x192 tile.)
+    name = {torch.bfloat16: "bf16", torch.float16: "f16"}[dtype]
+    assert plan(256, 8192, 1024, dtype=dtype, capability=(9, 0), sm_count=108)["kernel"] == \
+        f"sm90_{name}_stats_128x256x64_c2x1x1"
+    assert plan(256, 8192, 1024, dtype=dtype, **H100)["kernel"] == f"sm90_{name}_stats_128x128x64_c1x1x1"
+    assert plan(256, 8192, 1024, dtype=dtype, mode="eval", capability=(9, 0), sm_count=108)["kernel"] == \
+        f"sm90_{name}_eval_128x192x64_c1x1x1"
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -105,9 +108,10 @@ def test_tuned_kernels_by_shape(dtype):
     assert plan(256, 8192, 8192, dtype=dtype, mode="eval", **H100)["kernel"] == f"sm90_{name}_{want}"
 
 
-# (batch, in, out) -> bf16's kernel where the 256-wide tiles pad a batch of 3 x 2^k rows or leave a
+# (batch, in, out) -> the kernel where the 256-wide tiles pad a batch of 3 x 2^k rows or leave a
 # partial wave (slot_use): the 128x192 rows, measured ahead at each of these shapes (H100,
-# docs/decisions.md, "Small batches").
+# docs/decisions.md, "Small batches"), in both 16-bit dtypes.
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("shape,mode,kernel", [((384, 8192, 8192), "eval", "eval_128x192x64_c1x1x1"),
                                                ((384, 8192, 8192), "train", "stats_128x192x64_c1x1x1"),
                                                ((768, 8192, 8192), "eval", "eval_128x192x64_c1x1x1"),
@@ -117,33 +121,33 @@ def test_tuned_kernels_by_shape(dtype):
                                                ((1024, 6144, 6144), "eval", "eval_128x192x64_c1x1x1"),
                                                ((3072, 3072, 3072), "train", "stats_128x192x64_c1x1x1"),
                                                ((128, 12288, 12288), "train", "stats_128x192x64_c1x1x1")])
-def test_192_wide_tiles_where_256_wide_ones_pad_or_leave_a_partial_wave(shape, mode, kernel):
+def test_192_wide_tiles_where_256_wide_ones_pad_or_leave_a_partial_wave(shape, mode, kernel, dtype):
     m, k, n = shape
-    assert plan(m, n, k, mode=mode, **H100)["kernel"] == f"sm90_bf16_{kernel}"
+    name = {torch.bfloat16: "bf16", torch.float16: "f16"}[dtype]
+    assert plan(m, n, k, dtype=dtype, mode=mode, **H100)["kernel"] == f"sm90_{name}_{kernel}"
 
 
-def test_tuned_bf16_training_gemms_where_128x128_beats_the_rule():
-    """kTunedKernels' 640 x 8192^2 and 1024 x 6144^2 entries; a neighbour (K - 64) and fp16 keep the rule's."""
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_tuned_training_gemms_where_128x128_beats_the_rule(dtype):
+    """kTunedKernels' 640 x 8192^2 and 1024 x 6144^2 entries; a neighbour (K - 64) keeps the rule's."""
+    name = {torch.bfloat16: "bf16", torch.float16: "f16"}[dtype]
     for m, n in [(640, 8192), (1024, 6144)]:
-        assert plan(m, n, n, **H100)["kernel"] == "sm90_bf16_stats_128x128x64_c1x1x1"
-        assert plan(m, n, n - 64, **H100)["kernel"] != "sm90_bf16_stats_128x128x64_c1x1x1"
-        assert plan(m, n, n, dtype=torch.float16, **H100)["kernel"] == \
-            plan(m, n, n - 64, dtype=torch.float16, **H100)["kernel"]
+        assert plan(m, n, n, dtype=dtype, **H100)["kernel"] == f"sm90_{name}_stats_128x128x64_c1x1x1"
+        assert plan(m, n, n - 64, dtype=dtype, **H100)["kernel"] != f"sm90_{name}_stats_128x128x64_c1x1x1"
 
 
-def test_192_wide_tiles_not_where_the_default_fills_its_waves():
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_192_wide_tiles_not_where_the_default_fills_its_waves(dtype):
     """Powers of two keep the default and the small-batch tiles: at 256 rows 128x192 would fill
-    132 SMs' CTAs but be a third padding; fp16 has no 192-wide rows."""
+    132 SMs' CTAs but be a third padding."""
+    name = {torch.bfloat16: "bf16", torch.float16: "f16"}[dtype]
     for m, k, n, mode, kernel in [(1024, 8192, 8192, "eval", "eval_256x128x64_c1x2x1"),
                                   (4096, 4096, 4096, "train", "stats_128x256x64_c2x1x1"),
                                   (16384, 4096, 4096, "train", "stats_128x256x64_c2x1x1"),
                                   (256, 1024, 8192, "eval", "eval_128x128x64_c1x2x1"),
                                   (256, 1024, 8192, "train", "stats_128x128x64_c1x1x1"),
                                   (128, 8192, 8192, "train", "eval_128x64x64_c1x2x1")]:
-        assert plan(m, n, k, mode=mode, **H100)["kernel"] == f"sm90_bf16_{kernel}", (m, k, n, mode)
-    assert plan(384, 8192, 8192, dtype=torch.float16, **H100)["kernel"] == "sm90_f16_stats_128x256x64_c2x1x1"
-    assert plan(384, 8192, 8192, dtype=torch.float16, mode="eval", **H100)["kernel"] == \
-        "sm90_f16_eval_256x128x64_c1x2x1"
+        assert plan(m, n, k, dtype=dtype, mode=mode, **H100)["kernel"] == f"sm90_{name}_{kernel}", (m, k, n, mode)
 
 
 def test_tile_order():

@@ -4,10 +4,9 @@ import contextlib
 
 import pytest
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 import cutlass_fused
-from common import HOPPER
+from common import HOPPER, cuda_kernels
 
 
 def launched(m, k, n, training=False, family=None, dtype=torch.bfloat16):
@@ -19,10 +18,7 @@ def launched(m, k, n, training=False, family=None, dtype=torch.bfloat16):
     with torch.no_grad(), family_ctx:
         layer(x)
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            layer(x)
-            torch.cuda.synchronize()
-    return {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
+        return set(cuda_kernels(lambda: layer(x))[1])
 
 
 def gemm_kernels(m, k, n, training=False, dtype="bf16"):
@@ -79,18 +75,20 @@ def test_tuned_eval_kernel_by_shape(shape, dtype, kernel):
     assert len(names) == 1 and f"sm90_{dtype}_{kernel}" in next(iter(names)), names
 
 
-# bf16's 192-wide tiles where the 256-wide ones pad the batch or leave a partial wave
-# (plan.cpp's slot_use), in both modes; fp16 has none and keeps its default; 640 x 8192^2 takes
-# its entry's 128x128 tile, and its neighbour the rule's 128x192.
+# The 192-wide tiles where the 256-wide ones pad the batch or leave a partial wave (plan.cpp's
+# slot_use), in both modes and 16-bit dtypes; 640 x 8192^2 takes its entry's 128x128 tile, and
+# its neighbour the rule's 128x192.
 @pytest.mark.skipif(not HOPPER, reason="the sm90 family's tiles need a Hopper GPU")
 @pytest.mark.parametrize("shape,training,dtype,kernel", [
     ((384, 8192, 8192), False, "bf16", "eval_128x192x64_c1x1x1"),
     ((384, 8192, 8192), True, "bf16", "stats_128x192x64_c1x1x1"),
     ((768, 1024, 8192), True, "bf16", "stats_128x192x64_c1x1x1"),
     ((1536, 1024, 4096), False, "bf16", "eval_128x192x64_c1x1x1"),
-    ((384, 1024, 8192), True, "f16", "stats_128x256x64_c2x1x1"),
+    ((384, 1024, 8192), True, "f16", "stats_128x192x64_c1x1x1"),
+    ((768, 1024, 8192), False, "f16", "eval_128x192x64_c1x1x1"),
     ((640, 8192, 8192), True, "bf16", "stats_128x128x64_c1x1x1"),  # kTunedKernels
-    ((640, 8192 - 64, 8192), True, "bf16", "stats_128x192x64_c1x1x1")])
+    ((640, 8192 - 64, 8192), True, "bf16", "stats_128x192x64_c1x1x1"),
+    ((640, 8192, 8192), True, "f16", "stats_128x128x64_c1x1x1")])
 def test_192_wide_tiles_by_shape(shape, training, dtype, kernel):
     names = gemm_kernels(*shape, training=training, dtype=dtype)
     assert len(names) == 1 and f"sm90_{dtype}_{kernel}" in next(iter(names)), names

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 import cutlass_fused
 from codegen.kernels import KERNELS
 from cutlass_fused.ops import ops
-from common import HOPPER, params
+from common import HOPPER, cuda_kernels, params
 
 needs_hopper = pytest.mark.skipif(not HOPPER, reason="needs an sm90 GPU (the statistics GEMM is sm90 only)")
 
@@ -41,10 +41,7 @@ def train(x, p, override, stats, kernel="_stats_", family="sm90"):
 
     if NO_PROFILER:
         return run(), rm, rv, None
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        out = run()
-        torch.cuda.synchronize()
-    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    out, kernels = cuda_kernels(run)
     return out, rm, rv, any(kernel in k for k in kernels)
 
 

@@ -56,13 +56,16 @@ constexpr TunedKernel kTunedKernels[] = {
     {KernelId::sm90_bf16_eval_128x128x64_c2x1x1, 256, 8192, 8192},
     // bf16 eval at 512 x 8192^2 without the cluster (H100, 2026-11-27, in CUDA graphs): 1.061 -> 1.037.
     {KernelId::sm90_bf16_eval_128x256x64_c1x1x1, 512, 8192, 8192},
-    // bf16 training GEMMs where the rule's tiles leave a partial last tile or wave (640 rows in
+    // 16-bit training GEMMs where the rule's tiles leave a partial last tile or wave (640 rows in
     // 192-row tiles, the last a third full; 192 CTAs of 128x256 at 1024 x 6144^2) and 128x128, which
-    // slot_use leaves out, does better (H100, 2026-11-27, in CUDA graphs, x torch.mm, the rule's
-    // kernel -> 128x128 c1x1): 640 x 8192^2 128x192 1.637 -> 1.314, 1024 x 6144^2 128x256 c2x1
-    // 1.355 -> 1.258. At 3072^3 128x128 lost (1.680 against 128x192's 1.417).
+    // slot_use leaves out, does better (H100, in CUDA graphs, x torch.mm, the rule's kernel ->
+    // 128x128 c1x1): bf16 (2026-11-27) 640 x 8192^2 128x192 1.637 -> 1.314, 1024 x 6144^2 128x256
+    // c2x1 1.355 -> 1.258; fp16 (2026-11-27, later) 1.643 -> 1.313, 1.320 -> 1.251. At 3072^3 128x128 lost
+    // (bf16 1.680 against 128x192's 1.417).
     {KernelId::sm90_bf16_stats_128x128x64_c1x1x1, 8192, 640, 8192},
     {KernelId::sm90_bf16_stats_128x128x64_c1x1x1, 6144, 1024, 6144},
+    {KernelId::sm90_f16_stats_128x128x64_c1x1x1, 8192, 640, 8192},
+    {KernelId::sm90_f16_stats_128x128x64_c1x1x1, 6144, 1024, 6144},
 };
 
 // The share of the SMs' tile slots that does useful work: the problem's m x n over the waves of
@@ -104,11 +107,8 @@ KernelInfo const* find_kernel(Family family, KernelDtype math, Mode mode, int64_
   auto area = [](KernelInfo const* row) { return int64_t{row->tile_m} * row->tile_n; };
   int64_t enough = std::max(1, sm_count / 2);
   KernelInfo const* first = nullptr;
-  double best_use = 0;  // among the rows that fill half the SMs
-  for (auto const* row = kernels_begin(); row != kernels_end(); ++row) {
-    if (!serves(row)) continue;
-    if (first == nullptr) first = row;
-    if (ctas(row) >= enough) best_use = std::max(best_use, use(row));
+  for (auto const* row = kernels_begin(); row != kernels_end() && first == nullptr; ++row) {
+    if (serves(row)) first = row;
   }
   if (first == nullptr) return nullptr;
   if (ctas(first) >= enough) {
@@ -119,6 +119,10 @@ KernelInfo const* find_kernel(Family family, KernelDtype math, Mode mode, int64_
         pick = row;
     }
     return pick;
+  }
+  double best_use = 0;  // among the rows that fill half the SMs
+  for (auto const* row = kernels_begin(); row != kernels_end(); ++row) {
+    if (serves(row) && ctas(row) >= enough) best_use = std::max(best_use, use(row));
   }
   auto fills = [&](KernelInfo const* row) { return ctas(row) >= enough && 1.1 * use(row) >= best_use; };
   KernelInfo const* best = first;
