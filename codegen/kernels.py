@@ -166,7 +166,8 @@ _SM90 += [Kernel("sm90", "bf16", "eval", (128, 256, 64), (1, 1, 1))]
 # rows x 192 features (a wgmma N of 192; an M of 192 would not split over the cooperative
 # schedule's two warp groups). Without a cluster: with one (stats 2x1, eval 1x2) they ran 2-36%
 # slower at the six shapes tried (H100, in CUDA graphs, x torch.mm: eval 384 x 8192^2 1.044
-# against 1.421, train 1.148 against 1.179; docs/decisions.md, "Kernel table").
+# against 1.421, train 1.148 against 1.179; docs/decisions.md, "Kernel table"). fp16 takes them
+# where bf16 does (384 x 8192^2 eval 1.528 -> 1.047, train 1.650 -> 1.106 against the 256-wide rows).
 _SM90 += [Kernel("sm90", dt, mode, (128, 192, 64), (1, 1, 1)) for dt in ("bf16", "f16") for mode in ("stats", "eval")]
 
 # sm90 fp32 without TF32: the TF32 kernel run over operands split for 3xTF32

@@ -108,9 +108,13 @@ def test_tuned_kernels_by_shape(dtype):
     assert plan(256, 8192, 8192, dtype=dtype, mode="eval", **H100)["kernel"] == f"sm90_{name}_{want}"
 
 
-# (batch, in, out) -> the kernel where the 256-wide tiles pad a batch of 3 x 2^k rows or leave a
-# partial wave (slot_use): the 128x192 rows, measured ahead at each of these shapes (H100,
-# docs/decisions.md, "Small batches"), in both 16-bit dtypes.
+# (batch, in, out) -> the kernel where slot_use replaces the default, in both 16-bit dtypes, each
+# measured ahead (H100, in CUDA graphs, docs/decisions.md, "Small batches"):
+# - the 128x192 rows where the 256-wide tiles pad a batch of 3 x 2^k rows or leave a partial wave;
+# - 128x128 where 128 rows half fill the default's 256-row tile, since down to 3/4 of its useful
+#   area is weighed there (128 x 8192 -> 12288 eval 1.496 -> 1.071, train 1.385 -> 1.204 x mm);
+#   not at 64 rows, less than half useful (128x192 1.095, 128x128 1.134), nor at 320 rows, where
+#   128x192 ties 128x128's slot use and the larger tile is taken (1.409 against 1.786).
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("shape,mode,kernel", [((384, 8192, 8192), "eval", "eval_128x192x64_c1x1x1"),
                                                ((384, 8192, 8192), "train", "stats_128x192x64_c1x1x1"),
@@ -120,8 +124,13 @@ def test_tuned_kernels_by_shape(dtype):
                                                ((1536, 4096, 4096), "eval", "eval_128x192x64_c1x1x1"),
                                                ((1024, 6144, 6144), "eval", "eval_128x192x64_c1x1x1"),
                                                ((3072, 3072, 3072), "train", "stats_128x192x64_c1x1x1"),
-                                               ((128, 12288, 12288), "train", "stats_128x192x64_c1x1x1")])
-def test_192_wide_tiles_where_256_wide_ones_pad_or_leave_a_partial_wave(shape, mode, kernel, dtype):
+                                               ((128, 8192, 12288), "eval", "eval_128x128x64_c1x2x1"),
+                                               ((128, 8192, 12288), "train", "stats_128x128x64_c1x1x1"),
+                                               ((128, 4096, 10240), "eval", "eval_128x128x64_c1x2x1"),
+                                               ((64, 4096, 16384), "eval", "eval_128x192x64_c1x1x1"),
+                                               ((320, 4096, 12288), "eval", "eval_128x192x64_c1x1x1"),
+                                               ((320, 4096, 12288), "train", "stats_128x192x64_c1x1x1")])
+def test_tiles_by_slot_use(shape, mode, kernel, dtype):
     m, k, n = shape
     name = {torch.bfloat16: "bf16", torch.float16: "f16"}[dtype]
     assert plan(m, n, k, dtype=dtype, mode=mode, **H100)["kernel"] == f"sm90_{name}_{kernel}"

@@ -88,7 +88,10 @@ def test_tuned_eval_kernel_by_shape(shape, dtype, kernel):
     ((768, 1024, 8192), False, "f16", "eval_128x192x64_c1x1x1"),
     ((640, 8192, 8192), True, "bf16", "stats_128x128x64_c1x1x1"),  # kTunedKernels
     ((640, 8192 - 64, 8192), True, "bf16", "stats_128x192x64_c1x1x1"),
-    ((640, 8192, 8192), True, "f16", "stats_128x128x64_c1x1x1")])
+    ((640, 8192, 8192), True, "f16", "stats_128x128x64_c1x1x1"),
+    # 128 rows in 256-row tiles are half padding: 128x128 (test_plan's test_tiles_by_slot_use).
+    ((128, 1024, 12288), False, "bf16", "eval_128x128x64_c1x2x1"),
+    ((128, 1024, 12288), True, "f16", "stats_128x128x64_c1x1x1")])
 def test_192_wide_tiles_by_shape(shape, training, dtype, kernel):
     names = gemm_kernels(*shape, training=training, dtype=dtype)
     assert len(names) == 1 and f"sm90_{dtype}_{kernel}" in next(iter(names)), names
