@@ -111,10 +111,10 @@ def test_tuned_kernels_by_shape(dtype):
 # (batch, in, out) -> the kernel where slot_use replaces the default, in both 16-bit dtypes, each
 # measured ahead (H100, in CUDA graphs, docs/decisions.md, "Small batches"):
 # - the 128x192 rows where the 256-wide tiles pad a batch of 3 x 2^k rows or leave a partial wave;
-# - 128x128 where 128 rows half fill the default's 256-row tile, since down to 3/4 of its useful
-#   area is weighed there (128 x 8192 -> 12288 eval 1.496 -> 1.071, train 1.385 -> 1.204 x mm);
-#   not at 64 rows, less than half useful (128x192 1.095, 128x128 1.134), nor at 320 rows, where
-#   128x192 ties 128x128's slot use and the larger tile is taken (1.409 against 1.786).
+# - 128x128 where 128 rows half fill the default's 256-row tile, every CTA alike, since down to 3/4
+#   of its useful area is weighed there (128 x 8192 -> 12288 eval 1.496 -> 1.071, train 1.385 ->
+#   1.204 x mm); not at 64 rows, less than half useful (128x192 1.095, 128x128 1.134), nor at 320
+#   rows, where only the last row of tiles pads (128x192 1.409, 128x128 1.786).
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("shape,mode,kernel", [((384, 8192, 8192), "eval", "eval_128x192x64_c1x1x1"),
                                                ((384, 8192, 8192), "train", "stats_128x192x64_c1x1x1"),

@@ -85,11 +85,12 @@ double slot_use(KernelInfo const& info, int64_t m, int64_t n, int sm_count) {
 // former rule's kernel or entry -> 128x192: eval / train 384 x 8192^2 1.252 -> 1.044 / 1.396 ->
 // 1.148, 768 x 8192^2 1.099 -> 1.024 / 1.146 -> 1.098, 1536 x 4096^2 1.329 -> 1.070 / 1.506 ->
 // 1.225, 3072^3 1.416 -> 1.223 / 1.605 -> 1.438; eval 1024 x 6144^2 1.257 -> 1.007; train 640 x
-// 8192^2 1.693 -> 1.648; fp16 alike; docs/decisions.md, "Small batches"). Where the default's
-// tile is at most half padding, 3/4 of its useful area a CTA is enough: 128 rows in 256-row tiles
-// take 128x128 (128 x 8192 -> 12288, bf16: eval 256x128 1.496 -> 1.071, train 128x192 1.385 ->
-// 1.204). Smaller tiles are left out: the slot count does not see their lower arithmetic
-// intensity (64 x 4096 -> 16384 eval, three quarters padding: 128x192 1.095, 128x128 1.134). When
+// 8192^2 1.693 -> 1.648; fp16 alike; docs/decisions.md, "Small batches"). Where every CTA of the
+// default's pads alike and is at most half padding, 3/4 of its useful area a CTA is enough: 128
+// rows in 256-row tiles take 128x128 (128 x 8192 -> 12288, bf16: eval 256x128 1.496 -> 1.071, train
+// 128x192 1.385 -> 1.204). Smaller tiles are left out: the slot count does not see their lower
+// arithmetic intensity (64 x 4096 -> 16384 eval, three quarters padding: 128x192 1.095, 128x128
+// 1.134; 320 x 4096 -> 12288, its last row of tiles padded: 1.409 against 1.786). When
 // the default's tiles give fewer CTAs than half the SMs (a small batch), the row with the largest
 // tile that reaches that many is taken instead, among those within 10% of the best slot use (so
 // not 128x192 at 256 rows, a third of it padding), or, if none reaches it, the one with the most
@@ -117,9 +118,13 @@ KernelInfo const* find_kernel(Family family, KernelDtype math, Mode mode, int64_
   if (first == nullptr) return nullptr;
   if (ctas(first) >= enough) {
     // The smallest tile admitted: 3/4 of the default's, or of its useful area a CTA (its tile less
-    // the padding) where that is at least half of it.
+    // the padding) where every CTA pads alike (each side of the problem a multiple of the tile's or
+    // within one tile) and that area is at least half the tile. A padded last row or column of
+    // tiles alone is what slot_use counts; a smaller tile would pay its lower intensity in every CTA.
+    auto alike = [](int64_t size, int tile) { return size <= tile || size % tile == 0; };
     double useful = double(m) * double(n) / double(ctas(first));
-    double least = 0.75 * (2 * useful >= area(first) ? useful : area(first));
+    bool uniform = alike(m, first->tile_m) && alike(n, first->tile_n);
+    double least = 0.75 * (uniform && 2 * useful >= area(first) ? useful : area(first));
     auto better = [&](KernelInfo const* row) {
       return serves(row) && ctas(row) >= enough && area(row) >= least && use(row) > 1.1 * use(first);
     };
