@@ -76,25 +76,24 @@ double slot_use(KernelInfo const& info, int64_t m, int64_t n, int sm_count) {
   return double(m) * double(n) / (double(waves) * sm_count * info.tile_m * info.tile_n);
 }
 
-// The kernel for (family, math, mode) and an m x n x k problem: the override where it serves
-// the problem, else a row kTunedKernels names for it, else the first such row of the table, the
-// default, where its tiles give at least half the SMs a CTA; but rows that fill half the SMs too
-// and use the SMs' tile slots (slot_use) 10% better take its place, the largest tile among those
-// within 10% of the best use. Their tiles are at least 3/4 of the default's: the 192-wide tiles,
-// where the 256-wide pad or leave a partial wave (H100, bf16, in CUDA graphs, x torch.mm, the
-// former rule's kernel or entry -> 128x192: eval / train 384 x 8192^2 1.252 -> 1.044 / 1.396 ->
-// 1.148, 768 x 8192^2 1.099 -> 1.024 / 1.146 -> 1.098, 1536 x 4096^2 1.329 -> 1.070 / 1.506 ->
-// 1.225, 3072^3 1.416 -> 1.223 / 1.605 -> 1.438; eval 1024 x 6144^2 1.257 -> 1.007; train 640 x
-// 8192^2 1.693 -> 1.648; fp16 alike; docs/decisions.md, "Small batches"). Where every CTA of the
-// default's pads alike and is at most half padding, 3/4 of its useful area a CTA is enough: 128
-// rows in 256-row tiles take 128x128 (128 x 8192 -> 12288, bf16: eval 256x128 1.496 -> 1.071, train
-// 128x192 1.385 -> 1.204). Smaller tiles are left out: the slot count does not see their lower
-// arithmetic intensity (64 x 4096 -> 16384 eval, three quarters padding: 128x192 1.095, 128x128
-// 1.134; 320 x 4096 -> 12288, its last row of tiles padded: 1.409 against 1.786). When
-// the default's tiles give fewer CTAs than half the SMs (a small batch), the row with the largest
-// tile that reaches that many is taken instead, among those within 10% of the best slot use (so
-// not 128x192 at 256 rows, a third of it padding), or, if none reaches it, the one with the most
-// CTAs. nullptr: the table has no such row.
+// The kernel for (family, math, mode) and an m x n x k problem: the override where it serves the
+// problem, else a row kTunedKernels names for it, else the first such row of the table, the
+// default, where its tiles give at least half the SMs a CTA; but the row that fills half the SMs
+// too and uses the SMs' tile slots (slot_use) best, if 10% better, takes its place. Its tile is at
+// least 3/4 of the default's: the 192-wide tiles, where the 256-wide pad or leave a partial wave
+// (H100, bf16, in CUDA graphs, x torch.mm, the former rule's kernel or entry -> 128x192: eval /
+// train 384 x 8192^2 1.252 -> 1.044 / 1.396 -> 1.148, 768 x 8192^2 1.099 -> 1.024 / 1.146 -> 1.098,
+// 1536 x 4096^2 1.329 -> 1.070 / 1.506 -> 1.225, 3072^3 1.416 -> 1.223 / 1.605 -> 1.438; eval 1024
+// x 6144^2 1.257 -> 1.007; train 640 x 8192^2 1.693 -> 1.648; fp16 alike; docs/decisions.md, "Small
+// batches"). Where every CTA of the default's pads alike and is at most half padding, 3/4 of its
+// useful area a CTA is enough: 128 rows in 256-row tiles take 128x128 (128 x 8192 -> 12288, bf16:
+// eval 256x128 1.496 -> 1.071, train 128x192 1.385 -> 1.204). Smaller tiles are left out: the slot
+// count does not see their lower arithmetic intensity (64 x 4096 -> 16384 eval, three quarters
+// padding: 128x192 1.095, 128x128 1.134; 320 x 4096 -> 12288, its last row of tiles padded: 1.409
+// against 1.786). When the default's tiles give fewer CTAs than half the SMs (a small batch), the
+// row with the largest tile that reaches that many is taken instead, among those within 10% of the
+// best slot use (so not 128x192 at 256 rows, a third of it padding), or, if none reaches it, the
+// one with the most CTAs. nullptr: the table has no such row.
 KernelInfo const* find_kernel(Family family, KernelDtype math, Mode mode, int64_t m, int64_t n, int64_t k,
                               int sm_count, KernelInfo const* forced) {
   auto serves = [&](KernelInfo const* row) {
@@ -125,18 +124,10 @@ KernelInfo const* find_kernel(Family family, KernelDtype math, Mode mode, int64_
     double useful = double(m) * double(n) / double(ctas(first));
     bool uniform = alike(m, first->tile_m) && alike(n, first->tile_n);
     double least = 0.75 * (uniform && 2 * useful >= area(first) ? useful : area(first));
-    auto better = [&](KernelInfo const* row) {
-      return serves(row) && ctas(row) >= enough && area(row) >= least && use(row) > 1.1 * use(first);
-    };
-    double best = 0;
-    for (auto const* row = kernels_begin(); row != kernels_end(); ++row) {
-      if (better(row)) best = std::max(best, use(row));
-    }
-    // The largest tile within 10% of the best use (of two that large, the better use).
     KernelInfo const* pick = first;
     for (auto const* row = kernels_begin(); row != kernels_end(); ++row) {
-      if (better(row) && 1.1 * use(row) >= best &&
-          (pick == first || area(row) > area(pick) || (area(row) == area(pick) && use(row) > use(pick))))
+      if (serves(row) && ctas(row) >= enough && area(row) >= least && use(row) > 1.1 * use(first) &&
+          use(row) > use(pick))
         pick = row;
     }
     return pick;
