@@ -75,9 +75,9 @@ def test_tuned_eval_kernel_by_shape(shape, dtype, kernel):
     assert len(names) == 1 and f"sm90_{dtype}_{kernel}" in next(iter(names)), names
 
 
-# The 192-wide tiles where the 256-wide ones pad the batch or leave a partial wave (plan.cpp's
-# slot_use), in both modes and 16-bit dtypes; 640 x 8192^2 takes its entry's 128x128 tile, and
-# its neighbour the rule's 128x192.
+# The launched kernel where slot_use replaces the default (test_plan's test_tiles_by_slot_use): the
+# 192-wide tiles where the 256-wide ones pad the batch or leave a partial wave, in both modes and
+# 16-bit dtypes; 640 x 8192^2 takes its entry's 128x128 tile, and its neighbour the rule's 128x192.
 @pytest.mark.skipif(not HOPPER, reason="the sm90 family's tiles need a Hopper GPU")
 @pytest.mark.parametrize("shape,training,dtype,kernel", [
     ((384, 8192, 8192), False, "bf16", "eval_128x192x64_c1x1x1"),
@@ -89,10 +89,10 @@ def test_tuned_eval_kernel_by_shape(shape, dtype, kernel):
     ((640, 8192, 8192), True, "bf16", "stats_128x128x64_c1x1x1"),  # kTunedKernels
     ((640, 8192 - 64, 8192), True, "bf16", "stats_128x192x64_c1x1x1"),
     ((640, 8192, 8192), True, "f16", "stats_128x128x64_c1x1x1"),
-    # 128 rows in 256-row tiles are half padding: 128x128 (test_plan's test_tiles_by_slot_use).
+    # 128 rows in 256-row tiles are half padding: 128x128.
     ((128, 1024, 12288), False, "bf16", "eval_128x128x64_c1x2x1"),
     ((128, 1024, 12288), True, "f16", "stats_128x128x64_c1x1x1")])
-def test_192_wide_tiles_by_shape(shape, training, dtype, kernel):
+def test_tiles_by_slot_use_launched(shape, training, dtype, kernel):
     names = gemm_kernels(*shape, training=training, dtype=dtype)
     assert len(names) == 1 and f"sm90_{dtype}_{kernel}" in next(iter(names)), names
 
