@@ -109,7 +109,7 @@ def test_tuned_kernels_by_shape(dtype):
 
 
 # (batch, in, out) -> the kernel where slot_use replaces the default, in both 16-bit dtypes, each
-# measured ahead (H100, in CUDA graphs, docs/decisions.md, "Small batches"):
+# measured ahead in bf16, most in fp16 too (H100, in CUDA graphs, docs/decisions.md, "Small batches"):
 # - the 128x192 rows where the 256-wide tiles pad a batch of 3 x 2^k rows or leave a partial wave;
 # - 128x128 where 128 rows half fill the default's 256-row tile, every CTA alike, since down to 3/4
 #   of its useful area is weighed there (128 x 8192 -> 12288 eval 1.496 -> 1.071, train 1.385 ->
