@@ -12,6 +12,8 @@ from cutlass_fused import plan
 
 H100 = dict(capability=(9, 0), sm_count=132)
 A100 = dict(capability=(8, 0), sm_count=108)
+# The 16-bit dtypes as the kernel table's row names spell them (codegen/kernels.py).
+ROW_DTYPE = {torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
 def test_family_by_capability_and_request():
@@ -47,7 +49,7 @@ def test_math_follows_torch_mm(family):
                                         ((256, 8192, 1024), "128x128x64_c1x2x1"),
                                         ((128, 512, 1024), "128x64x64_c1x2x1")])
 def test_eval_kernel_by_batch(shape, tile, dtype):
-    name = {torch.bfloat16: "bf16", torch.float16: "f16"}[dtype]
+    name = ROW_DTYPE[dtype]
     assert plan(*shape, dtype=dtype, mode="eval", **H100)["kernel"] == f"sm90_{name}_eval_{tile}"
 
 
@@ -56,7 +58,7 @@ def test_half_the_sms_is_counted_on_the_gpu_at_hand(dtype):
     # Training at 256 x 8192: 64 CTAs of the 128x256 statistics tile. Half of 132 SMs wants 66, half
     # of 108 only 54, so 108 SMs keep the default and 132 take the small-batch tile. (Eval there, in
     # 256x128 tiles, fills 108 SMs' half too, but slot_use then takes the 128x192 tile.)
-    name = {torch.bfloat16: "bf16", torch.float16: "f16"}[dtype]
+    name = ROW_DTYPE[dtype]
     assert plan(256, 8192, 1024, dtype=dtype, capability=(9, 0), sm_count=108)["kernel"] == \
         f"sm90_{name}_stats_128x256x64_c2x1x1"
     assert plan(256, 8192, 1024, dtype=dtype, **H100)["kernel"] == f"sm90_{name}_stats_128x128x64_c1x1x1"
@@ -69,7 +71,7 @@ def test_half_the_sms_is_counted_on_the_gpu_at_hand(dtype):
                                                 ((256, 8192, 1024), "stats_128x128x64_c1x1x1", True),
                                                 ((128, 8192, 1024), "eval_128x64x64_c1x2x1", False)])
 def test_training_takes_the_statistics_gemm_where_it_fills_half_the_gpu(shape, kernel, stats, dtype):
-    name = {torch.bfloat16: "bf16", torch.float16: "f16"}[dtype]
+    name = ROW_DTYPE[dtype]
     got = plan(*shape, dtype=dtype, **H100)
     assert (got["kernel"], got["stats_gemm"]) == (f"sm90_{name}_{kernel}", stats)
     if stats:  # one fp32 row of sums a batch tile, the features rounded to whole tiles
@@ -99,7 +101,7 @@ def test_statistics_gemm_on_both_families_and_can_be_turned_off():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_tuned_kernels_by_shape(dtype):
-    name = {torch.bfloat16: "bf16", torch.float16: "f16"}[dtype]
+    name = ROW_DTYPE[dtype]
     assert plan(1024, 8192, 8192, dtype=dtype, **H100)["kernel"] == f"sm90_{name}_stats_128x256x64_c1x1x1"
     assert plan(1024, 8192 - 64, 8192, dtype=dtype, **H100)["kernel"] == f"sm90_{name}_stats_128x256x64_c2x1x1"
     assert plan(512, 8192, 8192, dtype=dtype, **H100)["kernel"] == f"sm90_{name}_stats_128x256x64_c1x1x1"
@@ -132,14 +134,14 @@ def test_tuned_kernels_by_shape(dtype):
                                                ((320, 4096, 12288), "train", "stats_128x192x64_c1x1x1")])
 def test_tiles_by_slot_use(shape, mode, kernel, dtype):
     m, k, n = shape
-    name = {torch.bfloat16: "bf16", torch.float16: "f16"}[dtype]
+    name = ROW_DTYPE[dtype]
     assert plan(m, n, k, dtype=dtype, mode=mode, **H100)["kernel"] == f"sm90_{name}_{kernel}"
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_tuned_training_gemms_where_128x128_beats_the_rule(dtype):
     """kTunedKernels' 640 x 8192^2 and 1024 x 6144^2 entries; a neighbour (K - 64) keeps the rule's."""
-    name = {torch.bfloat16: "bf16", torch.float16: "f16"}[dtype]
+    name = ROW_DTYPE[dtype]
     for m, n in [(640, 8192), (1024, 6144)]:
         assert plan(m, n, n, dtype=dtype, **H100)["kernel"] == f"sm90_{name}_stats_128x128x64_c1x1x1"
         assert plan(m, n, n - 64, dtype=dtype, **H100)["kernel"] != f"sm90_{name}_stats_128x128x64_c1x1x1"
@@ -149,7 +151,7 @@ def test_tuned_training_gemms_where_128x128_beats_the_rule(dtype):
 def test_192_wide_tiles_not_where_the_default_fills_its_waves(dtype):
     """Powers of two keep the default and the small-batch tiles: at 256 rows 128x192 would fill
     132 SMs' CTAs but be a third padding."""
-    name = {torch.bfloat16: "bf16", torch.float16: "f16"}[dtype]
+    name = ROW_DTYPE[dtype]
     for m, k, n, mode, kernel in [(1024, 8192, 8192, "eval", "eval_256x128x64_c1x2x1"),
                                   (4096, 4096, 4096, "train", "stats_128x256x64_c2x1x1"),
                                   (16384, 4096, 4096, "train", "stats_128x256x64_c2x1x1"),
