@@ -195,9 +195,14 @@ __device__ __forceinline__ void copy_async(uint4* dst, void const* src) {
 // (in flight or in use). Loads in flight live in shared memory, not registers: the row passes run
 // under 64-96 registers a thread, where two rows in registers reached ~2.3-2.6 TB/s at 16384 x 4096
 // and a copy ~2.9 (H100, docs/decisions.md, "Row passes"). Only the issuing thread reads a slot, so
-// wait_group alone orders it.
-template <int S, int K, class Slot, class Addr, class Use>
-__device__ __forceinline__ void pipelined_rows_in(int count, Slot&& slot, Addr&& addr, Use&& use) {
+// wait_group alone orders it. start(), if given, runs once the first S - 1 rows are in flight:
+// loads it issues overlap theirs.
+struct NoStart {
+  __device__ void operator()() const {}
+};
+
+template <int S, int K, class Slot, class Addr, class Use, class Start = NoStart>
+__device__ __forceinline__ void pipelined_rows_in(int count, Slot&& slot, Addr&& addr, Use&& use, Start&& start = {}) {
   auto issue = [&](int j) {
     if (j < count) {
 #pragma unroll
@@ -207,6 +212,7 @@ __device__ __forceinline__ void pipelined_rows_in(int count, Slot&& slot, Addr&&
   };
 #pragma unroll
   for (int j = 0; j < S - 1; ++j) issue(j);
+  start();
   for (int j = 0; j < count; ++j) {
     issue(j + S - 1);
     asm volatile("cp.async.wait_group %0;\n" ::"n"(S - 1) : "memory");
@@ -224,9 +230,9 @@ __device__ __forceinline__ uint4* ring_slot(uint4* stage, int j, int k) {
 }
 
 // pipelined_rows_in through a ring of S rows of `stage`.
-template <int S, int K, class Addr, class Use>
-__device__ __forceinline__ void pipelined_rows(int count, uint4* stage, Addr&& addr, Use&& use) {
-  pipelined_rows_in<S, K>(count, [&](int j, int k) { return ring_slot<S, K>(stage, j, k); }, addr, use);
+template <int S, int K, class Addr, class Use, class Start = NoStart>
+__device__ __forceinline__ void pipelined_rows(int count, uint4* stage, Addr&& addr, Use&& use, Start&& start = {}) {
+  pipelined_rows_in<S, K>(count, [&](int j, int k) { return ring_slot<S, K>(stage, j, k); }, addr, use, start);
 }
 
 // Loaders for the Terms below: straight from memory, or a pipelined row's pieces.
@@ -292,6 +298,57 @@ struct SumSquares {
 template <int V>
 using PartialsShared = double[2][8][32 * V];
 
+// Where lane `lane`'s sum of its column v sits in a row of PartialsShared: its V columns in
+// pairs (16 bytes), the pairs' order rotated by lane, so that each quarter-warp's 16-byte stores
+// of one pair hit 8 distinct 16-byte bank groups; in lane order they were 64 bytes apart, 4
+// lanes a bank group. Column i of the group is then read back, one thread a column, from 16
+// bytes of every lane, conflict-free too.
+template <int V>
+__device__ __forceinline__ int partial_slot(int lane, int v) {
+  if constexpr (V < 4) {
+    return lane * V + v;
+  } else {
+    constexpr int kPairs = V / 2;
+    int rotation = (lane / (8 / kPairs)) % kPairs;
+    return lane * V + 2 * ((v / 2) ^ rotation) + v % 2;
+  }
+}
+
+// chunk_partials' sums of a block's 8 warps, a[] and b[] of each thread's V columns, added in
+// warp order into row `chunk` of pa and pb: one thread a column, so that every warp reduces and
+// stores at once (warp 0 alone had added them, in the same order: the same bits), through
+// partial_slot's conflict-free layout.
+template <int V>
+__device__ __forceinline__ void every_warp_partials(PartialsShared<V>& sh, double const (&a)[V], double const (&b)[V],
+                                                    int n, int group, int chunk, double* __restrict__ pa,
+                                                    double* __restrict__ pb) {
+#pragma unroll
+  for (int v = 0; v < V; v += V < 4 ? 1 : 2) {
+    int at = partial_slot<V>(threadIdx.x, v);
+    if constexpr (V < 4) {
+      sh[0][threadIdx.y][at] = a[v];
+      sh[1][threadIdx.y][at] = b[v];
+    } else {
+      *reinterpret_cast<double2*>(&sh[0][threadIdx.y][at]) = make_double2(a[v], a[v + 1]);
+      *reinterpret_cast<double2*>(&sh[1][threadIdx.y][at]) = make_double2(b[v], b[v + 1]);
+    }
+  }
+  __syncthreads();
+  int base = group * 32 * V;
+  for (int i = threadIdx.y * 32 + threadIdx.x; i < 32 * V; i += 256) {
+    if (base + i >= n) break;
+    int at = partial_slot<V>(i / V, i % V);
+    double sa = sh[0][0][at], sb = sh[1][0][at];
+#pragma unroll
+    for (int w = 1; w < 8; ++w) {
+      sa += sh[0][w][at];
+      sb += sh[1][w][at];
+    }
+    pa[chunk * static_cast<int64_t>(n) + base + i] = sa;
+    pb[chunk * static_cast<int64_t>(n) + base + i] = sb;
+  }
+}
+
 // Stages of the pipelined two-tensor passes (column sums, grad_input): 32 KiB of slots a block
 // for dy and h. H100, bf16 16384 x 4096: column sums 118.1 -> 105.8 us, grad_input 153.6
 // -> 142.0 (two runs; docs/decisions.md, "Row passes").
@@ -316,7 +373,10 @@ struct Kept {
   __device__ uint4* slot(int j, int k) const { return slots + (j * K + k) * 256 + threadIdx.y * 32 + threadIdx.x; }
 };
 
-template <class Terms, int V, bool kKeeps = false>
+// kOneWarp: warp 0 adds the 8 warps' sums alone, in lane order (the forward tails' cooperative
+// kernel, whose spills under its 64 registers the every-warp reduction moved: sm_90 stacks 0-80
+// -> 8-112 bytes, some down, some up; not measured there). The same bits either way.
+template <class Terms, int V, bool kKeeps = false, bool kOneWarp = false>
 __device__ void chunk_partials(Terms const& terms, int m, int n, int rows, int group, int chunk,
                                double* __restrict__ pa, double* __restrict__ pb, uint4* scratch,
                                Kept<Terms::kInputs> kept = {}) {
@@ -326,10 +386,12 @@ __device__ void chunk_partials(Terms const& terms, int m, int n, int rows, int g
   double a[V] = {}, b[V] = {};
   typename Terms::Center mu[V];
   bool live = c0 < n;
-  if (live) {
+  auto centers = [&] {
+    if (live) {
 #pragma unroll
-    for (int v = 0; v < V; ++v) mu[v] = terms.center(c0 + v);
-  }
+      for (int v = 0; v < V; ++v) mu[v] = terms.center(c0 + v);
+    }
+  };
   // Each lane adds its rows in order either way: the same bits.
   if constexpr (pipelined_sums<Terms, V>()) {
     int first = r0 + threadIdx.y;
@@ -338,41 +400,48 @@ __device__ void chunk_partials(Terms const& terms, int m, int n, int rows, int g
     auto use = [&](int j, auto piece) {
       terms.template add<V>(first + 8 * j, c0, mu, a, b, LoadStaged<V, decltype(piece)>{piece});
     };
+    // The centers (an activation's forward constants: 5 loads a column) load once the first rows
+    // are in flight, not before them.
     if constexpr (kKeeps) {
       pipelined_rows_in<kSumStages, Terms::kInputs>(
           count,
           [&](int j, int k) {
             return j < kept.rows ? kept.slot(j, k) : ring_slot<kSumStages, Terms::kInputs>(scratch, j, k);
           },
-          addr, use);
+          addr, use, centers);
     } else {
-      pipelined_rows<kSumStages, Terms::kInputs>(count, scratch, addr, use);
+      pipelined_rows<kSumStages, Terms::kInputs>(count, scratch, addr, use, centers);
     }
     __syncthreads();  // the slots are `sh` below
   } else if (live) {
+    centers();
 #pragma unroll 4
     for (int r = r0 + threadIdx.y; r < r1; r += 8) terms.template add<V>(r, c0, mu, a, b, LoadGlobal<V>{});
   }
   auto& sh = *reinterpret_cast<PartialsShared<V>*>(scratch);
-#pragma unroll
-  for (int v = 0; v < V; ++v) {
-    sh[0][threadIdx.y][threadIdx.x * V + v] = a[v];
-    sh[1][threadIdx.y][threadIdx.x * V + v] = b[v];
-  }
-  __syncthreads();
-  if (threadIdx.y == 0 && live) {
-    for (int i = 1; i < 8; ++i) {
-#pragma unroll
-      for (int v = 0; v < V; ++v) {
-        a[v] += sh[0][i][threadIdx.x * V + v];
-        b[v] += sh[1][i][threadIdx.x * V + v];
-      }
-    }
+  if constexpr (kOneWarp) {
 #pragma unroll
     for (int v = 0; v < V; ++v) {
-      pa[chunk * static_cast<int64_t>(n) + c0 + v] = a[v];
-      pb[chunk * static_cast<int64_t>(n) + c0 + v] = b[v];
+      sh[0][threadIdx.y][threadIdx.x * V + v] = a[v];
+      sh[1][threadIdx.y][threadIdx.x * V + v] = b[v];
     }
+    __syncthreads();
+    if (threadIdx.y == 0 && live) {
+      for (int i = 1; i < 8; ++i) {
+#pragma unroll
+        for (int v = 0; v < V; ++v) {
+          a[v] += sh[0][i][threadIdx.x * V + v];
+          b[v] += sh[1][i][threadIdx.x * V + v];
+        }
+      }
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        pa[chunk * static_cast<int64_t>(n) + c0 + v] = a[v];
+        pb[chunk * static_cast<int64_t>(n) + c0 + v] = b[v];
+      }
+    }
+  } else {
+    every_warp_partials<V>(sh, a, b, n, group, chunk, pa, pb);
   }
   __syncthreads();  // before a caller's next item may overwrite `sh`
 }

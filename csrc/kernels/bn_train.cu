@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(256, 4) batch_norm_train_kernel(TrainArgs a, i
       for (int v = 0; v < V; ++v) need |= c0 + v < f.n && exact[c0 + v];
       if (!__syncthreads_or(need)) continue;
     }
-    chunk_partials<SumSquares<T>, V>(terms, f.m, f.n, rows, group, item / groups, pa, pb, stage);
+    chunk_partials<SumSquares<T>, V, false, true>(terms, f.m, f.n, rows, group, item / groups, pa, pb, stage);
   }
   if (!FromGemm && a.num_batches_tracked != nullptr && blockIdx.x == 0 && threadIdx.x == 0 && threadIdx.y == 0)
     *a.num_batches_tracked += 1;  // read by every block after the barrier (cumulative momentum)
