@@ -10,6 +10,9 @@
 
 namespace cutlass_fused {
 
+// GELU's tanh form, 0.5 v (1 + tanh(beta (v + kappa v^3))): PyTorch's constants, beta = sqrt(2 / pi).
+constexpr double kGeluTanhBeta = M_SQRT2 * M_2_SQRTPI * 0.5, kGeluTanhKappa = 0.044715;
+
 // GELU (erf or tanh form) and SiLU at v, and their derivatives, in fp32 whatever the caller's
 // arithmetic: PyTorch's fp32 ops compute them in fp32 from the rounded BN output, which v rounded
 // to fp32 is (at least as closely as PyTorch's own fp32 BatchNorm gets it). Their fp64 forms (erf,
@@ -19,7 +22,7 @@ __device__ __forceinline__ float smooth_value(float v, Activation act) {
   switch (act) {
     case Activation::gelu: return 0.5f * v * (1.0f + erff(v * float(M_SQRT1_2)));
     case Activation::gelu_tanh: {
-      float inner = float(M_SQRT2 * M_2_SQRTPI * 0.5) * (v + 0.044715f * v * v * v);
+      float inner = float(kGeluTanhBeta) * (v + float(kGeluTanhKappa) * v * v * v);
       return 0.5f * v * (1.0f + tanhf(inner));
     }
     default: return v / (1.0f + expf(-v));  // silu
@@ -35,9 +38,9 @@ __device__ __forceinline__ float smooth_grad(float v, Activation act) {
       return cdf + v * pdf;
     }
     case Activation::gelu_tanh: {
-      constexpr double kBeta = M_SQRT2 * M_2_SQRTPI * 0.5, kKappa = 0.044715;
-      float t = tanhf(float(kBeta) * (v + float(kKappa) * v * v * v));
-      return 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * float(kBeta) * (1.0f + float(3 * kKappa) * v * v);
+      float t = tanhf(float(kGeluTanhBeta) * (v + float(kGeluTanhKappa) * v * v * v));
+      return 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * float(kGeluTanhBeta) *
+                                     (1.0f + float(3 * kGeluTanhKappa) * v * v);
     }
     default: {  // silu
       float s = 1.0f / (1.0f + expf(-v));
