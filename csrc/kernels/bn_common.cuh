@@ -293,18 +293,18 @@ struct SumSquares {
   }
 };
 
-// The partial sums of column group `group` (32 V columns) over row chunk
-// `chunk`, into row `chunk` of pa and pb. Every thread of the block calls it.
+// chunk_partials' shared sums: [sum][warp][slot] (partial_slot).
 template <int V>
 using PartialsShared = double[2][8][32 * V];
 
 // Where lane `lane`'s sum of its column v sits in a row of PartialsShared: its V columns in
 // pairs (16 bytes), the pairs' order rotated by lane, so that each quarter-warp's 16-byte stores
 // of one pair hit 8 distinct 16-byte bank groups; in lane order they were 64 bytes apart, 4
-// lanes a bank group. Column i of the group is then read back, one thread a column, from 16
-// bytes of every lane, conflict-free too.
+// lanes a bank group. Read back one thread a column, a half-warp's 16 columns are two lanes'
+// 64 bytes, 128 contiguous bytes: conflict-free too.
 template <int V>
 __device__ __forceinline__ int partial_slot(int lane, int v) {
+  static_assert(V <= 16, "a quarter-warp's 8 lanes rotate through the pairs");
   if constexpr (V < 4) {
     return lane * V + v;
   } else {
@@ -373,6 +373,8 @@ struct Kept {
   __device__ uint4* slot(int j, int k) const { return slots + (j * K + k) * 256 + threadIdx.y * 32 + threadIdx.x; }
 };
 
+// The partial sums of column group `group` (32 V columns) over row chunk `chunk`, into row
+// `chunk` of pa and pb. Every thread of the block calls it.
 // kOneWarp: warp 0 adds the 8 warps' sums alone, in lane order (the forward tails' cooperative
 // kernel, whose spills under its 64 registers the every-warp reduction moved: sm_90 stacks 0-80
 // -> 8-112 bytes, some down, some up; not measured there). The same bits either way.
