@@ -7,7 +7,7 @@ pick first): the GPU-bound ratios of small batches, whose host time a graphless 
 MODE train or eval; ROW a kernel row without its family and dtype (stats_128x128x64_c1x1x1) or a
 full name (cutlass_fused.built_kernels()); DTYPE bf16 (default), f16, or e4m3 / e4m3_fast for FP8
 layers (Float8Recipe(scaling="delayed"), fast_accum for e4m3_fast; still × a bf16 torch.mm). A
-graph holds 10 calls; a time is the median of 15 replays; 3 rounds, the median ratio reported.
+graph holds 10 calls, replayed under the bench's timer (median_ms); 3 rounds, the median ratio reported.
 """
 import statistics
 import sys
@@ -15,26 +15,15 @@ import sys
 import torch
 
 import cutlass_fused
-from cutlass_fused.bench import graphed
+from cutlass_fused.bench import graphed, median_ms
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
 CALLS = 10
 
 
-def graph_us(fn, replays=15):
-    """µs a call of fn, from CALLS calls captured in one graph."""
-    replay = graphed(lambda: [fn() for _ in range(CALLS)])
-    for _ in range(3):
-        replay()
-    times = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / CALLS)
-    return statistics.median(times)
+def graph_us(fn):
+    """µs a call of fn, from CALLS calls captured in one graph, timed as the bench times its graphs."""
+    return median_ms(graphed(lambda: [fn() for _ in range(CALLS)]), True) * 1000 / CALLS
 
 
 def run(spec, rounds=3):
