@@ -1,7 +1,7 @@
 """Training steps under DDP with SyncBatchNorm on 2 GPUs (issue 31, item 7): the step benchmark's MLP
 (cutlass_fused.bench_step), each rank its own BATCH rows, the batch statistics the group's.
 
-    python benchmarks/ddp_step.py [--case amp-bf16,4096,4096,4] [--rounds 3] [--out DIR]
+    python benchmarks/ddp_step.py [--case amp-bf16,4096,4096,4] [--rounds 3] [--out DIR] [--profile N]
 
 Rows, each on a copy of one initial model wrapped in DistributedDataParallel:
   sync eager     nn.SyncBatchNorm.convert_sync_batchnorm(model)
@@ -11,6 +11,9 @@ Rows, each on a copy of one initial model wrapped in DistributedDataParallel:
 Each line: rank 0's median ms per step (fixed_ms, the rows alternating over --rounds), the
 peak extra MiB of one step, the speedups, and the loss parity against sync eager over the first
 PARITY_STEPS steps (the largest relative difference). Writes ddp_step.json in the results schema.
+--profile N: then N more steps of each row under torch.profiler on every rank (the collectives
+need both), and rank 0 prints its ops of most GPU time and of most host time (self CPU), with the
+wall time a step under the profiler. The profiler adds host time to every op: read the order.
 """
 import argparse
 import copy
@@ -20,6 +23,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -64,18 +68,36 @@ def fixed_ms(fn, warmup=3, steps=15):
     return statistics.median(start.elapsed_time(end) for start, end in events)
 
 
-def worker(rank, store, case, rounds, out):
+def profiled(name, step, batch, n, rank):
+    """n steps of one row under torch.profiler; rank 0 prints where its GPU and host time go."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
+        t = time.perf_counter()
+        for _ in range(n):
+            step(*batch)
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t) / n * 1e3
+    if rank != 0:
+        return
+    print(f"== {name}: {wall:.3f} ms a step under the profiler ({n} steps, rank 0)")
+    ops = p.key_averages()
+    print(ops.table(sort_by="device_time_total", row_limit=15, max_name_column_width=70))
+    print(ops.table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=70))
+
+
+def worker(rank, store, case, rounds, out, profile_steps=0):
     device = torch.device("cuda", rank)
     torch.cuda.set_device(device)
     dist.init_process_group("nccl", init_method=f"file://{store}", rank=rank, world_size=WORLD,
                             timeout=datetime.timedelta(seconds=120), device_id=device)
     try:
-        run_rows(rank, device, case, rounds, out)
+        run_rows(rank, device, case, rounds, out, profile_steps)
     finally:
         dist.destroy_process_group()
 
 
-def run_rows(rank, device, case, rounds, out):
+def run_rows(rank, device, case, rounds, out, profile_steps=0):
     base = bench_step.mlp(case, device)
     amp = case.precision == "amp-bf16"
 
@@ -100,6 +122,9 @@ def run_rows(rank, device, case, rounds, out):
         for name in bench.alternating(list(ROWS), rounds):
             times[name].append(fixed_ms(lambda: steps[name](*data[-1])))
         peaks = {name: bench.peak_extra_mib(lambda: steps[name](*data[-1])) for name in ROWS}
+        if profile_steps:
+            for name in ROWS:
+                profiled(name, steps[name], data[-1], profile_steps, rank)
     if rank != 0:
         return
     ms = {name: statistics.median(t) for name, t in times.items()}
@@ -128,12 +153,15 @@ def main():
     ap.add_argument("--case", action="append", type=bench_step.parse_case)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default="bench-out")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="then N steps of each row under torch.profiler; rank 0 prints its top ops")
     args = ap.parse_args()
     if torch.cuda.device_count() < WORLD:
         raise SystemExit(f"benchmarks/ddp_step.py: needs {WORLD} GPUs, found {torch.cuda.device_count()}")
     for case in args.case or [bench_step.Case("amp-bf16", 4096, 4096, 4, "relu")]:
         with tempfile.TemporaryDirectory() as d:
-            mp.start_processes(worker, args=(os.path.join(d, "store"), case, args.rounds, args.out), nprocs=WORLD,
+            mp.start_processes(worker, args=(os.path.join(d, "store"), case, args.rounds, args.out, args.profile),
+                               nprocs=WORLD,
                                start_method="spawn")
 
 
