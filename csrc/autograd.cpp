@@ -182,7 +182,9 @@ struct TrainFunction : torch::autograd::Function<TrainFunction> {
     linear_grads(dh, x, weight, need[0], need[1], ctx, out);
     // Exactly zero, but NaN in a column whose statistics, scale, bn_weight or dy are not finite
     // (dscale, w invstd^3 eps sum dy (h - mean), then is NaN or Inf), where PyTorch's sum of dh is NaN.
-    if (need[2]) out[2] = (dscale * 0).to(static_cast<at::ScalarType>(dtypes.get(0)));
+    // A double 0: Inductor folds a multiplication by the integer 0 into zeros (torch 2.13's
+    // constant folder), which under torch.compile gave a zero bias gradient where eager gave NaN.
+    if (need[2]) out[2] = (dscale * 0.0).to(static_cast<at::ScalarType>(dtypes.get(0)));
     if (need[3]) out[3] = dscale;
     if (need[4]) out[4] = dgamma;
     if (need[5]) out[5] = as_dtype(dbeta, dtypes[1]);

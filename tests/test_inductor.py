@@ -117,6 +117,26 @@ def test_inductor_matches_eager(device, family, training):
     assert graphs_compiled() == 1
 
 
+@pytest.mark.parametrize("device,family", FAMILIES, ids=FAMILY_IDS)
+def test_inductor_keeps_nan_gradients(device, family):
+    """An infinite input makes every training gradient NaN in the unfused model, the linear bias's
+    too (a sum of dh). Compiled, ours too: torch 2.13's Inductor folds a product with the integer
+    0 into zeros, which gave a compiled bias gradient of 0 where eager's was NaN."""
+    eager, compiled_layer = eager_and_copy(device)
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(16, 48, generator=g)
+    x[3, 0] = float("inf")
+    dy = torch.randn(16, 40, generator=g)
+    # Compiled anew: a cached graph from an older build of the extension would hide a fix.
+    fresh = {"force_disable_caches": True} if hasattr(torch._inductor.config, "force_disable_caches") else {}
+    with cutlass_fused.use_kernel_family(family), torch._inductor.config.patch(fresh):
+        step(eager, x.to(device), dy.to(device))
+        step(torch.compile(compiled_layer, fullgraph=True), x.to(device), dy.to(device))
+    assert eager.gemm.bias.grad.isnan().all()
+    for (name, a), b in zip(eager.named_parameters(), compiled_layer.parameters()):
+        assert torch.equal(b.grad.isnan(), a.grad.isnan()), f"{name}.grad: NaN where eager's is not, or not where it is"
+
+
 @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
 def test_traced_calls_do_not_cache(training):
     """What torch.compile traces calls our GEMM ops with cache=False, inside frozen_weights() too
