@@ -117,24 +117,46 @@ def test_inductor_matches_eager(device, family, training):
     assert graphs_compiled() == 1
 
 
+NONFINITE = [("x", (3, 0), float("inf")), ("x", (0, 1), float("nan")), ("weight", (1, 2), float("nan")),
+             ("bn_weight", (2,), -float("inf")), ("dy", (1, 1), float("inf"))]
+
+
 @pytest.mark.parametrize("device,family", FAMILIES, ids=FAMILY_IDS)
-def test_inductor_keeps_nan_gradients(device, family):
-    """An infinite input makes every training gradient NaN in the unfused model, the linear bias's
-    too (a sum of dh). Compiled, ours too: torch 2.13's Inductor folds a product with the integer
-    0 into zeros, which gave a compiled bias gradient of 0 where eager's was NaN."""
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("name,at,value", NONFINITE, ids=[f"{n}-{v}" for n, _, v in NONFINITE])
+def test_inductor_keeps_nan_gradients(device, family, training, name, at, value):
+    """Non-finite values reach y, the running stats and the gradients compiled as they do eagerly
+    (eagerly as in PyTorch: test_bad_inputs' test_nan_and_inf). torch 2.13's Inductor folds a
+    product with the integer 0 into zeros, which had given a compiled linear bias gradient of 0
+    where eager's was NaN."""
     eager, compiled_layer = eager_and_copy(device)
+    eager.train(training), compiled_layer.train(training)
     g = torch.Generator().manual_seed(2)
-    x = torch.randn(16, 48, generator=g)
-    x[3, 0] = float("inf")
-    dy = torch.randn(16, 40, generator=g)
+    x, dy = torch.randn(16, 48, generator=g), torch.randn(16, 40, generator=g)
+    with torch.no_grad():
+        for layer in (eager, compiled_layer):
+            vectors = {"weight": layer.gemm.weight, "bn_weight": layer.bn.weight}
+            if name in vectors:
+                vectors[name][at] = value
+    if name == "x":
+        x[at] = value
+    elif name == "dy":
+        dy[at] = value
     # Compiled anew: a cached graph from an older build of the extension would hide a fix.
     fresh = {"force_disable_caches": True} if hasattr(torch._inductor.config, "force_disable_caches") else {}
     with cutlass_fused.use_kernel_family(family), torch._inductor.config.patch(fresh):
-        step(eager, x.to(device), dy.to(device))
-        step(torch.compile(compiled_layer, fullgraph=True), x.to(device), dy.to(device))
-    assert eager.gemm.bias.grad.isnan().all()
-    for (name, a), b in zip(eager.named_parameters(), compiled_layer.parameters()):
-        assert torch.equal(b.grad.isnan(), a.grad.isnan()), f"{name}.grad: NaN where eager's is not, or not where it is"
+        y_e, dx_e = step(eager, x.to(device), dy.to(device))
+        y_c, dx_c = step(torch.compile(compiled_layer, fullgraph=True), x.to(device), dy.to(device))
+    if training and name == "x":
+        assert eager.gemm.bias.grad.isnan().all()  # the case the fold broke
+    pairs = [("y", y_c, y_e), ("dx", dx_c, dx_e)]
+    pairs += [(f"{n}.grad", b.grad, a.grad) for (n, a), b in zip(eager.named_parameters(), compiled_layer.parameters())]
+    pairs += [(n, b, a) for (n, a), b in zip(eager.named_buffers(), compiled_layer.buffers())]
+    for what, got, want in pairs:
+        assert (got is None) == (want is None), what
+        if want is not None:
+            assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.isinf(), want.isinf()), \
+                f"{what}: compiled NaN/Inf where eager's are not, or not where they are"
 
 
 @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
