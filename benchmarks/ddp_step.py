@@ -161,8 +161,7 @@ def main():
     for case in args.case or [bench_step.Case("amp-bf16", 4096, 4096, 4, "relu")]:
         with tempfile.TemporaryDirectory() as d:
             mp.start_processes(worker, args=(os.path.join(d, "store"), case, args.rounds, args.out, args.profile),
-                               nprocs=WORLD,
-                               start_method="spawn")
+                               nprocs=WORLD, start_method="spawn")
 
 
 if __name__ == "__main__":
