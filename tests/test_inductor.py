@@ -15,6 +15,7 @@ import logging
 
 import pytest
 import torch
+import torch._inductor.config  # noqa: F401  (patched by test_inductor_keeps_nan_gradients)
 from torch import nn
 from torch._dynamo.utils import counters
 
