@@ -15,14 +15,11 @@
 // shifts. Eval: the running statistics are constants, so the layer is a linear map.
 #include <ATen/ATen.h>
 #include <ATen/SavedTensorHooks.h>
-#include <ATen/TensorSubclassLikeUtils.h>
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/graph_task.h>
 #include <torch/library.h>
 #include <torch/version.h>
 
-#include <array>
-#include <tuple>
 #include <utility>
 
 #include "autograd_util.h"
@@ -61,60 +58,15 @@ bool saved_tensor_hooks_set(std::pair<A, B> const& hooks) {
 // dX = dH W and dW = dH^T x, each only when needed: no dX GEMM for a first
 // layer, no dW GEMM for a frozen weight. fp32 goes through our matmul op, which
 // keeps the forward's precision (3xTF32 on sm90 without TF32); 16-bit dtypes
-// go straight to torch's mm. wide_dw: the forward cast an fp32 weight itself
-// (deferred_linear_cast), so dW is fp32.
+// go straight to torch's mm.
 void linear_grads(at::Tensor const& dh, at::Tensor const& x, at::Tensor const& weight, bool need_x, bool need_w,
-                  c10::string_view family, bool wide_dw, at::Tensor& dx, at::Tensor& dw) {
+                  AutogradContext* ctx, variable_list& out) {
   static auto op = op_handle<MatmulSig>("cutlass_fused::matmul");
   bool fp32 = dh.scalar_type() == at::kFloat;
+  auto family = ctx->saved_data["family"].toStringRef();
   auto mm = [&](at::Tensor const& a, at::Tensor const& b) { return fp32 ? op.call(a, b, family) : at::mm(a, b); };
-  if (need_x) dx = mm(dh, weight);
-  if (need_w) dw = wide_dw ? mm_to_fp32(dh.t(), x) : mm(dh.t(), x);
-}
-
-// What the training op's backward computes from dy: batch_norm_backward, then dX, dW and the linear
-// bias's gradient, each where `need` (dx, dweight, dbias) asks; dscale, dbn_weight, dbn_bias always.
-// dy and h by value: the eager backward moves its own in, so that they are freed once dh exists.
-using Grads = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
-Grads train_grads(at::Tensor dy, at::Tensor h, at::Tensor mean, at::Tensor invstd, OptTensor const& x,
-                  OptTensor const& weight, at::Tensor const& scale, OptTensor const& bn_weight, OptTensor const& bn_bias,
-                  double eps, c10::string_view family, c10::string_view activation, double negative_slope,
-                  std::array<bool, 3> need, bool wide_dw, c10::optional<at::ScalarType> bias_dtype,
-                  c10::optional<at::ScalarType> bn_bias_dtype) {
-  static auto op = op_handle<BackwardSig>("cutlass_fused::batch_norm_backward");
-  // The kernels take dy in h's (x's) dtype or fp32; a y of another requested dtype
-  // (output_dtype) is a cast of one of those.
-  if (dy.scalar_type() != h.scalar_type() && dy.scalar_type() != at::kFloat) dy = dy.to(at::kFloat);
-  auto [dh, dscale, dbn_weight, dbn_bias] =
-      op.call(dy, h, mean, invstd, scale, bn_weight, eps, bn_bias, activation, negative_slope);
-  h = mean = invstd = dy = at::Tensor();
-  at::Tensor dx, dw, dbias;
-  linear_grads(dh, saved(x), saved(weight), need[0], need[1], family, wide_dw, dx, dw);
-  // Exactly zero, but NaN in a column whose statistics, scale, bn_weight or dy are not finite
-  // (dscale, w invstd^3 eps sum dy (h - mean), then is NaN or Inf), where PyTorch's sum of dh is NaN.
-  // A double 0: Inductor folds a multiplication by the integer 0 into zeros (torch 2.13's
-  // constant folder), which under torch.compile gave a zero bias gradient where eager gave NaN.
-  if (need[2]) dbias = (dscale * 0.0).to(*bias_dtype);
-  if (bn_bias_dtype && dbn_bias.scalar_type() != *bn_bias_dtype) dbn_bias = dbn_bias.to(*bn_bias_dtype);
-  return {dx, dw, dbias, dscale, dbn_weight, dbn_bias};
-}
-
-// The op linear_scale_batch_norm_train_backward (csrc/ops.cpp): train_grads with an empty tensor of
-// scale's dtype for each gradient not asked for, as an op's outputs must be tensors.
-Grads train_backward_op(at::Tensor const& dy, at::Tensor const& h, at::Tensor const& mean, at::Tensor const& invstd,
-                        OptTensor const& x, OptTensor const& weight, at::Tensor const& scale,
-                        OptTensor const& bn_weight, OptTensor const& bn_bias, double eps, c10::string_view family,
-                        c10::string_view activation, double negative_slope, std::array<bool, 3> need, bool wide_dw,
-                        c10::optional<at::ScalarType> bias_dtype, c10::optional<at::ScalarType> bn_bias_dtype) {
-  TORCH_CHECK(!need[0] || weight.has_value(), "cutlass_fused: expected a weight where dx is asked for");
-  TORCH_CHECK(!need[1] || x.has_value(), "cutlass_fused: expected x where dweight is asked for");
-  TORCH_CHECK(!need[2] || bias_dtype.has_value(), "cutlass_fused: expected bias_dtype where dbias is asked for");
-  auto grads = train_grads(dy, h, mean, invstd, x, weight, scale, bn_weight, bn_bias, eps, family, activation,
-                           negative_slope, need, wide_dw, bias_dtype, bn_bias_dtype);
-  for (at::Tensor* t : {&std::get<0>(grads), &std::get<1>(grads), &std::get<2>(grads)}) {
-    if (!t->defined()) *t = at::empty({0}, scale.options());
-  }
-  return grads;
+  if (need_x) out[0] = mm(dh, weight);
+  if (need_w) out[1] = wide_dw(ctx) ? mm_to_fp32(dh.t(), x) : mm(dh.t(), x);
 }
 
 struct TrainFunction : torch::autograd::Function<TrainFunction> {
@@ -209,44 +161,33 @@ struct TrainFunction : torch::autograd::Function<TrainFunction> {
   // 528 at amp-bf16 4096x4096x4, where the peak is the last layer's fp32 dW GEMM).
   static variable_list backward(AutogradContext* ctx, variable_list& grads) {
     no_double_backward();
+    static auto op = op_handle<BackwardSig>("cutlass_fused::batch_norm_backward");
     variable_list out(16);  // one per forward argument
     at::Tensor dy = std::move(grads[0]);
     if (!dy.defined()) return out;  // y did not reach the loss
     auto s = ctx->get_saved_variables();
+    auto const &x = s[0], &weight = s[1], &scale = s[5];
     auto need = needs(ctx);
     auto dtypes = ctx->saved_data["dtypes"].toIntList();
-    auto dtype = [&](int i) {
-      int64_t code = dtypes.get(i);
-      return code < 0 ? c10::nullopt : c10::optional<at::ScalarType>(static_cast<at::ScalarType>(code));
-    };
+    double eps = ctx->saved_data["eps"].toDouble();
     at::Tensor h = take(ctx, s[2], "h"), mean = take(ctx, s[3], "mean"), invstd = take(ctx, s[4], "invstd");
     s[2] = s[3] = s[4] = at::Tensor();
-    std::array<bool, 3> linear{need[0], need[1], need[2]};
-    auto family = ctx->saved_data["family"].toStringRef();
-    auto activation = ctx->saved_data["activation"].toStringRef();
-    double eps = ctx->saved_data["eps"].toDouble(), slope = ctx->saved_data["negative_slope"].toDouble();
-    Grads g;
-    if (at::isTensorSubclassLike(dy) || at::isTensorSubclassLike(h)) {
-      // Traced (torch.compile's AOTAutograd, whose tensors are subclasses): the whole backward as
-      // one op, which the compiled graph calls once a layer where it called batch_norm_backward,
-      // two GEMMs and a kernel for the bias's zero, each from Inductor's Python (at 256x2048x6,
-      // host-bound, that Python was the compiled step's extra time: docs/decisions.md, "Training
-      // step"). The graph then holds dy and h through the GEMMs, which the eager route frees.
-      static auto op = op_handle<TrainBackwardSig>("cutlass_fused::linear_scale_batch_norm_train_backward");
-      g = op.call(dy, h, mean, invstd, optional(s[0]), optional(s[1]), s[5], optional(s[6]), optional(s[7]), eps,
-                  family, activation, slope, linear, wide_dw(ctx), dtype(0), dtype(1));
-    } else {
-      g = train_grads(std::move(dy), std::move(h), std::move(mean), std::move(invstd), optional(s[0]),
-                      optional(s[1]), s[5], optional(s[6]), optional(s[7]), eps, family, activation, slope, linear,
-                      wide_dw(ctx), dtype(0), dtype(1));
-    }
-    auto& [dx, dw, dbias, dscale, dbn_weight, dbn_bias] = g;
-    if (need[0]) out[0] = dx;
-    if (need[1]) out[1] = dw;
-    if (need[2]) out[2] = dbias;
+    // The kernels take dy in h's (x's) dtype or fp32; a y of another requested dtype
+    // (output_dtype) is a cast of one of those.
+    if (dy.scalar_type() != h.scalar_type() && dy.scalar_type() != at::kFloat) dy = dy.to(at::kFloat);
+    auto [dh, dscale, dgamma, dbeta] = op.call(dy, h, mean, invstd, scale, optional(s[6]), eps, optional(s[7]),
+                                               ctx->saved_data["activation"].toStringRef(),
+                                               ctx->saved_data["negative_slope"].toDouble());
+    h = mean = invstd = dy = at::Tensor();
+    linear_grads(dh, x, weight, need[0], need[1], ctx, out);
+    // Exactly zero, but NaN in a column whose statistics, scale, bn_weight or dy are not finite
+    // (dscale, w invstd^3 eps sum dy (h - mean), then is NaN or Inf), where PyTorch's sum of dh is NaN.
+    // A double 0: Inductor folds a multiplication by the integer 0 into zeros (torch 2.13's
+    // constant folder), which under torch.compile gave a zero bias gradient where eager gave NaN.
+    if (need[2]) out[2] = (dscale * 0.0).to(static_cast<at::ScalarType>(dtypes.get(0)));
     if (need[3]) out[3] = dscale;
-    if (need[4]) out[4] = dbn_weight;
-    if (need[5]) out[5] = dbn_bias;
+    if (need[4]) out[4] = dgamma;
+    if (need[5]) out[5] = as_dtype(dbeta, dtypes[1]);
     return out;
   }
 };
@@ -319,8 +260,7 @@ struct EvalFunction : torch::autograd::Function<EvalFunction> {
     }
     // dh in x's dtype, for the GEMMs with x and weight (y may be wider: see output_dtype).
     auto dh = (dyf * (scale.to(acc) * g)).to(x.scalar_type());
-    linear_grads(dh, x, weight, need[0], need[1], ctx->saved_data["family"].toStringRef(), wide_dw(ctx), out[0],
-                 out[1]);
+    linear_grads(dh, x, weight, need[0], need[1], ctx, out);
     if (need[2]) out[2] = dh.to(acc).sum(0).to(bias.scalar_type());
     if (need[3] || need[4]) {
       recompute_h();
@@ -363,12 +303,6 @@ TORCH_LIBRARY_IMPL(cutlass_fused, ADInplaceOrView, m) {
   m.impl("linear_scale_batch_norm_train_fp8", torch::CppFunction::makeFromBoxedFunction<&bump_written_versions>());
   m.impl("fp8_record", torch::CppFunction::makeFromBoxedFunction<&bump_written_versions>());
   m.impl("fp8_delayed_operands", torch::CppFunction::makeFromBoxedFunction<&bump_written_versions>());
-}
-
-// One kernel for every device: the pieces dispatch on their own. No Autograd kernel: it runs inside
-// a backward (double backward is refused there).
-TORCH_LIBRARY_IMPL(cutlass_fused, CompositeExplicitAutograd, m) {
-  m.impl("linear_scale_batch_norm_train_backward", &train_backward_op);
 }
 
 TORCH_LIBRARY_IMPL(cutlass_fused, Autograd, m) {

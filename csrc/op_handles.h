@@ -3,7 +3,6 @@
 // The schemas themselves are in csrc/ops.cpp.
 #pragma once
 
-#include <array>
 #include <tuple>
 
 #include <ATen/ATen.h>
@@ -22,10 +21,6 @@ using TrainSig = TrainOut(
 using BackwardSig = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
     at::Tensor const&, at::Tensor const&, at::Tensor const&, at::Tensor const&, at::Tensor const&, OptTensor const&,
     double, OptTensor const&, c10::string_view, double);
-using TrainBackwardSig = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
-    at::Tensor const&, at::Tensor const&, at::Tensor const&, at::Tensor const&, OptTensor const&, OptTensor const&,
-    at::Tensor const&, OptTensor const&, OptTensor const&, double, c10::string_view, c10::string_view, double,
-    std::array<bool, 3>, bool, c10::optional<at::ScalarType>, c10::optional<at::ScalarType>);
 using EvalSig = at::Tensor(at::Tensor const&, at::Tensor const&, OptTensor const&, at::Tensor const&,
                            OptTensor const&, OptTensor const&, at::Tensor const&, at::Tensor const&, double,
                            c10::string_view, bool, c10::string_view, double, c10::optional<at::ScalarType>);

@@ -454,16 +454,6 @@ TORCH_LIBRARY(cutlass_fused, m) {
       "batch_norm_backward(Tensor dy, Tensor h, Tensor mean, Tensor invstd, Tensor scale, Tensor? weight, float eps,"
       " Tensor? bias=None, str activation=\"none\", float negative_slope=0.01)"
       " -> (Tensor dh, Tensor dscale, Tensor dweight, Tensor dbias)");
-  // The training op's whole backward from y's gradient: batch_norm_backward, then dx = dh W, dweight =
-  // dh^T x (fp32 where wide_dw: autocast's fp32 weight, csrc/autocast.cpp) and dbias (exactly zero, NaN
-  // where dscale is not finite, in bias_dtype), each where `need` asks, else an empty tensor of scale's
-  // dtype; dbn_bias in bn_bias_dtype where given. One op so that a compiled backward calls it once a
-  // layer (csrc/autograd.cpp); the eager backward runs the same pieces itself.
-  m.def(
-      "linear_scale_batch_norm_train_backward(Tensor dy, Tensor h, Tensor mean, Tensor invstd, Tensor? x,"
-      " Tensor? weight, Tensor scale, Tensor? bn_weight, Tensor? bn_bias, float eps, str family, str activation,"
-      " float negative_slope, bool[3] need, bool wide_dw, ScalarType? bias_dtype, ScalarType? bn_bias_dtype)"
-      " -> (Tensor dx, Tensor dweight, Tensor dbias, Tensor dscale, Tensor dbn_weight, Tensor dbn_bias)");
   // SyncBatchNorm's backward: batch_norm_backward's two passes apart, the group all-reducing
   // `sums` (2 x n fp64: sum g, sum g (h - mean), g = dy times act's derivative) between them.
   // `count`, the group's batch, is a one-element fp64 tensor on h's device: the ranks merge it

@@ -134,19 +134,6 @@ def _(dy, h, mean, invstd, scale, weight, eps, bias=None, activation="none", neg
             h.new_empty((n,), dtype=vec))
 
 
-@torch.library.register_fake("cutlass_fused::linear_scale_batch_norm_train_backward")
-def _(dy, h, mean, invstd, x, weight, scale, bn_weight, bn_bias, eps, family, activation, negative_slope, need,
-      wide_dw, bias_dtype, bn_bias_dtype):
-    m, n = h.shape
-    nothing = lambda: h.new_empty((0,), dtype=scale.dtype)  # a gradient not asked for
-    dx = h.new_empty((m, weight.shape[1])) if need[0] else nothing()
-    dweight = h.new_empty((n, x.shape[1]), dtype=torch.float32 if wide_dw else h.dtype) if need[1] else nothing()
-    dbias = h.new_empty((n,), dtype=bias_dtype) if need[2] else nothing()
-    vec = _stat_dtype(h.dtype) if bn_weight is None else bn_weight.dtype
-    return (dx, dweight, dbias, h.new_empty((n,), dtype=scale.dtype), h.new_empty((n,), dtype=vec),
-            h.new_empty((n,), dtype=bn_bias_dtype or vec))
-
-
 @torch.library.register_fake("cutlass_fused::batch_norm_backward_reduce")
 def _(dy, h, mean, invstd, scale, weight, eps, bias=None, activation="none", negative_slope=0.01):
     return h.new_empty((2, h.shape[1]), dtype=torch.float64)

@@ -182,43 +182,6 @@ def test_traced_calls_do_not_cache(training):
 
 
 @pytest.mark.parametrize("device,family", FAMILIES, ids=FAMILY_IDS)
-@pytest.mark.parametrize("amp", [False, True], ids=["fp32", "amp-bf16"])
-def test_compiled_backward_is_one_op_a_layer(device, family, amp):
-    """A traced training backward calls linear_scale_batch_norm_train_backward once a layer, with
-    no GEMM beside it (each was a call from Inductor's Python: docs/decisions.md, "Training
-    step"), and gives eager's gradients to the bit, as it runs the same pieces. The first layer's
-    input needs no gradient (no dX GEMM); the second has no linear bias; under autocast the fp32
-    weights' dW come out in fp32 from the op (wide_dw)."""
-    from torch._dynamo.backends.common import aot_autograd
-    from torch._functorch.aot_autograd import make_boxed_func
-    backward_graphs = []
-
-    def keep(gm, example_inputs):
-        backward_graphs.append(gm.graph)
-        return make_boxed_func(gm.forward)
-
-    backend = aot_autograd(fw_compiler=lambda gm, _: make_boxed_func(gm.forward), bw_compiler=keep)
-    torch.manual_seed(3)
-    eager = nn.Sequential(cutlass_fused.LinearScaleBatchNorm1d(48, 40, activation="silu"),
-                          cutlass_fused.LinearScaleBatchNorm1d(40, 24, bias=False)).to(device)
-    traced = copy.deepcopy(eager)
-    compiled = torch.compile(traced, backend=backend, fullgraph=True)
-    x, dy = torch.randn(16, 48, device=device), torch.randn(16, 24, device=device)
-    autocast = torch.autocast(device, dtype=torch.bfloat16, enabled=amp)
-    with cutlass_fused.use_kernel_family(family), autocast:
-        y_e, y_c = eager(x), compiled(x)
-    y_e.backward(dy), y_c.backward(dy)
-    assert len(backward_graphs) == 1
-    targets = [n.target for n in backward_graphs[0].nodes if n.op == "call_function"]
-    assert targets.count(ops.linear_scale_batch_norm_train_backward.default) == 2, targets
-    assert torch.ops.aten.mm.default not in targets, targets
-    assert torch.equal(y_c, y_e)
-    for (name, a), b in zip(eager.named_parameters(), traced.parameters()):
-        assert b.grad.dtype == a.grad.dtype == torch.float32, name
-        assert torch.equal(b.grad, a.grad), f"{name}.grad: traced differs from eager"
-
-
-@pytest.mark.parametrize("device,family", FAMILIES, ids=FAMILY_IDS)
 def test_dynamic_batch_does_not_recompile_per_size(device, family):
     """Automatic dynamic shapes (torch._dynamo.config.automatic_dynamic_shapes, on by default; no
     mark_dynamic): the first batch size compiles a static graph, the second recompiles once with

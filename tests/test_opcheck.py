@@ -81,22 +81,6 @@ def test_batch_norm_backward(device, dtype):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("need", [(True, True, True), (False, True, False), (True, False, False)],
-                         ids=["all", "dweight", "dx"])
-@pytest.mark.parametrize("activation", ["none", "silu"])
-def test_linear_scale_batch_norm_train_backward(device, dtype, need, activation):
-    x, w, v = samples(device, dtype)
-    bn = (v(), v())
-    _, h, _, mean, invstd = ops.linear_scale_batch_norm_train(x, w, v(), v(), *bn, None, None, None, 0.1, 1e-5,
-                                                              "auto", activation=activation)
-    wide = dtype != torch.float32 and need[1]  # autocast's fp32 weight: dW in fp32
-    args = (torch.randn_like(h), h, mean, invstd, x if need[1] else None, w if need[0] else None, v(), *bn, 1e-5,
-            "auto", activation, 0.01, list(need), wide, torch.float32 if need[2] else None, torch.float64)
-    torch.library.opcheck(ops.linear_scale_batch_norm_train_backward, args)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("activation", ["none", "silu"])
 def test_sync_backward_passes(device, dtype, activation):
     x, w, v = samples(device, dtype)
