@@ -8,9 +8,11 @@ Rows, each on a copy of one initial model wrapped in DistributedDataParallel:
   sync compile   torch.compile of that DDP model
   fused          cutlass_fused.fuse(model), then cutlass_fused.convert_sync_batchnorm
   fused+compile  torch.compile of that DDP model
-Each line: rank 0's median ms per step (fixed_ms, the rows alternating over --rounds), the
-peak extra MiB of one step, the speedups, and the loss parity against sync eager over the first
-PARITY_STEPS steps (the largest relative difference). Writes ddp_step.json in the results schema.
+Each line: rank 0's median ms per step (fixed_ms, the rows alternating over --rounds), its ratio to
+the step's GEMMs alone as torch.mm runs them on one rank's rows (bench_step.GemmFloor, timed in the
+same rounds: the floor without the collectives), the peak extra MiB of one step, the speedups, and
+the loss parity against sync eager over the first PARITY_STEPS steps (the largest relative
+difference). Writes ddp_step.json in the results schema.
 --profile N: then N more steps of each row under torch.profiler on every rank (the collectives
 need both), and rank 0 prints its ops of most GPU time and of most host time (self CPU), with the
 wall time a step under the profiler. The profiler adds host time to every op: read the order.
@@ -113,14 +115,14 @@ def run_rows(rank, device, case, rounds, out, profile_steps=0):
 
     # Each rank its own stream of batches (the batch statistics are the group's).
     data = [bench_step.batch(case, device, 1000 * rank + i) for i in range(PARITY_STEPS + 1)]
-    steps, losses = {}, {}
+    steps, losses, floor = {}, {}, bench_step.GemmFloor(case, device)
     with bench_step.precision_flags(case.precision):
         for name in ROWS:
             steps[name] = stepper(*build(name, base, device))
             losses[name] = [steps[name](*data[i]).item() for i in range(PARITY_STEPS)]
-        times = {name: [] for name in ROWS}
-        for name in bench.alternating(list(ROWS), rounds):
-            times[name].append(fixed_ms(lambda: steps[name](*data[-1])))
+        times = {name: [] for name in ROWS + (floor.name,)}
+        for name in bench.alternating(list(ROWS) + [floor.name], rounds):
+            times[name].append(fixed_ms(floor.run if name == floor.name else lambda: steps[name](*data[-1])))
         peaks = {name: bench.peak_extra_mib(lambda: steps[name](*data[-1])) for name in ROWS}
         if profile_steps:
             for name in ROWS:
@@ -128,8 +130,9 @@ def run_rows(rank, device, case, rounds, out, profile_steps=0):
     if rank != 0:
         return
     ms = {name: statistics.median(t) for name, t in times.items()}
-    rows = [{"mode": "ddp-step", **case._asdict(), "world": WORLD, "impl": name, "ms": ms[name],
-             "peak_extra_mib": peaks[name], "vs_sync_eager": ms["sync eager"] / ms[name],
+    mm = ms[floor.name]
+    rows = [{"mode": "ddp-step", **case._asdict(), "world": WORLD, "impl": name, "ms": ms[name], "mm_ms": mm,
+             "x_mm": ms[name] / mm, "peak_extra_mib": peaks[name], "vs_sync_eager": ms["sync eager"] / ms[name],
              "vs_sync_compile": ms["sync compile"] / ms[name],
              "loss_parity": max(abs(a - e) / abs(e) for a, e in zip(losses[name], losses["sync eager"]))}
             for name in ROWS]
@@ -141,9 +144,9 @@ def run_rows(rank, device, case, rounds, out, profile_steps=0):
     if path.exists():  # an earlier case of this run
         result["rows"] = json.loads(path.read_text())["rows"] + rows
     path.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"{bench_step.label(case)}, {WORLD} GPUs, {case.batch} rows each:")
+    print(f"{bench_step.label(case)}, {WORLD} GPUs, {case.batch} rows each; torch.mm floor {mm:.3f} ms:")
     for r in rows:
-        print(f"  {r['impl']:14s} {r['ms']:7.3f} ms/step  peak {r['peak_extra_mib']:6.0f} MiB  "
+        print(f"  {r['impl']:14s} {r['ms']:7.3f} ms/step  {r['x_mm']:5.2f} x mm  peak {r['peak_extra_mib']:6.0f} MiB  "
               f"vs sync eager {r['vs_sync_eager']:.2f}  vs sync compile {r['vs_sync_compile']:.2f}  "
               f"loss parity {r['loss_parity']:.1e}")
 
