@@ -1,12 +1,44 @@
-"""Loads the compiled ops and registers their fake (meta) kernels.
+"""Loads the compiled ops, registers their fake (meta) kernels, and keys torch.compile's caches on
+this build.
 
 The schemas live in csrc/ops.cpp; this file only describes output metadata.
 """
+import hashlib
+
 import torch
 
 from . import _C  # noqa: F401  (registers torch.ops.cutlass_fused.*)
 
 ops = torch.ops.cutlass_fused
+
+
+def build_tag(path: str = _C.__file__) -> str:
+    """This build of the extension, by its contents: `cutlass_fused:` and 16 hex digits of sha256."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return "cutlass_fused:" + digest.hexdigest()[:16]
+
+
+def with_build_tag(tag: str, build: str) -> str:
+    """A cache_key_tag that carries `build` once, beside the user's own tag and in place of another
+    build's."""
+    parts = [p for p in tag.split("|") if p and not p.startswith("cutlass_fused:")]
+    return "|".join(parts + [build])
+
+
+# AOTAutograd's cache keys a compiled graph on Dynamo's graph, which holds our ops as calls, not on
+# what our C++ autograd and autocast kernels trace them into (csrc/autograd.cpp). Without this, a
+# process could be handed the forward and backward traced from an earlier build, with that build's
+# decomposition (as happened here: a fixed backward ran the old one from a warm cache). Every cache
+# key then carries the build, where torch has the tag.
+try:
+    from torch.compiler import config as _config
+except ImportError:
+    _config = None
+if hasattr(_config, "cache_key_tag"):
+    _config.cache_key_tag = with_build_tag(_config.cache_key_tag, build_tag())
 
 
 def padded_ld(n: int, dtype: torch.dtype) -> int:

@@ -11,7 +11,10 @@ CPU compiles are slow (a C++ toolchain per generated kernel), so each test
 compiles one module and reuses it across steps, batch sizes and modes.
 """
 import copy
+import hashlib
+import importlib
 import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -179,6 +182,48 @@ def test_traced_calls_do_not_cache(training):
         i = [a.name for a in schema.arguments].index("cache")
         value = n.args[i] if len(n.args) > i else n.kwargs.get("cache", schema.arguments[i].default_value)
         assert value is False, f"{n.target} traced with cache={value}"
+
+
+def test_compile_caches_key_on_this_build():
+    """torch.compile's cache keys carry this build of the extension (cutlass_fused/ops.py), beside
+    the user's own tag: AOTAutograd keys a graph on Dynamo's graph, blind to what our C++ autograd
+    traces the ops into."""
+    ops_module = importlib.import_module("cutlass_fused.ops")  # cutlass_fused.ops is the ops' namespace
+    digest = hashlib.sha256(Path(cutlass_fused._C.__file__).read_bytes()).hexdigest()[:16]
+    assert ops_module.build_tag() == f"cutlass_fused:{digest}"
+    assert ops_module.with_build_tag("", "cutlass_fused:new") == "cutlass_fused:new"
+    assert ops_module.with_build_tag("mine|cutlass_fused:old", "cutlass_fused:new") == "mine|cutlass_fused:new"
+    config = getattr(importlib.import_module("torch.compiler"), "config", None)
+    if config is None or not hasattr(config, "cache_key_tag"):
+        pytest.skip("this torch has no torch.compiler.config.cache_key_tag (nor AOTAutograd's cache)")
+    assert f"cutlass_fused:{digest}" in config.cache_key_tag.split("|")
+
+
+def test_compile_cache_misses_for_another_build(tmp_path, monkeypatch):
+    """What the tag is for: a graph compiled under one build is a cache hit for a second compile of
+    the same build and a miss for another build's, where it would otherwise be served the first
+    build's traced forward and backward."""
+    config = getattr(importlib.import_module("torch.compiler"), "config", None)
+    if config is None or not hasattr(config, "cache_key_tag") or \
+            not hasattr(torch._functorch.config, "enable_autograd_cache"):
+        pytest.skip("this torch has no AOTAutograd cache or no cache_key_tag")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    layer = make_layer("cpu", 16, 8)
+
+    def compile_once():
+        torch._dynamo.reset()
+        counters.clear()
+        torch.compile(layer)(torch.randn(4, 16)).sum().backward()
+        return dict(counters["aot_autograd"])
+
+    ours = config.cache_key_tag
+    with torch._inductor.config.patch(fx_graph_cache=True), \
+            torch._functorch.config.patch(enable_autograd_cache=True):
+        assert compile_once().get("autograd_cache_saved") == 1
+        assert compile_once().get("autograd_cache_hit") == 1
+        with torch.compiler.config.patch(cache_key_tag=importlib.import_module("cutlass_fused.ops").with_build_tag(
+                ours, "cutlass_fused:another")):
+            assert compile_once().get("autograd_cache_miss") == 1
 
 
 @pytest.mark.parametrize("device,family", FAMILIES, ids=FAMILY_IDS)
