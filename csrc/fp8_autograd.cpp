@@ -132,6 +132,20 @@ at::Tensor pad16(at::Tensor const& t) {
   return fp8 ? padded.view(t.scalar_type()) : padded;
 }
 
+// a b with per-tensor scales into out_dtype: at::_scaled_mm, whose signature changed in torch 2.5 (the
+// scales became its third and fourth arguments, and its result one tensor where 2.4 gave (out, amax)).
+// torch 2.4 has no CPU kernel for it: there the same product in fp32, where the fp8 values and the
+// power-of-two scales are exact, rounded once to out_dtype.
+at::Tensor scaled_mm(at::Tensor const& a, at::Tensor const& b, at::Tensor const& scale_a, at::Tensor const& scale_b,
+                     at::ScalarType out_dtype) {
+#if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 5
+  if (!a.is_cuda()) return (at::mm(a.to(at::kFloat), b.to(at::kFloat)) * (scale_a * scale_b)).to(out_dtype);
+  return std::get<0>(at::_scaled_mm(a, b, c10::nullopt, out_dtype, scale_a, scale_b));
+#else
+  return at::_scaled_mm(a, b, scale_a, scale_b, c10::nullopt, c10::nullopt, out_dtype);
+#endif
+}
+
 at::Tensor first(at::Tensor const& t, int64_t rows, int64_t cols) {
   auto out = t.narrow(0, 0, rows).narrow(1, 0, cols);
   return out.is_contiguous() ? out : out.contiguous();
@@ -208,9 +222,9 @@ struct E4M3Function : torch::autograd::Function<E4M3Function> {
       // second operand cuBLASLt takes.
       int64_t m = x8.size(1), k = x8.size(0), n = w8.size(1);
       if (need[0])
-        out[0] = first(at::_scaled_mm(pad16(dh8), pad16(w8).t(), inv_g, s_x, c10::nullopt, c10::nullopt, x_dt), m, k);
+        out[0] = first(scaled_mm(pad16(dh8), pad16(w8).t(), inv_g, s_x, x_dt), m, k);
       if (need[1])
-        out[1] = first(at::_scaled_mm(pad16(dh8_t), pad16(x8).t(), inv_g, s_w, c10::nullopt, c10::nullopt, w_dt), n, k);
+        out[1] = first(scaled_mm(pad16(dh8_t), pad16(x8).t(), inv_g, s_w, w_dt), n, k);
     } else {
       auto h_dt = h.scalar_type();
       if (need[0]) out[0] = cast(at::mm(dh, dequantize.call(w8, s_x, h_dt)), x_dt);
