@@ -18,9 +18,14 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch._inductor.config  # noqa: F401  (patched by test_inductor_keeps_nan_gradients)
+import torch._inductor.config  # noqa: F401  (patched by test_compile_cache_misses_for_another_build)
 from torch import nn
 from torch._dynamo.utils import counters
+
+try:
+    from torch.compiler import config as compiler_config
+except ImportError:  # torch without it has no cache_key_tag
+    compiler_config = None
 
 import cutlass_fused
 from cutlass_fused.ops import ops
@@ -146,9 +151,8 @@ def test_inductor_keeps_nan_gradients(device, family, training, name, at, value)
         x[at] = value
     elif name == "dy":
         dy[at] = value
-    # Compiled anew: a cached graph from an older build of the extension would hide a fix.
-    fresh = {"force_disable_caches": True} if hasattr(torch._inductor.config, "force_disable_caches") else {}
-    with cutlass_fused.use_kernel_family(family), torch._inductor.config.patch(fresh):
+    # A cached graph of an older build is not served here: cache keys carry the build (cutlass_fused/ops.py).
+    with cutlass_fused.use_kernel_family(family):
         y_e, dx_e = step(eager, x.to(device), dy.to(device))
         y_c, dx_c = step(torch.compile(compiled_layer, fullgraph=True), x.to(device), dy.to(device))
     if training and name == "x":
@@ -184,28 +188,27 @@ def test_traced_calls_do_not_cache(training):
         assert value is False, f"{n.target} traced with cache={value}"
 
 
+OPS_MODULE = importlib.import_module("cutlass_fused.ops")  # cutlass_fused.ops is the ops' namespace
+
+
 def test_compile_caches_key_on_this_build():
     """torch.compile's cache keys carry this build of the extension (cutlass_fused/ops.py), beside
     the user's own tag: AOTAutograd keys a graph on Dynamo's graph, blind to what our C++ autograd
     traces the ops into."""
-    ops_module = importlib.import_module("cutlass_fused.ops")  # cutlass_fused.ops is the ops' namespace
     digest = hashlib.sha256(Path(cutlass_fused._C.__file__).read_bytes()).hexdigest()[:16]
-    assert ops_module.build_tag() == f"cutlass_fused:{digest}"
-    assert ops_module.with_build_tag("", "cutlass_fused:new") == "cutlass_fused:new"
-    assert ops_module.with_build_tag("mine|cutlass_fused:old", "cutlass_fused:new") == "mine|cutlass_fused:new"
-    config = getattr(importlib.import_module("torch.compiler"), "config", None)
-    if config is None or not hasattr(config, "cache_key_tag"):
+    assert OPS_MODULE.build_tag() == f"cutlass_fused:{digest}"
+    assert OPS_MODULE.with_build_tag("", "cutlass_fused:new") == "cutlass_fused:new"
+    assert OPS_MODULE.with_build_tag("mine|cutlass_fused:old", "cutlass_fused:new") == "mine|cutlass_fused:new"
+    if not hasattr(compiler_config, "cache_key_tag"):
         pytest.skip("this torch has no torch.compiler.config.cache_key_tag (nor AOTAutograd's cache)")
-    assert f"cutlass_fused:{digest}" in config.cache_key_tag.split("|")
+    assert f"cutlass_fused:{digest}" in compiler_config.cache_key_tag.split("|")
 
 
 def test_compile_cache_misses_for_another_build(tmp_path, monkeypatch):
     """What the tag is for: a graph compiled under one build is a cache hit for a second compile of
     the same build and a miss for another build's, where it would otherwise be served the first
     build's traced forward and backward."""
-    config = getattr(importlib.import_module("torch.compiler"), "config", None)
-    if config is None or not hasattr(config, "cache_key_tag") or \
-            not hasattr(torch._functorch.config, "enable_autograd_cache"):
+    if not hasattr(compiler_config, "cache_key_tag") or not hasattr(torch._functorch.config, "enable_autograd_cache"):
         pytest.skip("this torch has no AOTAutograd cache or no cache_key_tag")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     layer = make_layer("cpu", 16, 8)
@@ -216,13 +219,12 @@ def test_compile_cache_misses_for_another_build(tmp_path, monkeypatch):
         torch.compile(layer)(torch.randn(4, 16)).sum().backward()
         return dict(counters["aot_autograd"])
 
-    ours = config.cache_key_tag
+    ours = compiler_config.cache_key_tag
     with torch._inductor.config.patch(fx_graph_cache=True), \
             torch._functorch.config.patch(enable_autograd_cache=True):
         assert compile_once().get("autograd_cache_saved") == 1
         assert compile_once().get("autograd_cache_hit") == 1
-        with torch.compiler.config.patch(cache_key_tag=importlib.import_module("cutlass_fused.ops").with_build_tag(
-                ours, "cutlass_fused:another")):
+        with compiler_config.patch(cache_key_tag=OPS_MODULE.with_build_tag(ours, "cutlass_fused:another")):
             assert compile_once().get("autograd_cache_miss") == 1
 
 
