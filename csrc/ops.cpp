@@ -216,6 +216,33 @@ void check_sums(at::Tensor const& sums, char const* name, int64_t n) {
               sums.scalar_type(), " ", sums.sizes());
 }
 
+void check_rows(at::Tensor const& rows, int64_t n) {
+  bool ok = rows.dim() == 2 && rows.size(0) > 0 && rows.scalar_type() == at::kDouble && rows.is_contiguous();
+  if (n < 0) n = ok ? (rows.size(1) - 1) / 2 : 0;
+  ok = ok && n > 0 && rows.size(1) == 2 * n + 1;
+  TORCH_CHECK(ok, "cutlass_fused: expected rows to be a contiguous float64 tensor of shape [world, 2 * n + 1]"
+              " (count, mean, M2), but got ", rows.scalar_type(), " ", rows.sizes());
+}
+
+void check_sync_grads_args(at::Tensor const& local, at::Tensor const& sums, at::Tensor const& row,
+                           at::Tensor const& count, at::Tensor const& mean, at::Tensor const& invstd,
+                           at::Tensor const& scale, c10::optional<at::Tensor> const& weight) {
+  int64_t n = local.dim() == 2 ? local.size(1) : 0;
+  check_sums(local, "local", n);
+  check_sums(sums, "sums", n);
+  TORCH_CHECK(row.dim() == 1 && row.size(0) == 2 * n + 1 && row.scalar_type() == at::kDouble && row.is_contiguous(),
+              "cutlass_fused: expected row to be a contiguous float64 tensor of shape [", 2 * n + 1,
+              "] (count, mean, M2), but got ", row.scalar_type(), " ", row.sizes());
+  check_count(count);
+  for (auto [t, name] : {std::pair{&mean, "mean"}, std::pair{&invstd, "invstd"}}) {
+    check_vector(*t, name, n);
+    TORCH_CHECK(t->scalar_type() == at::kDouble, "cutlass_fused: expected ", name, " to be float64 (as "
+                "batch_norm_finalize returns it), but got ", t->scalar_type());
+  }
+  check_vector(scale, "scale", n);
+  check_vector(weight, "weight", n);
+}
+
 void check_count(at::Tensor const& count) {
   TORCH_CHECK(count.numel() == 1 && count.scalar_type() == at::kDouble,
               "cutlass_fused: expected count to be a float64 tensor of one element, but got ", count.scalar_type(),
@@ -465,6 +492,20 @@ TORCH_LIBRARY(cutlass_fused, m) {
       "batch_norm_backward_elemt(Tensor dy, Tensor h, Tensor mean, Tensor invstd, Tensor scale, Tensor? weight,"
       " Tensor sums, Tensor count, float eps, Tensor? bias=None, str activation=\"none\","
       " float negative_slope=0.01) -> Tensor");
+  // SyncBatchNorm's column arithmetic between its collectives (csrc/kernels/sync_stats.h has the
+  // formulas), one launch each on CUDA where torch ops took ~50 a layer and step, all fp64.
+  // This rank's row [count, mean(n), M2(n)] from linear_stats' sums over `count` rows:
+  m.def("sync_batch_norm_row(Tensor stats, SymInt count) -> Tensor");
+  // The group's gathered rows (world x (2n + 1)) merged in rank order: batch_norm_finalize's sums
+  // for count 1 and update_running_stats' for count 2 (2 x n each), and the group's count (one
+  // element, on the device: a host int would sync the stream):
+  m.def("sync_batch_norm_merge(Tensor rows) -> (Tensor stats, Tensor running_stats, Tensor count)");
+  // This rank's gradients of the linear bias, the scale, the BN weight and the BN bias (4 x n), from
+  // its batch_norm_backward_reduce sums (`local`), the group's (`sums`), its row, the group's count
+  // and the forward's mean and invstd:
+  m.def(
+      "sync_batch_norm_grads(Tensor local, Tensor sums, Tensor row, Tensor count, Tensor mean, Tensor invstd,"
+      " Tensor scale, Tensor? weight) -> Tensor");
   m.def(
       "linear_scale_batch_norm_eval(Tensor x, Tensor weight, Tensor? bias, Tensor scale, Tensor? bn_weight,"
       " Tensor? bn_bias, Tensor running_mean, Tensor running_var, float eps, str family, bool cache=False,"

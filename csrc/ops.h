@@ -74,6 +74,13 @@ void check_batch(int64_t count, int64_t n);
 void check_sums(at::Tensor const& sums, char const* name, int64_t n);
 // SyncBatchNorm's batch count: one fp64 element (on the device, where the ranks merged it).
 void check_count(at::Tensor const& count);
+// SyncBatchNorm's gathered rows (world x (2n + 1) fp64, contiguous); n < 0: any n.
+void check_rows(at::Tensor const& rows, int64_t n);
+// sync_batch_norm_grads' arguments: local and sums 2 x n, row 2n + 1, count one element, the
+// forward's mean and invstd n fp64, scale and weight n.
+void check_sync_grads_args(at::Tensor const& local, at::Tensor const& sums, at::Tensor const& row,
+                           at::Tensor const& count, at::Tensor const& mean, at::Tensor const& invstd,
+                           at::Tensor const& scale, c10::optional<at::Tensor> const& weight);
 // The training op's running-statistics arguments, as nn.BatchNorm1d pairs them:
 // both running stats or neither; momentum=None (cumulative) needs num_batches_tracked.
 void check_running_args(c10::optional<at::Tensor> const& running_mean, c10::optional<at::Tensor> const& running_var,

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include "kernels/sync_stats.h"
 #include "ops.h"
 
 namespace cutlass_fused {
@@ -393,6 +394,49 @@ at::Tensor dequantize_cpu(at::Tensor const& t8, c10::optional<at::Tensor> const&
   return (scale.has_value() ? out * scale->to(dtype) : out).contiguous();
 }
 
+// SyncBatchNorm's column arithmetic: sync_stats.h's lines, the columns in a loop.
+at::Tensor sync_batch_norm_row_cpu(at::Tensor const& stats, int64_t count) {
+  int64_t n = stats.dim() == 2 ? stats.size(1) : 0;
+  check_sums(stats, "stats", n);
+  TORCH_CHECK(count >= 0, "cutlass_fused: expected count to be non-negative, but got ", count);
+  auto row = at::empty({2 * n + 1}, stats.options());
+  for (int64_t c = 0; c < n; ++c) {
+    sync_stats::row_column(stats.data_ptr<double>(), n, static_cast<double>(count), c, row.data_ptr<double>());
+  }
+  return row;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> sync_batch_norm_merge_cpu(at::Tensor const& rows) {
+  check_rows(rows, -1);
+  int64_t n = (rows.size(1) - 1) / 2;
+  auto stats = at::empty({2, n}, rows.options()), running = at::empty({2, n}, rows.options());
+  auto count = at::empty({1}, rows.options());
+  for (int64_t c = 0; c < n; ++c) {
+    sync_stats::merge_column(rows.data_ptr<double>(), static_cast<int>(rows.size(0)), n, c, stats.data_ptr<double>(),
+                             running.data_ptr<double>(), count.data_ptr<double>());
+  }
+  return {stats, running, count};
+}
+
+at::Tensor sync_batch_norm_grads_cpu(at::Tensor const& local, at::Tensor const& sums, at::Tensor const& row,
+                                     at::Tensor const& count, at::Tensor const& mean, at::Tensor const& invstd,
+                                     at::Tensor const& scale, c10::optional<at::Tensor> const& weight) {
+  check_sync_grads_args(local, sums, row, count, mean, invstd, scale, weight);
+  int64_t n = local.size(1);
+  auto vec = [](at::Tensor const& t) { return t.to(at::kDouble).contiguous(); };
+  auto mean_d = vec(mean), invstd_d = vec(invstd), scale_d = vec(scale);
+  auto weight_d = weight.has_value() ? vec(*weight) : at::ones({n}, local.options());
+  auto out = at::empty({4, n}, local.options());
+  double total = count.item<double>();  // a CPU tensor: no sync
+  for (int64_t c = 0; c < n; ++c) {
+    sync_stats::grads_column(local.data_ptr<double>(), sums.data_ptr<double>(), row.data_ptr<double>(), total,
+                             mean_d.data_ptr<double>()[c], invstd_d.data_ptr<double>()[c],
+                             scale_d.data_ptr<double>()[c], weight_d.data_ptr<double>()[c], n, c,
+                             out.data_ptr<double>());
+  }
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(cutlass_fused, CPU, m) {
@@ -412,6 +456,9 @@ TORCH_LIBRARY_IMPL(cutlass_fused, CPU, m) {
   m.impl("batch_norm_backward", &batch_norm_backward_cpu);
   m.impl("batch_norm_backward_reduce", &batch_norm_backward_reduce_cpu);
   m.impl("batch_norm_backward_elemt", &batch_norm_backward_elemt_cpu);
+  m.impl("sync_batch_norm_row", &sync_batch_norm_row_cpu);
+  m.impl("sync_batch_norm_merge", &sync_batch_norm_merge_cpu);
+  m.impl("sync_batch_norm_grads", &sync_batch_norm_grads_cpu);
   m.impl("linear_scale_batch_norm_eval", &linear_scale_batch_norm_eval_cpu);
   m.impl("linear_scale_batch_norm_eval_fp8", &linear_scale_batch_norm_eval_fp8_cpu);
 }

@@ -576,6 +576,51 @@ at::Tensor batch_norm_backward_elemt_cuda(at::Tensor const& dy, at::Tensor const
   return b.dh;
 }
 
+at::Tensor sync_batch_norm_row_cuda(at::Tensor const& stats, int64_t count) {
+  int64_t n = stats.dim() == 2 ? stats.size(1) : 0;
+  check_sums(stats, "stats", n);
+  TORCH_CHECK(count >= 0, "cutlass_fused: expected count to be non-negative, but got ", count);
+  c10::cuda::CUDAGuard guard(stats.device());
+  auto row = at::empty({2 * n + 1}, stats.options());
+  poison(row);
+  sync_row(n, stats.data_ptr<double>(), static_cast<double>(count), row.data_ptr<double>(),
+           at::cuda::getCurrentCUDAStream().stream());
+  return row;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> sync_batch_norm_merge_cuda(at::Tensor const& rows) {
+  check_rows(rows, -1);
+  int64_t n = (rows.size(1) - 1) / 2;
+  c10::cuda::CUDAGuard guard(rows.device());
+  auto stats = at::empty({2, n}, rows.options()), running = at::empty({2, n}, rows.options());
+  auto count = at::empty({1}, rows.options());
+  for (auto* t : {&stats, &running, &count}) poison(*t);
+  sync_merge(n, static_cast<int>(rows.size(0)), rows.data_ptr<double>(), stats.data_ptr<double>(),
+             running.data_ptr<double>(), count.data_ptr<double>(), at::cuda::getCurrentCUDAStream().stream());
+  return {stats, running, count};
+}
+
+at::Tensor sync_batch_norm_grads_cuda(at::Tensor const& local, at::Tensor const& sums, at::Tensor const& row,
+                                      at::Tensor const& count, at::Tensor const& mean, at::Tensor const& invstd,
+                                      at::Tensor const& scale, c10::optional<at::Tensor> const& weight) {
+  check_sync_grads_args(local, sums, row, count, mean, invstd, scale, weight);
+  int64_t n = local.size(1);
+  auto dev = local.device();
+  for (auto [t, name] : {std::pair{&sums, "sums"}, std::pair{&row, "row"}, std::pair{&count, "count"},
+                         std::pair{&mean, "mean"}, std::pair{&invstd, "invstd"}}) {
+    check_device(*t, dev, name);
+  }
+  c10::cuda::CUDAGuard guard(dev);
+  auto scale_d = dense(scale), weight_d = dense(weight);
+  auto mean_d = mean.contiguous(), invstd_d = invstd.contiguous(), total = count.contiguous();
+  auto out = at::empty({4, n}, local.options());
+  poison(out);
+  sync_grads(n, local.data_ptr<double>(), sums.data_ptr<double>(), row.data_ptr<double>(), total.data_ptr<double>(),
+             mean_d.data_ptr<double>(), invstd_d.data_ptr<double>(), col_vec(scale_d, "scale", n, dev),
+             col_vec(weight_d, "weight", n, dev), out.data_ptr<double>(), at::cuda::getCurrentCUDAStream().stream());
+  return out;
+}
+
 // The eval forward: the plan's eval GEMM with the fold in its epilogue.
 // fp8: x and W in e4m3 (linear_scale_batch_norm_eval_fp8), y and the rest as bf16 x's.
 at::Tensor eval_cuda(at::Tensor const& x, at::Tensor const& weight, c10::optional<at::Tensor> const& bias,
@@ -716,6 +761,9 @@ TORCH_LIBRARY_IMPL(cutlass_fused, CUDA, m) {
   m.impl("batch_norm_backward", &batch_norm_backward_cuda);
   m.impl("batch_norm_backward_reduce", &batch_norm_backward_reduce_cuda);
   m.impl("batch_norm_backward_elemt", &batch_norm_backward_elemt_cuda);
+  m.impl("sync_batch_norm_row", &sync_batch_norm_row_cuda);
+  m.impl("sync_batch_norm_merge", &sync_batch_norm_merge_cuda);
+  m.impl("sync_batch_norm_grads", &sync_batch_norm_grads_cuda);
   m.impl("linear_scale_batch_norm_eval", &linear_scale_batch_norm_eval_cuda);
   m.impl("linear_scale_batch_norm_eval_fp8", &linear_scale_batch_norm_eval_fp8_cuda);
 }

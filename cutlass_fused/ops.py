@@ -176,6 +176,22 @@ def _(dy, h, mean, invstd, scale, weight, sums, count, eps, bias=None, activatio
     return h.new_empty(h.shape)
 
 
+@torch.library.register_fake("cutlass_fused::sync_batch_norm_row")
+def _(stats, count):
+    return stats.new_empty((2 * stats.shape[1] + 1,))
+
+
+@torch.library.register_fake("cutlass_fused::sync_batch_norm_merge")
+def _(rows):
+    n = (rows.shape[1] - 1) // 2
+    return rows.new_empty((2, n)), rows.new_empty((2, n)), rows.new_empty((1,))
+
+
+@torch.library.register_fake("cutlass_fused::sync_batch_norm_grads")
+def _(local, sums, row, count, mean, invstd, scale, weight):
+    return local.new_empty((4, local.shape[1]))
+
+
 @torch.library.register_fake("cutlass_fused::linear_scale_batch_norm_eval")
 def _(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, eps, family, cache=False,
       activation="none", negative_slope=0.01, output_dtype=None):

@@ -98,6 +98,22 @@ def test_sync_backward_passes(device, dtype, activation):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("affine", [True, False])
+def test_sync_column_ops(device, affine):
+    x, w, v = samples(device, torch.float32)
+    h, stats = ops.linear_stats(x, w, v(), "auto")
+    torch.library.opcheck(ops.sync_batch_norm_row, (stats, x.shape[0]))
+    row = ops.sync_batch_norm_row(stats, x.shape[0])
+    rows = torch.stack([row, ops.sync_batch_norm_row(stats * 2, 2 * x.shape[0])])
+    torch.library.opcheck(ops.sync_batch_norm_merge, (rows,))
+    merged, _, count = ops.sync_batch_norm_merge(rows)
+    _, mean, invstd = ops.batch_norm_finalize(h, merged, v(), 1, None, None, 1e-5)
+    sums = torch.randn(2, h.shape[1], device=device, dtype=torch.float64)
+    torch.library.opcheck(ops.sync_batch_norm_grads,
+                          (sums / 2, sums, row, count, mean, invstd, v(), v() if affine else None))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_linear_scale_batch_norm_eval(device, dtype):
     x, w, b, s, bn, v = grad_inputs(device, dtype)

@@ -26,7 +26,6 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import cutlass_fused
 from cutlass_fused.seed import SeedModel as Seed
 from cutlass_fused.ops import ops
-from cutlass_fused.sync_batch_norm import merge_stats
 from common import assert_close_rule, assert_close_rule_scaled, max_err
 
 WORLD = 2
@@ -410,16 +409,92 @@ def test_backward_passes_apart_are_the_backward(device, dtype, dy_dtype, m, n, a
     assert not torch.equal(ops.batch_norm_backward_elemt(*common, sums, 2 * count, 1e-5, bn_b, act, 0.01), dh)
 
 
-def test_merge_stats_is_chan():
-    """Rows of uneven, single-sample, empty and far-off-centre batches merge to float64's two-pass values."""
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def _gathered_rows(parts, device):
+    """sync_batch_norm_row of each part's column sums, stacked as the all_gather leaves them."""
+    rows_ = [ops.sync_batch_norm_row(torch.stack([p.sum(0), (p * p).sum(0)]).to(device), len(p)) for p in parts]
+    return torch.stack(rows_)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_merge_is_chan(device):
+    """Rows of uneven, single-sample, empty and far-off-centre batches merge to float64's two-pass values:
+    finalize's sums for count 1 and update_running_stats' for count 2 give the whole batch's mean,
+    biased and unbiased var."""
     g = torch.Generator().manual_seed(5)
     parts = [1000 + torch.randn(m, 6, generator=g, dtype=torch.float64) for m in (5, 1, 0, 9)]
-    rows_ = [torch.cat([torch.tensor([float(len(p))], dtype=torch.float64),
-                        p.mean(0) if len(p) else torch.zeros(6, dtype=torch.float64),
-                        ((p - p.mean(0)) ** 2).sum(0) if len(p) else torch.zeros(6, dtype=torch.float64)])
-             for p in parts]
-    count, mean, m2 = merge_stats(torch.stack(rows_))
+    stats, running, count = (t.cpu() for t in ops.sync_batch_norm_merge(_gathered_rows(parts, device)))
     whole = torch.cat(parts)
     assert count.item() == len(whole)
-    assert max_err(mean, whole.mean(0)) < 1e-12
-    assert max_err(m2 / count, whole.var(0, correction=0)) < 1e-12
+    assert max_err(stats[0], whole.mean(0)) < 1e-12
+    assert max_err(running[0] / 2, whole.mean(0)) < 1e-12
+    # The var is a difference of sums ~1e6 apart from it: fp64's 1e6 * 2^-53 absolute.
+    assert max_err(stats[1] - stats[0] ** 2, whole.var(0, correction=0)) < 1e-9
+    assert max_err((running[1] / 2 - (running[0] / 2) ** 2) * 2, whole.var(0)) < 1e-9
+
+
+def _grads_reference(local, sums, row, count, mean_h, invstd, scale, bn_weight):
+    """sync_batch_norm_grads' four rows in float64 torch ops (the formulas of csrc/kernels/sync_stats.h)."""
+    n = mean_h.numel()
+    m, mean, m2 = row[:1], row[1:n + 1], row[n + 1:]
+    s, w = scale.double(), bn_weight.double()
+    sdy, q = sums
+    k = s * s * invstd * invstd * q / count
+    d = mean - mean_h
+    shc, shc2 = m * d, m2 + m * d * d
+    dz = w * invstd * (local[0] - m * sdy / count - k * shc)
+    dzhc = w * invstd * (local[1] - sdy / count * shc - k * shc2)
+    return torch.stack([s * dz, dzhc + mean_h * dz, invstd * s * local[1], local[0]])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n", [1, 769])
+def test_grads_columns(device, n):
+    """The gradient op against its formulas in torch (each device's own build of sync_stats.h's lines),
+    and the row and merge ops of a two-rank group against CPU's (the same lines, FMA contraction apart)."""
+    g = torch.Generator().manual_seed(8)
+    f64 = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64)
+    parts = [3 + f64(5, n), 3 + f64(3, n)]
+    rows_ = _gathered_rows(parts, device)
+    _, _, count = ops.sync_batch_norm_merge(rows_)
+    local, sums = f64(2, n), f64(2, n)
+    mean_h, invstd = 3 + f64(n) / 10, 1 + f64(n).abs()
+    scale, bn_weight = f64(n).float(), f64(n).to(torch.bfloat16)
+    args = [t.to(device) for t in (local, sums, rows_[0], count, mean_h, invstd, scale, bn_weight)]
+    ours = ops.sync_batch_norm_grads(*args).cpu()
+    ref = _grads_reference(*(t.cpu() for t in args))
+    assert ours.shape == (4, n) and ours.dtype == torch.float64
+    assert torch.allclose(ours, ref, rtol=1e-12, atol=1e-12)
+    no_weight = ops.sync_batch_norm_grads(*args[:-1], None).cpu()
+    assert torch.allclose(no_weight, _grads_reference(*(t.cpu() for t in args[:-1]), torch.ones(n)), rtol=1e-12,
+                          atol=1e-12)
+    if device == "cuda":
+        for a, b in zip(ops.sync_batch_norm_merge(rows_), ops.sync_batch_norm_merge(rows_.cpu())):
+            assert torch.allclose(a.cpu(), b, rtol=1e-13, atol=0)
+        # M2 = Q - S mean, which CUDA contracts to one FMA: a column's few rows can cancel to ~1e-3 of
+        # Q (~50 here), so the two differ by Q's rounding step, not M2's.
+        assert torch.allclose(rows_.cpu(), _gathered_rows(parts, "cpu"), rtol=1e-13, atol=1e-12)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sync_ops_refuse_bad_arguments(device):
+    f64 = lambda *shape: torch.zeros(*shape, dtype=torch.float64, device=device)
+    with pytest.raises(RuntimeError, match="expected stats to be a contiguous float64 tensor of shape"):
+        ops.sync_batch_norm_row(f64(3, 4), 2)
+    with pytest.raises(RuntimeError, match="expected count to be non-negative"):
+        ops.sync_batch_norm_row(f64(2, 4), -1)
+    with pytest.raises(RuntimeError, match=r"expected rows to be a contiguous float64 tensor of shape \[world"):
+        ops.sync_batch_norm_merge(f64(2, 8))
+    with pytest.raises(RuntimeError, match="expected rows"):
+        ops.sync_batch_norm_merge(f64(2, 9).float())
+    n = 4
+    good = [f64(2, n), f64(2, n), f64(2 * n + 1), f64(1), f64(n), f64(n), f64(n).float(), None]
+    ops.sync_batch_norm_grads(*good)
+    for i, bad, message in [(2, f64(2 * n), r"expected row to be a contiguous float64 tensor of shape \[9\]"),
+                            (4, f64(n).float(), "expected mean to be float64"),
+                            (1, f64(2, n + 1), "expected sums to be a contiguous float64 tensor"),
+                            (6, f64(n + 1).float(), r"expected scale to have shape \[4\]")]:
+        with pytest.raises(RuntimeError, match=message):
+            ops.sync_batch_norm_grads(*good[:i], bad, *good[i + 1:])

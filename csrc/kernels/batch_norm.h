@@ -149,6 +149,17 @@ void batch_norm_backward(BackwardArgs const& a, BackwardKernels kernels, int pie
 void batch_norm_backward_reduce(BackwardArgs const& a, double* sums, cudaStream_t stream);
 void batch_norm_backward_elemt(BackwardArgs const& a, double const* sums, double const* count, cudaStream_t stream);
 
+// SyncBatchNorm's column arithmetic between the collectives, a thread a column (sync_stats.h has
+// the formulas and what each array holds): this rank's [count, mean, M2] row (2n + 1); the
+// merge of `world` such rows into finalize's sums, update_running_stats' sums (2 x n each) and
+// the group's count (one element); and this rank's four parameter gradients (4 x n).
+void sync_row(int64_t n, double const* stats, double count, double* row, cudaStream_t stream);
+void sync_merge(int64_t n, int world, double const* rows, double* stats, double* running, double* count,
+                cudaStream_t stream);
+void sync_grads(int64_t n, double const* local, double const* sums, double const* row, double const* count,
+                double const* mean_h, double const* invstd, ColVec scale, ColVec weight, double* out,
+                cudaStream_t stream);
+
 // Eval-mode folding (eval_fold.cuh's fold_value, column by column): out_a = scale * w * invstd,
 // out_c = b - running_mean * w * invstd, with invstd = 1 / sqrt(running_var + eps), into fp32
 // vectors for the EVT; zero in columns f.n .. kn, the padding the GEMM computes. With out_s (the
