@@ -216,6 +216,13 @@ void check_sums(at::Tensor const& sums, char const* name, int64_t n) {
               sums.scalar_type(), " ", sums.sizes());
 }
 
+void check_sync_row_args(at::Tensor const& stats, int64_t count) {
+  int64_t n = stats.dim() == 2 ? stats.size(1) : 0;
+  check_sums(stats, "stats", n);
+  TORCH_CHECK(n > 0, "cutlass_fused: expected stats to have at least one column");
+  TORCH_CHECK(count >= 0, "cutlass_fused: expected count to be non-negative, but got ", count);
+}
+
 void check_rows(at::Tensor const& rows, int64_t n) {
   bool ok = rows.dim() == 2 && rows.size(0) > 0 && rows.scalar_type() == at::kDouble && rows.is_contiguous();
   if (n < 0) n = ok ? (rows.size(1) - 1) / 2 : 0;

@@ -74,6 +74,8 @@ void check_batch(int64_t count, int64_t n);
 void check_sums(at::Tensor const& sums, char const* name, int64_t n);
 // SyncBatchNorm's batch count: one fp64 element (on the device, where the ranks merged it).
 void check_count(at::Tensor const& count);
+// sync_batch_norm_row's arguments: linear_stats' sums (2 x n, n > 0) and a row count >= 0.
+void check_sync_row_args(at::Tensor const& stats, int64_t count);
 // SyncBatchNorm's gathered rows (world x (2n + 1) fp64, contiguous); n < 0: any n.
 void check_rows(at::Tensor const& rows, int64_t n);
 // sync_batch_norm_grads' arguments: local and sums 2 x n, row 2n + 1, count one element, the

@@ -396,9 +396,8 @@ at::Tensor dequantize_cpu(at::Tensor const& t8, c10::optional<at::Tensor> const&
 
 // SyncBatchNorm's column arithmetic: sync_stats.h's lines, the columns in a loop.
 at::Tensor sync_batch_norm_row_cpu(at::Tensor const& stats, int64_t count) {
-  int64_t n = stats.dim() == 2 ? stats.size(1) : 0;
-  check_sums(stats, "stats", n);
-  TORCH_CHECK(count >= 0, "cutlass_fused: expected count to be non-negative, but got ", count);
+  check_sync_row_args(stats, count);
+  int64_t n = stats.size(1);
   auto row = at::empty({2 * n + 1}, stats.options());
   for (int64_t c = 0; c < n; ++c) {
     sync_stats::row_column(stats.data_ptr<double>(), n, static_cast<double>(count), c, row.data_ptr<double>());

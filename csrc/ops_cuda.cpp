@@ -577,9 +577,8 @@ at::Tensor batch_norm_backward_elemt_cuda(at::Tensor const& dy, at::Tensor const
 }
 
 at::Tensor sync_batch_norm_row_cuda(at::Tensor const& stats, int64_t count) {
-  int64_t n = stats.dim() == 2 ? stats.size(1) : 0;
-  check_sums(stats, "stats", n);
-  TORCH_CHECK(count >= 0, "cutlass_fused: expected count to be non-negative, but got ", count);
+  check_sync_row_args(stats, count);
+  int64_t n = stats.size(1);
   c10::cuda::CUDAGuard guard(stats.device());
   auto row = at::empty({2 * n + 1}, stats.options());
   poison(row);

@@ -1,4 +1,6 @@
 """LinearScaleBatchNorm1d: a drop-in for `bn(linear(x) * scale)` with the same state_dict."""
+import copy
+
 import torch
 from torch import nn
 
@@ -72,6 +74,17 @@ class LinearScaleBatchNorm1d(nn.Module):
                                  track_running_stats=track_running_stats, **kw)
         self.process_group = process_group
         self.fp8 = fp8
+
+    def __deepcopy__(self, memo):
+        """The default deep copy, but sharing the process group: a communicator is neither copied
+        nor picklable, and the copy (an EMA model's, say) synchronizes over the same ranks. A model
+        after nn.SyncBatchNorm.convert_sync_batchnorm copies too (its group is None there)."""
+        if self.process_group is not None:
+            memo[id(self.process_group)] = self.process_group
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        new.__setstate__(copy.deepcopy(self.__dict__, memo))
+        return new
 
     def _set_output(self, activation, negative_slope, output_dtype):
         self.activation, self.negative_slope = _activation.check(activation, negative_slope)

@@ -58,6 +58,7 @@ class SyncFunction(torch.autograd.Function):
         ctx.activation, ctx.negative_slope = activation, negative_slope
         ctx.dtypes = (None if bias is None else bias.dtype, None if bn_bias is None else bn_bias.dtype)
         ctx.mark_non_differentiable(running_stats)
+        ctx.set_materialize_grads(False)  # no zeros launched for running_stats' gradient, which is never used
         return y, running_stats
 
     @staticmethod
@@ -82,6 +83,9 @@ class SyncFunction(torch.autograd.Function):
         if any(need[2:6]):
             grads = ops.sync_batch_norm_grads(local, sums, row, count, mean_h, invstd, scale, bn_weight)
             dtypes = (ctx.dtypes[0], scale.dtype, None if bn_weight is None else bn_weight.dtype, ctx.dtypes[1])
+            wanted = {dtype for i, dtype in enumerate(dtypes, 2) if need[i]}
+            if len(wanted) == 1:  # one cast of all four where the dtypes agree (the usual case)
+                grads = grads.to(wanted.pop())
             for i, (g, dtype) in enumerate(zip(grads.unbind(), dtypes), 2):
                 if need[i]:
                     out[i] = g.to(dtype)

@@ -22,6 +22,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import cutlass_fused
 from cutlass_fused.seed import SeedModel as Seed
@@ -301,6 +302,77 @@ def test_fsdp2_trains_like_unfused(backend):
     run(_fsdp_worker, backend, [6, 4])
 
 
+class _Ops(TorchDispatchMode):
+    """The ops a region dispatches below autograd, by name."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def _ops_worker(rank, device, sizes):
+    """One training step of the synced layer dispatches a handful of ops: the column arithmetic
+    between the collectives is three ops, not the ~50 torch ops that made the DDP step host-bound
+    (docs/decisions.md, "SyncBatchNorm")."""
+    layer = cutlass_fused.LinearScaleBatchNorm1d(12, 10, device=device, process_group=dist.group.WORLD,
+                                                 activation="relu")
+    x = torch.randn(sizes[rank], 12, device=device, requires_grad=True)
+    layer(x).sum().backward()  # warm: nothing lazily made on the first call is counted
+    layer.zero_grad(set_to_none=True)
+    x.grad = None
+    with _Ops() as fwd:
+        y = layer(x)
+    dy = torch.ones_like(y)
+    with _Ops() as bwd:
+        y.backward(dy)
+    # Forward: linear_stats, the row, the gather (1-3: its buffer(s), the collective, gloo's
+    # stack), the merge, finalize, num_batches_tracked's +1 and the running stats. Backward: the
+    # two passes, the sums' copy and all-reduce, dX and dW (and a transpose), the gradients' op and
+    # one cast of all four, unbound.
+    # (AccumulateGrad's detach of each gradient it takes is no launch.)
+    assert len(fwd.names) <= 10, fwd.names
+    assert len([name for name in bwd.names if name != "aten.detach.default"]) <= 11, bwd.names
+    ours = [name for name in fwd.names + bwd.names if name.startswith("cutlass_fused.")]
+    assert ours.count("cutlass_fused.sync_batch_norm_merge.default") == 1, ours
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_step_dispatches_few_ops(backend):
+    run(_ops_worker, backend, [6, 4])
+
+
+def _compile_worker(rank, device, sizes):
+    """torch.compile(fullgraph=True) of the synced layer: one graph (the collectives and the column
+    ops inside it), and eager's y, gradients and running stats."""
+    from torch._dynamo.utils import counters
+    torch.manual_seed(0)
+    eager = cutlass_fused.LinearScaleBatchNorm1d(12, 10, device=device, process_group=dist.group.WORLD,
+                                                 activation="relu")
+    compiled = copy.deepcopy(eager)
+    step = torch.compile(compiled, fullgraph=True)
+    g = torch.Generator().manual_seed(9)
+    for _ in range(2):
+        x = torch.randn(sum(sizes), 12, generator=g)[rows(sizes, rank)].to(device)
+        y_e, grads_e = local_step(eager, x.clone(), torch.ones(len(x), 10))  # each its own leaf
+        y_c, grads_c = local_step(step, x.clone(), torch.ones(len(x), 10))
+        assert torch.allclose(y_c, y_e, rtol=1e-5, atol=1e-5)
+        for name, a in grads_c.items():
+            b = grads_e[name.removeprefix("_orig_mod.")]  # the compiled wrapper's parameter names
+            assert torch.allclose(a, b, rtol=1e-5, atol=1e-5), (name, max_err(a, b))
+    for a, b in zip(compiled.buffers(), eager.buffers()):
+        assert torch.allclose(a.float(), b.float(), rtol=1e-6, atol=1e-6)
+    assert not counters["graph_break"], dict(counters["graph_break"])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_compiled_layer_matches_eager(backend):
+    run(_compile_worker, backend, [5, 3])
+
+
 def _convert_worker(rank, device, sizes):
     k, n = 12, 10
     torch.manual_seed(0)
@@ -332,6 +404,10 @@ def _convert_worker(rank, device, sizes):
         both = cutlass_fused.convert_sync_batchnorm(both)
         assert isinstance(both[1], nn.SyncBatchNorm) and both[0].process_group == dist.group.WORLD
         assert max_err(both[0](xr).cpu(), y64) < 1e-4
+        # A deep copy (an EMA model's, say) shares the group, which cannot be copied, and syncs the same.
+        twin = copy.deepcopy(synced).train()
+        assert twin.process_group is synced.process_group and twin.gemm.weight is not synced.gemm.weight
+        assert torch.equal(twin(xr), synced.train()(xr))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -483,6 +559,8 @@ def test_sync_ops_refuse_bad_arguments(device):
     f64 = lambda *shape: torch.zeros(*shape, dtype=torch.float64, device=device)
     with pytest.raises(RuntimeError, match="expected stats to be a contiguous float64 tensor of shape"):
         ops.sync_batch_norm_row(f64(3, 4), 2)
+    with pytest.raises(RuntimeError, match="expected stats to have at least one column"):
+        ops.sync_batch_norm_row(f64(2, 0), 2)
     with pytest.raises(RuntimeError, match="expected count to be non-negative"):
         ops.sync_batch_norm_row(f64(2, 4), -1)
     with pytest.raises(RuntimeError, match=r"expected rows to be a contiguous float64 tensor of shape \[world"):

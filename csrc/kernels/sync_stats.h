@@ -2,7 +2,7 @@
 // one rank's [count, mean, M2] row, the group's merge of those rows, and the parameters' local
 // gradients from column vectors. One column per call, on the host (ops_cpu.cpp loops over the
 // columns) and on the device (sync_stats.cu runs a thread a column), so both paths share these
-// lines. All fp64. They were ~60 torch ops a layer and step in Python; under DDP that host time
+// lines. All fp64. They were ~50 torch ops a layer and step in Python; under DDP that host time
 // set the fused step's pace (docs/decisions.md, "SyncBatchNorm").
 #pragma once
 
