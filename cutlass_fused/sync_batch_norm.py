@@ -50,8 +50,8 @@ class SyncFunction(torch.autograd.Function):
     def forward(ctx, x, weight, bias, scale, bn_weight, bn_bias, eps, group, family, activation, negative_slope):
         h, stats = ops.linear_stats(x, weight, bias, family, may_cache(weight, bias))
         row = ops.sync_batch_norm_row(stats, x.shape[0])
-        stats, running_stats, count = ops.sync_batch_norm_merge(_gather_rows(row, group))
-        y, mean_h, invstd = ops.batch_norm_finalize(h, stats, scale, 1, bn_weight, bn_bias, eps, activation,
+        merged, running_stats, count = ops.sync_batch_norm_merge(_gather_rows(row, group))
+        y, mean_h, invstd = ops.batch_norm_finalize(h, merged, scale, 1, bn_weight, bn_bias, eps, activation,
                                                     negative_slope)
         ctx.save_for_backward(x, weight, h, mean_h, invstd, scale, bn_weight, bn_bias, count, row)
         ctx.group, ctx.family, ctx.eps = group, family, eps

@@ -329,11 +329,11 @@ def _ops_worker(rank, device, sizes):
     dy = torch.ones_like(y)
     with _Ops() as bwd:
         y.backward(dy)
-    # Forward: linear_stats, the row, the gather (1-3: its buffer(s), the collective, gloo's
-    # stack), the merge, finalize, num_batches_tracked's +1 and the running stats. Backward: the
-    # two passes, the sums' copy and all-reduce, dX and dW (and a transpose), the gradients' op and
-    # one cast of all four, unbound.
-    # (AccumulateGrad's detach of each gradient it takes is no launch.)
+    # Forward: linear_stats, the row, the gather (its buffer(s), the collective, then gloo's stack
+    # or NCCL's view), the merge, finalize, num_batches_tracked's +1 and the running stats.
+    # Backward: the two passes, the sums' copy and all-reduce, dX and dW (and a transpose), the
+    # gradients' op and one cast of all four, unbound; AccumulateGrad's detach of each gradient it
+    # takes launches nothing.
     assert len(fwd.names) <= 10, fwd.names
     assert len([name for name in bwd.names if name != "aten.detach.default"]) <= 11, bwd.names
     ours = [name for name in fwd.names + bwd.names if name.startswith("cutlass_fused.")]
