@@ -399,9 +399,9 @@ at::Tensor sync_batch_norm_row_cpu(at::Tensor const& stats, int64_t count) {
   check_sync_row_args(stats, count);
   int64_t n = stats.size(1);
   auto row = at::empty({2 * n + 1}, stats.options());
-  for (int64_t c = 0; c < n; ++c) {
-    sync_stats::row_column(stats.data_ptr<double>(), n, static_cast<double>(count), c, row.data_ptr<double>());
-  }
+  double const* s = stats.data_ptr<double>();
+  double* out = row.data_ptr<double>();
+  for (int64_t c = 0; c < n; ++c) sync_stats::row_column(s, n, static_cast<double>(count), c, out);
   return row;
 }
 
@@ -410,10 +410,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sync_batch_norm_merge_cpu(at::Ten
   int64_t n = (rows.size(1) - 1) / 2;
   auto stats = at::empty({2, n}, rows.options()), running = at::empty({2, n}, rows.options());
   auto count = at::empty({1}, rows.options());
-  for (int64_t c = 0; c < n; ++c) {
-    sync_stats::merge_column(rows.data_ptr<double>(), static_cast<int>(rows.size(0)), n, c, stats.data_ptr<double>(),
-                             running.data_ptr<double>(), count.data_ptr<double>());
-  }
+  double const* r = rows.data_ptr<double>();
+  double *s = stats.data_ptr<double>(), *run = running.data_ptr<double>(), *k = count.data_ptr<double>();
+  for (int64_t c = 0; c < n; ++c) sync_stats::merge_column(r, static_cast<int>(rows.size(0)), n, c, s, run, k);
   return {stats, running, count};
 }
 
@@ -427,12 +426,11 @@ at::Tensor sync_batch_norm_grads_cpu(at::Tensor const& local, at::Tensor const& 
   auto weight_d = weight.has_value() ? vec(*weight) : at::ones({n}, local.options());
   auto out = at::empty({4, n}, local.options());
   double total = count.item<double>();  // a CPU tensor: no sync
-  for (int64_t c = 0; c < n; ++c) {
-    sync_stats::grads_column(local.data_ptr<double>(), sums.data_ptr<double>(), row.data_ptr<double>(), total,
-                             mean_d.data_ptr<double>()[c], invstd_d.data_ptr<double>()[c],
-                             scale_d.data_ptr<double>()[c], weight_d.data_ptr<double>()[c], n, c,
-                             out.data_ptr<double>());
-  }
+  double const *l = local.data_ptr<double>(), *g = sums.data_ptr<double>(), *r = row.data_ptr<double>();
+  double const *mh = mean_d.data_ptr<double>(), *is = invstd_d.data_ptr<double>();
+  double const *s = scale_d.data_ptr<double>(), *w = weight_d.data_ptr<double>();
+  double* o = out.data_ptr<double>();
+  for (int64_t c = 0; c < n; ++c) sync_stats::grads_column(l, g, r, total, mh[c], is[c], s[c], w[c], n, c, o);
   return out;
 }
 
