@@ -605,13 +605,13 @@ at::Tensor sync_batch_norm_grads_cuda(at::Tensor const& local, at::Tensor const&
   check_sync_grads_args(local, sums, row, count, mean, invstd, scale, weight);
   int64_t n = local.size(1);
   auto dev = local.device();
-  for (auto [t, name] : {std::pair{&sums, "sums"}, std::pair{&row, "row"}, std::pair{&count, "count"},
-                         std::pair{&mean, "mean"}, std::pair{&invstd, "invstd"}}) {
+  for (auto [t, name] : {std::pair{&sums, "sums"}, std::pair{&row, "row"}, std::pair{&count, "count"}}) {
     check_device(*t, dev, name);
   }
   c10::cuda::CUDAGuard guard(dev);
   auto scale_d = dense(scale), weight_d = dense(weight);
-  auto mean_d = mean.contiguous(), invstd_d = invstd.contiguous(), total = count.contiguous();
+  auto mean_d = saved_vector(mean, "mean", n, dev), invstd_d = saved_vector(invstd, "invstd", n, dev);
+  auto total = count.contiguous();
   auto out = at::empty({4, n}, local.options());
   poison(out);
   sync_grads(n, local.data_ptr<double>(), sums.data_ptr<double>(), row.data_ptr<double>(), total.data_ptr<double>(),

@@ -11,7 +11,7 @@ from .fp8 import e4m3_kernels, eval_e4m3, train_e4m3
 from .fp8 import check as fp8_check
 from .fp8 import operands as fp8_operands
 from .functional import linear_scale_batch_norm
-from .sync_batch_norm import should_sync, sync_linear_scale_batch_norm
+from .sync_batch_norm import pickled_group, should_sync, sync_linear_scale_batch_norm
 
 
 class LinearScaleBatchNorm1d(nn.Module):
@@ -85,6 +85,14 @@ class LinearScaleBatchNorm1d(nn.Module):
         memo[id(self)] = new
         new.__setstate__(copy.deepcopy(self.__dict__, memo))
         return new
+
+    def __getstate__(self):
+        """Pickling (torch.save of the model): the default group becomes sync_batch_norm.WORLD,
+        which the loading process resolves to its own; another group is refused by name."""
+        state = super().__getstate__()
+        if "process_group" in state:
+            state["process_group"] = pickled_group(state["process_group"])
+        return state
 
     def _set_output(self, activation, negative_slope, output_dtype):
         self.activation, self.negative_slope = _activation.check(activation, negative_slope)

@@ -25,8 +25,45 @@ from .frozen import may_cache
 from .ops import ops
 
 
+class _World:
+    """A pickled layer's stand-in for the default group (torch.save of a converted model): a
+    ProcessGroup cannot be pickled, and the default group of the process that loads the layer
+    is the one it means. Resolved at each call, so a layer loaded before init_process_group syncs
+    once it is up."""
+
+    def __reduce__(self):
+        return "WORLD"  # pickled as this module's global: one instance, unpickled as itself
+
+    def __repr__(self):
+        return "cutlass_fused.sync_batch_norm.WORLD"
+
+
+WORLD = _World()
+
+
+def resolve_group(process_group):
+    """The group a layer's process_group names: WORLD is the default group, or None where
+    torch.distributed is not initialized (then nothing syncs, as nn.SyncBatchNorm falls back)."""
+    if process_group is WORLD:
+        return dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
+    return process_group
+
+
+def pickled_group(process_group):
+    """process_group as a layer's pickled state holds it: WORLD for the default group. Any other
+    group cannot be pickled (nor can nn.SyncBatchNorm's); the error says what can."""
+    if process_group is None or process_group is WORLD:
+        return process_group
+    if dist.is_available() and dist.is_initialized() and process_group == dist.group.WORLD:
+        return WORLD
+    raise TypeError("cutlass_fused: cannot pickle a LinearScaleBatchNorm1d synchronized over a process "
+                    "group other than the default one (torch.distributed.group.WORLD); save its state_dict(), "
+                    "or pickle the model before convert_sync_batchnorm")
+
+
 def should_sync(process_group, training: bool) -> bool:
     """nn.SyncBatchNorm's rule: in training, with torch.distributed up and more than one rank in the group."""
+    process_group = resolve_group(process_group)
     return (process_group is not None and training and dist.is_available() and dist.is_initialized()
             and dist.get_world_size(process_group) > 1)
 
@@ -110,6 +147,7 @@ def sync_linear_scale_batch_norm(x, weight, bias, scale, bn_weight, bn_bias, run
     an output_dtype is a cast of y afterwards.
     """
     activation, negative_slope = _activation.check(activation, negative_slope)
+    process_group = resolve_group(process_group)
     if x.dim() != 2:
         raise ValueError(f"cutlass_fused: expected 2-D input (batch, in_features), but got {x.dim()}-D")
     dev = x.device.type

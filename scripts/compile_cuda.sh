@@ -2,7 +2,8 @@
 # Compiles every CUDA source, and the CUDA binding, through CMake's own targets
 # (cutlass_fused_kernels, cutlass_fused_cuda_glue) with their real flags and
 # archs, without linking: no GPU and no CUDA torch needed (the CPU torch wheel
-# ships the CUDA headers). CI runs it.
+# ships the CUDA headers). CI runs it. CONFIGURE_ONLY=1 stops after the configure, for one
+# object by hand: CPATH=$PWD/build/cuda-headers/include ninja -C build/compile-cuda <object>.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/pick_cxx.sh
@@ -43,6 +44,7 @@ if probe; then
 else
   echo "compile_cuda: no cuBLAS/cuSPARSE/cuSOLVER headers (see build/cuda-headers.log): skipping the CUDA binding"
 fi
+[ -n "${CONFIGURE_ONLY:-}" ] && exit 0
 cmake --build "$build" --target "${targets[@]}" -j "${JOBS:-2}"
 for t in "${targets[@]}"; do
   echo "compile_cuda: $t: $(find "$build/CMakeFiles/$t.dir" -name '*.o' | wc -l) objects"

@@ -9,6 +9,7 @@ tensors, so on the CPU it comes from the same one-process reference in fp32.
 """
 import copy
 import datetime
+import io
 import os
 import sys
 import tempfile
@@ -27,6 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import cutlass_fused
 from cutlass_fused.seed import SeedModel as Seed
 from cutlass_fused.ops import ops
+from cutlass_fused.sync_batch_norm import WORLD as WORLD_MARKER
 from common import assert_close_rule, assert_close_rule_scaled, max_err
 
 WORLD = 2
@@ -410,11 +412,38 @@ def _convert_worker(rank, device, sizes):
         twin = copy.deepcopy(synced).train()
         assert twin.process_group is synced.process_group and twin.gemm.weight is not synced.gemm.weight
         assert torch.equal(twin(xr), synced.train()(xr))
+        # torch.save of the model: the default group travels as WORLD, which the loading process
+        # resolves to its own default group; another group is refused by name, not by pickle's error.
+        buf = io.BytesIO()
+        torch.save(model, buf)
+        loaded = torch.load(io.BytesIO(buf.getvalue()), weights_only=False)
+        assert loaded[0].process_group is WORLD_MARKER and loaded[2][0].process_group is WORLD_MARKER
+        assert loaded[0].gemm.weight is not synced.gemm.weight
+        assert torch.equal(loaded[0].train()(xr), synced.train()(xr))
+        with pytest.raises(TypeError, match="state_dict"):
+            torch.save(alone, io.BytesIO())
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_convert_sync_batchnorm(backend):
     run(_convert_worker, backend, [5, 3])
+
+
+def test_world_marker_without_distributed():
+    """A synced layer pickled and loaded where torch.distributed is not up normalizes its own batch,
+    as nn.SyncBatchNorm falls back, and pickles again as it came."""
+    assert not dist.is_initialized()
+    torch.manual_seed(0)
+    layer = cutlass_fused.LinearScaleBatchNorm1d(6, 5, activation="relu")
+    marked = copy.deepcopy(layer)
+    marked.process_group = WORLD_MARKER
+    buf = io.BytesIO()
+    torch.save(marked, buf)
+    loaded = torch.load(io.BytesIO(buf.getvalue()), weights_only=False)
+    assert loaded.process_group is WORLD_MARKER
+    x = torch.randn(7, 6)
+    assert torch.equal(loaded(x), layer(x))
+    torch.save(loaded, io.BytesIO())
 
 
 def test_convert_needs_a_process_group():
