@@ -45,7 +45,9 @@ class FuseReport:
 class _Tracer(fx.Tracer):
     # An already fused layer stays one call: traced into, its Python branches on
     # bn.training would be frozen at the mode the model had while tracing.
-    def __init__(self, leaf_modules):
+    # leaf_modules has a default: torch.load of a fused model re-traces its code with a subclass of
+    # the recorded tracer class, made with no arguments (fx's _deserialize_graph_module).
+    def __init__(self, leaf_modules=()):
         super().__init__()
         self.leaf_types = (LinearScaleBatchNorm1d, *leaf_modules)
 

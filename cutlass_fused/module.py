@@ -75,6 +75,14 @@ class LinearScaleBatchNorm1d(nn.Module):
         self.process_group = process_group
         self.fp8 = fp8
 
+    def reset_parameters(self):
+        """nn.Linear's and nn.BatchNorm1d's reset_parameters (the latter's running stats too), and
+        scale drawn again from N(0, 1): construction's draws, in construction's order."""
+        self.gemm.reset_parameters()
+        with torch.no_grad():
+            self.scale.normal_()
+        self.bn.reset_parameters()
+
     def __deepcopy__(self, memo):
         """The default deep copy, but sharing the process group: a communicator is neither copied
         nor picklable, and the copy (an EMA model's, say) synchronizes over the same ranks. A model

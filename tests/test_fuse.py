@@ -1,6 +1,7 @@
 """cutlass_fused.fuse: which chains it rewrites, which it leaves alone and why, and that the
 rewritten model computes what the original does (outputs, gradients, running stats)."""
 import copy
+import io
 
 import pytest
 import torch
@@ -197,6 +198,26 @@ def test_shares_parameters_and_buffers():
     model.load_state_dict(other.state_dict())
     x = torch.randn(5, 8)
     torch.testing.assert_close(fused.eval()(x), other.eval()(x))
+
+
+def test_fused_model_saves_and_loads():
+    """torch.save of the fused model (as a whole, not its state_dict) loads back, with its fused
+    layers, leaf modules and tensors, and computes what it did: fx re-traces the saved code with the
+    tracer class it recorded, built with no arguments."""
+    torch.manual_seed(0)
+    model = nn.Sequential(Seed(8, 6), nn.ReLU(), cutlass_fused.LinearScaleBatchNorm1d(6, 5), Seed(5, 4))
+    fused, report = cutlass_fused.fuse(model, leaf_modules=(nn.ReLU,))
+    buf = io.BytesIO()
+    torch.save(fused, buf)
+    loaded = torch.load(io.BytesIO(buf.getvalue()), weights_only=False)
+    names = [f.name for f in report.fused]
+    assert names and all(isinstance(loaded.get_submodule(n), cutlass_fused.LinearScaleBatchNorm1d) for n in names)
+    assert loaded.get_submodule(names[0]).activation == "relu"
+    assert isinstance(loaded.get_submodule("2"), cutlass_fused.LinearScaleBatchNorm1d)
+    assert loaded.get_submodule(names[0]).gemm.weight is not fused.get_submodule(names[0]).gemm.weight
+    x = torch.randn(7, 8)
+    for mode in (True, False):  # batch statistics, then the running ones (updated once by the first)
+        assert torch.equal(loaded.train(mode)(x), fused.train(mode)(x))
 
 
 def test_keeps_the_models_mode():

@@ -32,6 +32,29 @@ def test_from_modules_shares_parameters():
         cutlass_fused.LinearScaleBatchNorm1d.from_modules(seed.gemm, nn.Parameter(torch.randn(3)), seed.bn)
 
 
+@pytest.mark.parametrize("bn", [{}, {"affine": False}, {"track_running_stats": False}])
+def test_reset_parameters_redraws_as_construction(bn):
+    """reset_parameters gives, from the same RNG state, the tensors a new layer would have; a layer
+    made by from_modules resets the modules it shares."""
+    torch.manual_seed(5)
+    fresh = cutlass_fused.LinearScaleBatchNorm1d(12, 7, **bn)
+    used = cutlass_fused.LinearScaleBatchNorm1d(12, 7, **bn)
+    used(torch.randn(9, 12))  # running stats and num_batches_tracked move
+    with torch.no_grad():
+        for p in used.parameters():
+            p.add_(1)
+    torch.manual_seed(5)
+    used.reset_parameters()
+    assert list(used.state_dict()) == list(fresh.state_dict())
+    for k, v in fresh.state_dict().items():
+        assert torch.equal(used.state_dict()[k], v), k
+    seed = Seed(12, 7)
+    shared = cutlass_fused.LinearScaleBatchNorm1d.from_modules(seed.gemm, seed.scale, seed.bn)
+    before = seed.scale.detach().clone()
+    shared.reset_parameters()
+    assert not torch.equal(seed.scale, before) and shared.scale is seed.scale
+
+
 @pytest.mark.parametrize("device,family", FAMILIES, ids=FAMILY_IDS)
 @pytest.mark.parametrize("bn", [{}, {"affine": False}, {"track_running_stats": False}, {"momentum": None}],
                          ids=["default", "affine_false", "no_running_stats", "momentum_none"])
