@@ -200,13 +200,14 @@ def test_shares_parameters_and_buffers():
     torch.testing.assert_close(fused.eval()(x), other.eval()(x))
 
 
-def test_fused_model_saves_and_loads():
+@pytest.mark.parametrize("device,family", FAMILIES, ids=FAMILY_IDS)
+def test_fused_model_saves_and_loads(device, family):
     """torch.save of the fused model (as a whole, not its state_dict) loads back, with its fused
     layers, leaf modules and tensors, and computes what it did: fx re-traces the saved code with the
     tracer class it recorded, built with no arguments."""
     torch.manual_seed(0)
     model = nn.Sequential(Seed(8, 6), nn.ReLU(), cutlass_fused.LinearScaleBatchNorm1d(6, 5), Seed(5, 4))
-    fused, report = cutlass_fused.fuse(model, leaf_modules=(nn.ReLU,))
+    fused, report = cutlass_fused.fuse(model.to(device), leaf_modules=(nn.ReLU,))
     buf = io.BytesIO()
     torch.save(fused, buf)
     loaded = torch.load(io.BytesIO(buf.getvalue()), weights_only=False)
@@ -214,10 +215,12 @@ def test_fused_model_saves_and_loads():
     assert names and all(isinstance(loaded.get_submodule(n), cutlass_fused.LinearScaleBatchNorm1d) for n in names)
     assert loaded.get_submodule(names[0]).activation == "relu"
     assert isinstance(loaded.get_submodule("2"), cutlass_fused.LinearScaleBatchNorm1d)
-    assert loaded.get_submodule(names[0]).gemm.weight is not fused.get_submodule(names[0]).gemm.weight
-    x = torch.randn(7, 8)
-    for mode in (True, False):  # batch statistics, then the running ones (updated once by the first)
-        assert torch.equal(loaded.train(mode)(x), fused.train(mode)(x))
+    weight = loaded.get_submodule(names[0]).gemm.weight
+    assert weight is not fused.get_submodule(names[0]).gemm.weight and weight.device.type == device
+    x = torch.randn(7, 8, device=device)
+    with cutlass_fused.use_kernel_family(family):
+        for mode in (True, False):  # batch statistics, then the running ones (updated once by the first)
+            assert torch.equal(loaded.train(mode)(x), fused.train(mode)(x))
 
 
 def test_keeps_the_models_mode():

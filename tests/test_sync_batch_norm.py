@@ -48,17 +48,18 @@ def _entry(rank, fn, backend, store, args):
                             timeout=datetime.timedelta(seconds=30), **kw)
     try:
         fn(rank, device, *args)
+        dist.barrier()  # every rank past its last collective: none waits on a peer that has left
     except BaseException:
-        # Printed before the teardown: a rank that raises leaves its peers in a collective, and
-        # the test then fails as a hang, with this rank's traceback only here.
+        # Printed here: a rank that raises leaves its peers in a collective, and the test then
+        # fails as a hang, with this rank's traceback only here.
         traceback.print_exc()
         raise
-    finally:
-        dist.destroy_process_group()
-    # A rank that passed leaves at once, without the interpreter's teardown: there a thread of
-    # torch's (gloo, FSDP2) could still be joinable, and the process aborted ("terminate called
-    # without an active exception", SIGABRT) after the test had passed, in about one full CPU run
-    # in five (test_fsdp2_trains_like_unfused[gloo-cpu], torch 2.13, before this stop's changes too).
+    # A rank that passed leaves at once, without destroy_process_group or the interpreter's
+    # teardown. Through destroy_process_group, rank 0 could wait for good once rank 1 had gone
+    # (torch 2.4.1, gloo: faulthandler put rank 0 there in 4 of 14 gloo tests, 2026-11-29). Through
+    # the teardown, a thread of torch's (gloo, FSDP2) could still be joinable, and the process
+    # aborted ("terminate called without an active exception", SIGABRT) after the test had passed,
+    # in about one full CPU run in five (test_fsdp2_trains_like_unfused[gloo-cpu], torch 2.13).
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
