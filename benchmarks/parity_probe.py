@@ -1,7 +1,7 @@
 """How far the step benchmark's losses part from eager's by rounding alone (issue 31's loss parity:
 the largest relative difference from eager's loss over the first 30 steps, same weights and data).
 
-    python benchmarks/parity_probe.py [--case amp-bf16,256,2048,6]   (CPU: --case f32,64,64,2)
+    python benchmarks/parity_probe.py [--case amp-bf16,256,2048,6] [--seeds 5]   (CPU: --case f32,64,64,2)
 
 Beside the benchmark's rows (compile, fused) it runs eager variants that differ from eager only in
 rounding: eager again (is eager deterministic), eager with BatchNorm computed in float64 (as our
@@ -9,10 +9,14 @@ kernels take the statistics), and eager from weights moved by one fp32 ulp (how 
 amplify a difference of that size). Under amp-bf16 it also runs the fused model with each fused
 layer's dW rounded to bf16 before AdamW, as the unfused model's autocast rounds it (ours comes from the
 GEMM in fp32: docs/decisions.md, "Autocast"). Each line: a row's parity against eager, and the step
-where it peaked.
+where it peaked. --seeds N repeats it for N initial weights and data streams (seed 0 is the step
+benchmark's own), then prints each row's parities across seeds, sorted: one seed's number is one
+draw of a chaotic difference, and the spread says how far a row's draw can fall from its typical.
 """
 import argparse
+import contextlib
 import copy
+import statistics
 
 import torch
 import torch.nn.functional as F
@@ -70,34 +74,84 @@ def bf16_dw(opt, args, kwargs):
                     p.grad.copy_(p.grad.to(torch.bfloat16))
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--case", type=bench_step.parse_case, default=bench_step.Case("amp-bf16", 256, 2048, 6, "relu"))
-    args = ap.parse_args()
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    base = bench_step.mlp(args.case, device)
-    reports = []
-    with bench_step.precision_flags(args.case.precision):
-        eager = bench_step.Row("eager", base, args.case, device, reports).losses
+@contextlib.contextmanager
+def seeded(seed):
+    """bench_step's model and data stream under another seed: the initial weights drawn after
+    torch.manual_seed(seed), and batch i drawn as batch 1000 * seed + i (seed 0: the benchmark's own)."""
+    batch, mlp = bench_step.batch, bench_step.mlp
+
+    def seeded_mlp(case, device):
+        model = mlp(case, device)
+        if seed:
+            torch.manual_seed(seed)
+            redraw(model)
+        return model
+
+    bench_step.batch = lambda case, device, i: batch(case, device, 1000 * seed + i)
+    bench_step.mlp = seeded_mlp
+    try:
+        yield
+    finally:
+        bench_step.batch, bench_step.mlp = batch, mlp
+
+
+def redraw(model):
+    """model's modules re-drawn in order from the current RNG state, as construction draws them."""
+    for m in model.modules():
+        if isinstance(m, SeedModel):
+            m.gemm.reset_parameters()
+            with torch.no_grad():
+                m.scale.copy_(torch.randn_like(m.scale))
+        elif isinstance(m, torch.nn.Linear):
+            m.reset_parameters()
+
+
+def parities(case, device, reports):
+    """{row: (largest relative difference from eager's loss, its step, the last step's)}, and the
+    steps' count. reports: bench_step.Row's (fuse's report printed while it is empty)."""
+    base = bench_step.mlp(case, device)
+    with bench_step.precision_flags(case.precision):
+        eager = bench_step.Row("eager", base, case, device, reports).losses
         rows = {
-            "eager again": bench_step.Row("eager", base, args.case, device, reports).losses,
-            "eager, BN in float64": bench_step.Row("eager", float64_bn(base), args.case, device, reports).losses,
-            "eager, weights +1 ulp": bench_step.Row("eager", one_ulp(base), args.case, device, reports).losses,
-            "fused": bench_step.Row("fused", base, args.case, device, reports).losses,
+            "eager again": bench_step.Row("eager", base, case, device, reports).losses,
+            "eager, BN in float64": bench_step.Row("eager", float64_bn(base), case, device, reports).losses,
+            "eager, weights +1 ulp": bench_step.Row("eager", one_ulp(base), case, device, reports).losses,
+            "fused": bench_step.Row("fused", base, case, device, reports).losses,
         }
-        if args.case.precision == "amp-bf16":
+        if case.precision == "amp-bf16":
             hook = register_optimizer_step_pre_hook(bf16_dw)
             try:
-                rows["fused, dW through bf16"] = bench_step.Row("fused", base, args.case, device, reports).losses
+                rows["fused, dW through bf16"] = bench_step.Row("fused", base, case, device, reports).losses
             finally:
                 hook.remove()
         if device.type == "cuda":  # no triton on the CPU
-            rows["compile"] = bench_step.Row("compile", base, args.case, device, reports).losses
-    print(f"{bench_step.label(args.case)}: loss parity against eager over {len(eager)} steps")
+            rows["compile"] = bench_step.Row("compile", base, case, device, reports).losses
+    out = {}
     for name, losses in rows.items():
         rel = [abs(a - e) / abs(e) for a, e in zip(losses, eager)]
         worst = max(range(len(rel)), key=rel.__getitem__)
-        print(f"  {name:24s} {max(rel):.1e} (step {worst}); last step {rel[-1]:.1e}")
+        out[name] = (max(rel), worst, rel[-1])
+    return out, len(eager)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--case", type=bench_step.parse_case, default=bench_step.Case("amp-bf16", 256, 2048, 6, "relu"))
+    ap.add_argument("--seeds", type=int, default=1)
+    args = ap.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    across, reports = {}, []
+    for seed in range(args.seeds):
+        with seeded(seed):
+            rows, steps = parities(args.case, device, reports)
+        print(f"{bench_step.label(args.case)}, seed {seed}: loss parity against eager over {steps} steps", flush=True)
+        for name, (worst, step, last) in rows.items():
+            print(f"  {name:24s} {worst:.1e} (step {step}); last step {last:.1e}")
+            across.setdefault(name, []).append(worst)
+    if args.seeds > 1:
+        print(f"across {args.seeds} seeds, sorted (median):")
+        for name, values in across.items():
+            print(f"  {name:24s} {' '.join(f'{v:.1e}' for v in sorted(values))} ({statistics.median(values):.1e})")
 
 
 if __name__ == "__main__":

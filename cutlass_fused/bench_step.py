@@ -4,7 +4,8 @@ The model is BLOCKS x [Linear(width, width) -> * scale -> BatchNorm1d -> activat
 an nn activation), then a head Linear(width, 1000); cross-entropy on random targets; AdamW (fused on
 CUDA) steps it and zero_grad(set_to_none=True) ends the step. The rows, each on its own deep copy of
 one initial model: eager, compile (torch.compile of the model), fused (cutlass_fused.fuse of the
-model) and fused+compile; the optimizer is never compiled. `--step-row` picks rows, also issue 33's
+model) and fused+compile; the optimizer is never compiled. The compile-ro rows compile with
+mode="reduce-overhead" (REDUCE_OVERHEAD_ROWS). `--step-row` picks rows, also issue 33's
 anchors: torchao-float8 (torchao's float8 training of the blocks' Linears, tensorwise scaling; BatchNorm
 stays PyTorch's), and it or its rowwise recipe under torch.compile; the fused FP8 rows (FP8_ROWS); and
 eager, fused and the FP8 rows as one CUDA graph a step (GRAPH_ROWS). A row's first PARITY_STEPS steps run on
@@ -44,7 +45,12 @@ FP8_ROWS = ("fused-fp8", "fused-fp8-e5m2", "fused-fp8-delayed-e5m2", "fused-fp8-
 # (Row.replayed): the GPU's time for the step with no host in the way, which a host-bound step
 # (the FP8 rows': docs/decisions.md) does not get eagerly.
 GRAPH_ROWS = tuple(r + "+graph" for r in ("eager", "fused") + FP8_ROWS)
-ALL_ROWS = ROWS + tuple(r + c for r in FP8_ROWS for c in ("", "+compile")) + GRAPH_ROWS + TORCHAO_ROWS
+# compile-ro: torch.compile(mode="reduce-overhead") of the model, or of the fused model: Inductor's
+# CUDA graphs of the forward and the backward (AdamW stays eager), which leave out the host time its
+# generated wrapper costs a host-bound step (docs/decisions.md, "Training step").
+REDUCE_OVERHEAD_ROWS = ("compile-ro", "fused+compile-ro")
+ALL_ROWS = (ROWS + tuple(r + c for r in FP8_ROWS for c in ("", "+compile")) + GRAPH_ROWS + TORCHAO_ROWS
+            + REDUCE_OVERHEAD_ROWS)
 CASES = [Case("amp-bf16", 4096, 4096, 4, "relu"), Case("amp-bf16", 1024, 8192, 4, "relu"),
          Case("bf16", 4096, 4096, 4, "relu"), Case("amp-bf16", 256, 2048, 6, "relu")]
 # The CPU runs the layer's PyTorch path and has no triton for torch.compile: one tiny case, in
@@ -55,7 +61,8 @@ CLASSES = 1000
 PARITY_STEPS = 30
 PEAK = ("bench.peak_extra_mib: torch.cuda.max_memory_allocated during one step minus memory_allocated "
         "before it (weights, AdamW states and the batch), after a step first; for a +graph row, during the "
-        "step its graph captured (the graph's pool); null on the CPU")
+        "step its graph captured (the graph's pool); null on the CPU and for a compile-ro row (Inductor's "
+        "graphs keep a private pool between steps, which these counters do not show)")
 GRAPH_WARMUP = 3
 CASE_HELP = ("PRECISION,BATCH,WIDTH,BLOCKS[,ACTIVATION]: a training-step case (repeatable; implies --step). "
              f"PRECISION: {', '.join(PRECISIONS)} (amp-bf16: fp32 weights under torch.autocast bf16; bf16: "
@@ -132,7 +139,8 @@ class Row:
             for layer in module.modules():
                 if isinstance(layer, cutlass_fused.LinearScaleBatchNorm1d):
                     layer.fp8 = recipe
-        self.call = torch.compile(module) if name.endswith("compile") else module
+        mode = compile_mode(name)
+        self.call = module if mode is None else torch.compile(module, mode=mode)
         self.graphed, self.graph, self.warm, self.capture_peak = name.endswith("+graph"), None, 0, None
         if self.graphed and device.type != "cuda":
             raise RuntimeError("the +graph rows capture CUDA graphs: they need a GPU")
@@ -199,6 +207,11 @@ class Row:
     def peak(self):
         if self.graphed:
             return self.capture_peak
+        if compile_mode(self.name) == "reduce-overhead":
+            # Inductor's graphs keep their private pool between steps, and the allocator's counters
+            # show only what is live in it (2-39 MiB where the default row's peak was 106-1090 MiB;
+            # H200, 2026-11-29): not a peak to set beside the others.
+            return None
         return bench.peak_extra_mib(lambda: self.step(self.x, self.target)) if self.device.type == "cuda" else None
 
 
@@ -285,6 +298,13 @@ def measure(cases, rows, device, rounds, argv, out_dir):
     return result
 
 
+def compile_mode(name):
+    """The torch.compile mode of a row (None: not compiled)."""
+    if name.endswith("compile-ro"):
+        return "reduce-overhead"
+    return "default" if name.endswith("compile") else None
+
+
 def run(args, argv):
     """--step, or the step cases of the default GPU run: 1 where a fused row failed (after writing all)."""
     cuda = torch.cuda.is_available()
@@ -293,7 +313,7 @@ def run(args, argv):
     if not cuda and any(c.precision == "tf32" for c in cases):
         raise SystemExit("cutlass_fused.bench: --step-case tf32 needs a GPU; the CPU runs amp-bf16, bf16 and f32")
     rows = tuple(dict.fromkeys(args.step_row)) if args.step_row else (ROWS if cuda else CPU_ROWS)
-    if not cuda and any(r.endswith("compile") for r in rows):
+    if not cuda and any(compile_mode(r) for r in rows):
         raise SystemExit("cutlass_fused.bench: the --step-row compile rows need a GPU (no torch.compile on the CPU)")
     if not cuda and any(r.endswith("+graph") for r in rows):
         raise SystemExit("cutlass_fused.bench: the --step-row +graph rows need a GPU (they capture CUDA graphs)")

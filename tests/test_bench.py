@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import cutlass_fused
-from cutlass_fused import bench
+from cutlass_fused import bench, bench_step
 from common import CUDA, HOPPER, skip_without_e4m3
 
 ROW_KEYS = {"shape", "dtype", "mode", "impl", "graphs", "ms", "tflops", "ratio_to_mm", "peak_extra_mib", "kernels",
@@ -270,9 +270,16 @@ def test_bench_fp8_rows(tmp_path, monkeypatch):
 
 
 @pytest.mark.skipif(CUDA, reason="the CPU refusal of compile rows")
-def test_bench_step_cpu_refuses_compile_rows(tmp_path):
+@pytest.mark.parametrize("row", ["torchao-float8+compile", "fused+compile-ro", "compile-ro"])
+def test_bench_step_cpu_refuses_compile_rows(tmp_path, row):
     with pytest.raises(SystemExit, match="compile rows need a GPU"):
-        bench.main(["--step-row", "torchao-float8+compile", "--out", str(tmp_path)])
+        bench.main(["--step-row", row, "--out", str(tmp_path)])
+
+
+def test_compile_modes_of_rows():
+    assert [bench_step.compile_mode(r) for r in ("fused", "compile", "fused+compile", "compile-ro",
+                                                 "fused+compile-ro", "fused-fp8+compile", "fused+graph")] == [
+        None, "default", "default", "reduce-overhead", "reduce-overhead", "default", None]
 
 
 @pytest.mark.skipif(CUDA, reason="the CPU refusal of +graph rows")
