@@ -175,16 +175,19 @@ struct TrainFunction : torch::autograd::Function<TrainFunction> {
     // The kernels take dy in h's (x's) dtype or fp32; a y of another requested dtype
     // (output_dtype) is a cast of one of those.
     if (dy.scalar_type() != h.scalar_type() && dy.scalar_type() != at::kFloat) dy = dy.to(at::kFloat);
-    auto [dh, dscale, dgamma, dbeta] = op.call(dy, h, mean, invstd, scale, optional(s[6]), eps, optional(s[7]),
-                                               ctx->saved_data["activation"].toStringRef(),
-                                               ctx->saved_data["negative_slope"].toDouble());
+    // The linear bias's gradient is exactly zero, but NaN in a column whose statistics, scale,
+    // bn_weight or dy are not finite (dscale, w invstd^3 eps sum dy (h - mean), then is NaN or
+    // Inf), where PyTorch's sum of dh is NaN: the op writes 0 x dscale beside dscale, so that no
+    // kernel is launched for it here (nor a Triton one under torch.compile, whose constant folder
+    // had also turned a product with an integer 0 into zeros, and so NaN into 0, in torch 2.13).
+    c10::optional<at::ScalarType> bias_dt;
+    if (need[2]) bias_dt = static_cast<at::ScalarType>(dtypes.get(0));
+    auto [dh, dscale, dgamma, dbeta, dbias] = op.call(dy, h, mean, invstd, scale, optional(s[6]), eps,
+                                                      optional(s[7]), ctx->saved_data["activation"].toStringRef(),
+                                                      ctx->saved_data["negative_slope"].toDouble(), bias_dt);
     h = mean = invstd = dy = at::Tensor();
     linear_grads(dh, x, weight, need[0], need[1], ctx, out);
-    // Exactly zero, but NaN in a column whose statistics, scale, bn_weight or dy are not finite
-    // (dscale, w invstd^3 eps sum dy (h - mean), then is NaN or Inf), where PyTorch's sum of dh is NaN.
-    // A double 0: Inductor folds a multiplication by the integer 0 into zeros (torch 2.13's
-    // constant folder), which under torch.compile gave a zero bias gradient where eager gave NaN.
-    if (need[2]) out[2] = (dscale * 0.0).to(static_cast<at::ScalarType>(dtypes.get(0)));
+    if (need[2]) out[2] = dbias;
     if (need[3]) out[3] = dscale;
     if (need[4]) out[4] = dgamma;
     if (need[5]) out[5] = as_dtype(dbeta, dtypes[1]);

@@ -199,10 +199,12 @@ struct E4M3Function : torch::autograd::Function<E4M3Function> {
     auto dtypes = ctx->saved_data["dtypes"].toIntList();
     auto x_dt = static_cast<at::ScalarType>(dtypes.get(0)), w_dt = static_cast<at::ScalarType>(dtypes.get(1));
     if (dy.scalar_type() != h.scalar_type() && dy.scalar_type() != at::kFloat) dy = cast(dy, at::kFloat);
-    auto [dh, dsc, dgamma, dbeta] =
+    // The linear bias's zero comes from fp8_backward_scales below, with the scale's gradient.
+    at::Tensor dh, dsc, dgamma, dbeta;
+    std::tie(dh, dsc, dgamma, dbeta, std::ignore) =
         bn_backward.call(dy.contiguous(), h, s[3], s[4], s[5], optional(s[6]), ctx->saved_data["eps"].toDouble(),
                          optional(s[7]), ctx->saved_data["activation"].toStringRef(),
-                         ctx->saved_data["negative_slope"].toDouble());  // dh' = alpha dh
+                         ctx->saved_data["negative_slope"].toDouble(), c10::nullopt);  // dh' = alpha dh
     bool e5m2 = ctx->saved_data["e5m2"].toBool();
     at::Tensor dh8, dh8_t, s_g;
     if (e5m2) std::tie(dh8, dh8_t, s_g) = quantize_t.call(dh, at::kFloat8_e5m2, 0, false);

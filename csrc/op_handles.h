@@ -18,9 +18,9 @@ using TrainSig = TrainOut(
     at::Tensor const&, at::Tensor const&, OptTensor const&, at::Tensor const&, OptTensor const&, OptTensor const&,
     OptTensor const&, OptTensor const&, OptTensor const&, c10::optional<double>, double, c10::string_view, bool,
     c10::string_view, double, c10::optional<at::ScalarType>);
-using BackwardSig = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+using BackwardSig = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
     at::Tensor const&, at::Tensor const&, at::Tensor const&, at::Tensor const&, at::Tensor const&, OptTensor const&,
-    double, OptTensor const&, c10::string_view, double);
+    double, OptTensor const&, c10::string_view, double, c10::optional<at::ScalarType>);
 using EvalSig = at::Tensor(at::Tensor const&, at::Tensor const&, OptTensor const&, at::Tensor const&,
                            OptTensor const&, OptTensor const&, at::Tensor const&, at::Tensor const&, double,
                            c10::string_view, bool, c10::string_view, double, c10::optional<at::ScalarType>);

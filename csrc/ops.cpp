@@ -484,10 +484,14 @@ TORCH_LIBRARY(cutlass_fused, m) {
       " Tensor? num_batches_tracked, float? momentum) -> ()");
   // With an activation, dy is act(BN(z))'s gradient; its derivative is recomputed from h, the
   // saved statistics and the BN bias (`bias`), so the forward saves nothing more.
+  // dlinear_bias: the linear bias's gradient in linear_bias_dtype (empty without one), exactly zero
+  // but NaN where dscale is not finite (as PyTorch's sum of dh is), from the kernel that writes
+  // dscale: the training backward launched a multiplication a layer for it (a Triton kernel under
+  // torch.compile), which a host-bound step feels.
   m.def(
       "batch_norm_backward(Tensor dy, Tensor h, Tensor mean, Tensor invstd, Tensor scale, Tensor? weight, float eps,"
-      " Tensor? bias=None, str activation=\"none\", float negative_slope=0.01)"
-      " -> (Tensor dh, Tensor dscale, Tensor dweight, Tensor dbias)");
+      " Tensor? bias=None, str activation=\"none\", float negative_slope=0.01, ScalarType? linear_bias_dtype=None)"
+      " -> (Tensor dh, Tensor dscale, Tensor dweight, Tensor dbias, Tensor dlinear_bias)");
   // SyncBatchNorm's backward: batch_norm_backward's two passes apart, the group all-reducing
   // `sums` (2 x n fp64: sum g, sum g (h - mean), g = dy times act's derivative) between them.
   // `count`, the group's batch, is a one-element fp64 tensor on h's device: the ranks merge it

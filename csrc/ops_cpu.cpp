@@ -180,10 +180,11 @@ at::Tensor grad_input(at::Tensor const& g, at::Tensor const& h, at::Tensor const
   return dh.to(h.scalar_type()).contiguous();
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_cpu(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_cpu(
     at::Tensor const& dy, at::Tensor const& h, at::Tensor const& mean, at::Tensor const& invstd,
     at::Tensor const& scale, c10::optional<at::Tensor> const& weight, double eps,
-    c10::optional<at::Tensor> const& bias, c10::string_view activation, double negative_slope) {
+    c10::optional<at::Tensor> const& bias, c10::string_view activation, double negative_slope,
+    c10::optional<at::ScalarType> linear_bias_dtype) {
   auto acc = acc_type(h.scalar_type());
   auto g = bn_grad(dy, h, mean, invstd, scale, weight, bias, activation, negative_slope);
   auto hc = h.to(at::kDouble) - mean.to(at::kDouble);
@@ -195,7 +196,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_c
   auto dweight = istd * s * sums[1];
   // Output dtypes as on CUDA: dscale in scale's, dweight and dbias in weight's.
   auto vec = weight ? weight->scalar_type() : acc;
-  return {dh, dscale.to(scale.scalar_type()), dweight.to(vec), sums[0].to(vec)};
+  auto dscale_out = dscale.to(scale.scalar_type());
+  // As CUDA's: 0 x dscale in scale's dtype (0, or NaN where dscale is not finite).
+  auto dlinear_bias = linear_bias_dtype ? (dscale_out * 0.0).to(*linear_bias_dtype)
+                                        : at::empty({0}, h.options().dtype(scale.scalar_type()));
+  return {dh, dscale_out, dweight.to(vec), sums[0].to(vec), dlinear_bias};
 }
 
 at::Tensor batch_norm_backward_reduce_cpu(at::Tensor const& dy, at::Tensor const& h, at::Tensor const& mean,

@@ -515,10 +515,11 @@ Backward backward_args(at::Tensor const& dy_in, at::Tensor const& h, at::Tensor 
 
 // dscale comes back in scale's dtype, dweight and dbias in weight's (fp32
 // without a weight): what autograd hands to the parameters, with no cast.
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_cuda(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_cuda(
     at::Tensor const& dy_in, at::Tensor const& h, at::Tensor const& mean, at::Tensor const& invstd,
     at::Tensor const& scale, c10::optional<at::Tensor> const& weight, double eps,
-    c10::optional<at::Tensor> const& bias, c10::string_view activation, double negative_slope) {
+    c10::optional<at::Tensor> const& bias, c10::string_view activation, double negative_slope,
+    c10::optional<at::ScalarType> linear_bias_dtype) {
   int64_t m = h.size(0), n = h.size(1);
   c10::cuda::CUDAGuard guard(h.device());
   Backward b = backward_args(dy_in, h, mean, invstd, scale, weight, eps, bias, activation, negative_slope);
@@ -534,9 +535,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_c
   g.dscale = col_out(dscale, "dscale", n, h.device());
   g.dweight = col_out(dweight, "dweight", n, h.device());
   g.dbias = col_out(dbias, "dbias", n, h.device());
+  at::Tensor dlinear_bias = at::empty({linear_bias_dtype ? n : 0}, h.options().dtype(linear_bias_dtype.value_or(
+                                                                          scale.scalar_type())));
+  if (linear_bias_dtype) g.dlinear_bias = col_out(dlinear_bias, "dlinear_bias", n, h.device());
   g.workspace = ws.data_ptr();
   batch_norm_backward(g, plan.backward, plan.pieces, at::cuda::getCurrentCUDAStream().stream());
-  return {b.dh, dscale, dweight, dbias};
+  return {b.dh, dscale, dweight, dbias, dlinear_bias};
 }
 
 at::Tensor batch_norm_backward_reduce_cuda(at::Tensor const& dy, at::Tensor const& h, at::Tensor const& mean,

@@ -159,11 +159,14 @@ def _(stats, scale, count, running_mean, running_var, num_batches_tracked, momen
 
 
 @torch.library.register_fake("cutlass_fused::batch_norm_backward")
-def _(dy, h, mean, invstd, scale, weight, eps, bias=None, activation="none", negative_slope=0.01):
+def _(dy, h, mean, invstd, scale, weight, eps, bias=None, activation="none", negative_slope=0.01,
+      linear_bias_dtype=None):
     n = h.shape[1]
     vec = _stat_dtype(h.dtype) if weight is None else weight.dtype
+    dlinear_bias = (h.new_empty((0,), dtype=scale.dtype) if linear_bias_dtype is None
+                    else h.new_empty((n,), dtype=linear_bias_dtype))
     return (h.new_empty(h.shape), h.new_empty((n,), dtype=scale.dtype), h.new_empty((n,), dtype=vec),
-            h.new_empty((n,), dtype=vec))
+            h.new_empty((n,), dtype=vec), dlinear_bias)
 
 
 @torch.library.register_fake("cutlass_fused::batch_norm_backward_reduce")

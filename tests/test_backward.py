@@ -96,6 +96,37 @@ def test_affine_false_zeros_and_frozen(device, family):
 
 
 @pytest.mark.parametrize("device,family", FAMILIES, ids=FAMILY_IDS)
+@pytest.mark.parametrize("dtype,scale_dtype,bias_dtype", [(torch.bfloat16, torch.float32, torch.float32),
+                                                          (torch.bfloat16, torch.bfloat16, torch.bfloat16),
+                                                          (torch.float16, torch.float16, torch.float32),
+                                                          (torch.float32, torch.float32, torch.float32)])
+@pytest.mark.parametrize("m", [3, 300, 1000])
+def test_linear_bias_gradient_from_the_op(device, family, dtype, scale_dtype, bias_dtype, m):
+    """batch_norm_backward's dlinear_bias is what the autograd computed before it: dscale as the
+    op returns it, times 0.0, in the bias's dtype; bit for bit (the zeros' signs, NaN where a
+    column of dy is not finite), in the backward kernel each batch takes."""
+    n = 300
+    g = torch.Generator().manual_seed(m)
+    h = (torch.randn(m, n, generator=g) * 2 + 0.5).to(device, dtype)
+    scale = torch.randn(n, generator=g).to(device, scale_dtype)
+    gamma = torch.randn(n, generator=g).to(device, scale_dtype)
+    stats = torch.stack([h.double().sum(0), (h.double() ** 2).sum(0)])
+    _, mean, invstd = ops.batch_norm_finalize(h, stats, scale, m, gamma, None, 1e-5)
+    dy = torch.randn(m, n, generator=g).to(device, dtype)
+    dy[0, 7] = float("nan")
+    dy[1, 9] = float("inf")
+    with cutlass_fused.use_kernel_family(family):
+        dh, dscale, _, _, dbias = ops.batch_norm_backward(dy, h, mean, invstd, scale, gamma, 1e-5,
+                                                          linear_bias_dtype=bias_dtype)
+        _, _, _, _, none = ops.batch_norm_backward(dy, h, mean, invstd, scale, gamma, 1e-5)
+    want = (dscale * 0.0).to(bias_dtype)
+    assert dbias.dtype == bias_dtype and dbias.shape == (n,) and none.numel() == 0
+    assert torch.equal(dbias.isnan(), want.isnan()) and dbias.isnan()[[7, 9]].all()
+    finite = ~want.isnan()
+    assert (dbias[finite] == 0).all() and torch.equal(torch.signbit(dbias)[finite], torch.signbit(want)[finite])
+
+
+@pytest.mark.parametrize("device,family", FAMILIES, ids=FAMILY_IDS)
 @pytest.mark.parametrize("mode", ["bf16", "f32"])
 @pytest.mark.parametrize("m", [2, 3])
 def test_batch_norm_backward_small_batch(device, family, mode, m):
@@ -109,7 +140,7 @@ def test_batch_norm_backward_small_batch(device, family, mode, m):
     _, mean, invstd = ops.batch_norm_finalize(h, stats, scale, m, gamma, None, 1e-5)
     dy = torch.randn(m, n, device=device).to(dtype)
     with cutlass_fused.use_kernel_family(family):
-        dh, dscale, dgamma, dbeta = ops.batch_norm_backward(dy, h, mean, invstd, scale, gamma, 1e-5)
+        dh, dscale, dgamma, dbeta, _ = ops.batch_norm_backward(dy, h, mean, invstd, scale, gamma, 1e-5)
 
     def bn(hh, s, g, b, dt):
         return nn.functional.batch_norm(hh * s, None, None, g, b, True, 0.1, 1e-5).to(dt)
@@ -399,10 +430,11 @@ def test_backward_kernels_agree(m, n, mode, large_mean, override):
     out = {}
     for kernels in ("passes", "slab", "cooperative") if m <= SLAB_ROWS_MAX else ("passes", "cooperative"):
         override(backward=kernels)
-        out[kernels] = ops.batch_norm_backward(dy, h, mean, invstd, scale, gamma, 1e-5)
+        out[kernels] = ops.batch_norm_backward(dy, h, mean, invstd, scale, gamma, 1e-5,
+                                               linear_bias_dtype=torch.float32)
     assert all(torch.isfinite(t).all() for t in out["passes"])
     for kernels in out:
-        for name, a, b in zip(("dh", "dscale", "dweight", "dbias"), out["passes"], out[kernels]):
+        for name, a, b in zip(("dh", "dscale", "dweight", "dbias", "dlinear_bias"), out["passes"], out[kernels]):
             assert torch.equal(a, b), f"{kernels}: {name}"
 
 

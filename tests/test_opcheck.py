@@ -77,6 +77,8 @@ def test_batch_norm_backward(device, dtype):
     _, h, _, mean, invstd = ops.linear_scale_batch_norm_train(x, w, v(), v(), v(), v(), None, None, None, 0.1, 1e-5,
                                                               "auto")
     torch.library.opcheck(ops.batch_norm_backward, (torch.randn_like(h), h, mean, invstd, v(), v(), 1e-5))
+    torch.library.opcheck(ops.batch_norm_backward, (torch.randn_like(h), h, mean, invstd, v(), v(), 1e-5),
+                          {"linear_bias_dtype": dtype})
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -505,7 +505,7 @@ def test_backward_passes_apart_are_the_backward(device, dtype, dy_dtype, m, n, a
                                                               1e-5, "auto", activation=act)
     dy = torch.randn(m, n, generator=g).to(device, dy_dtype)
     common = (dy, h, mean, invstd, scale, bn_w)
-    dh, _, dweight, dbias = ops.batch_norm_backward(*common, 1e-5, bn_b, act, 0.01)
+    dh, _, dweight, dbias, _ = ops.batch_norm_backward(*common, 1e-5, bn_b, act, 0.01)
     sums = ops.batch_norm_backward_reduce(*common, 1e-5, bn_b, act, 0.01)
     count = torch.tensor([float(m)], device=device, dtype=torch.float64)
     dh_apart = ops.batch_norm_backward_elemt(*common, sums, count, 1e-5, bn_b, act, 0.01)

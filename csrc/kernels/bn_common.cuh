@@ -76,6 +76,16 @@ __device__ __forceinline__ void store(ColOut v, int c, double x) {
   }
 }
 
+// x as store leaves it in dt, read back as fp32.
+__device__ __forceinline__ float as_stored(DType dt, double x) {
+  float f = static_cast<float>(x);
+  switch (dt) {
+    case DType::bf16: return __bfloat162float(__float2bfloat16(f));
+    case DType::f16: return __half2float(__float2half(f));
+    default: return f;
+  }
+}
+
 struct NoSums {};  // a tag for P = void (batch_norm_train_kernel)
 
 using limits::blocks;
