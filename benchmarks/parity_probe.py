@@ -96,8 +96,10 @@ def seeded(seed):
 
 
 def redraw(model):
-    """model's modules re-drawn in order from the current RNG state, as construction draws them."""
-    for m in model.modules():
+    """The blocks' and the head's weights re-drawn from the current RNG state, in the order
+    construction draws them: each block's Linear (its reset_parameters), then its scale from N(0, 1),
+    then the head's Linear."""
+    for m in model.children():
         if isinstance(m, SeedModel):
             m.gemm.reset_parameters()
             with torch.no_grad():
