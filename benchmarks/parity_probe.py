@@ -9,9 +9,10 @@ kernels take the statistics), and eager from weights moved by one fp32 ulp (how 
 amplify a difference of that size). Under amp-bf16 it also runs the fused model with each fused
 layer's dW rounded to bf16 before AdamW, as the unfused model's autocast rounds it (ours comes from the
 GEMM in fp32: docs/decisions.md, "Autocast"). Each line: a row's parity against eager, and the step
-where it peaked. --seeds N repeats it for N initial weights and data streams (seed 0 is the step
-benchmark's own), then prints each row's parities across seeds, sorted: one seed's number is one
-draw of a chaotic difference, and the spread says how far a row's draw can fall from its typical.
+where it peaked. --seeds N repeats it for N initial weights (bench_step.mlp's seed) and data
+streams (seed 0 is the step benchmark's own), then prints each row's parities across seeds, sorted:
+one seed's number is one draw of a chaotic difference, and the spread says how far a row's draw can
+fall from its typical.
 """
 import argparse
 import contextlib
@@ -75,43 +76,22 @@ def bf16_dw(opt, args, kwargs):
 
 
 @contextlib.contextmanager
-def seeded(seed):
-    """bench_step's model and data stream under another seed: the initial weights drawn after
-    torch.manual_seed(seed), and batch i drawn as batch 1000 * seed + i (seed 0: the benchmark's own)."""
-    batch, mlp = bench_step.batch, bench_step.mlp
-
-    def seeded_mlp(case, device):
-        model = mlp(case, device)
-        if seed:
-            torch.manual_seed(seed)
-            redraw(model)
-        return model
-
+def seeded_data(seed):
+    """bench_step's data stream under another seed: batch i drawn as batch 1000 * seed + i (seed 0:
+    the benchmark's own). Row draws its batches through bench_step.batch."""
+    batch = bench_step.batch
     bench_step.batch = lambda case, device, i: batch(case, device, 1000 * seed + i)
-    bench_step.mlp = seeded_mlp
     try:
         yield
     finally:
-        bench_step.batch, bench_step.mlp = batch, mlp
+        bench_step.batch = batch
 
 
-def redraw(model):
-    """The blocks' and the head's weights re-drawn from the current RNG state, in the order
-    construction draws them: each block's Linear (its reset_parameters), then its scale from N(0, 1),
-    then the head's Linear."""
-    for m in model.children():
-        if isinstance(m, SeedModel):
-            m.gemm.reset_parameters()
-            with torch.no_grad():
-                m.scale.copy_(torch.randn_like(m.scale))
-        elif isinstance(m, torch.nn.Linear):
-            m.reset_parameters()
-
-
-def parities(case, device, reports):
+def parities(case, device, reports, seed=0):
     """{row: (largest relative difference from eager's loss, its step, the last step's)}, and the
-    steps' count. reports: bench_step.Row's (fuse's report printed while it is empty)."""
-    base = bench_step.mlp(case, device)
+    steps' count, from the model bench_step builds under `seed`. reports: bench_step.Row's (fuse's
+    report printed while it is empty)."""
+    base = bench_step.mlp(case, device, seed)
     with bench_step.precision_flags(case.precision):
         eager = bench_step.Row("eager", base, case, device, reports).losses
         rows = {
@@ -144,8 +124,8 @@ def main():
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     across, reports = {}, []
     for seed in range(args.seeds):
-        with seeded(seed):
-            rows, steps = parities(args.case, device, reports)
+        with seeded_data(seed):
+            rows, steps = parities(args.case, device, reports, seed)
         print(f"{bench_step.label(args.case)}, seed {seed}: loss parity against eager over {steps} steps", flush=True)
         for name, (worst, step, last) in rows.items():
             print(f"  {name:24s} {worst:.1e} (step {step}); last step {last:.1e}")

@@ -93,8 +93,8 @@ def label(case):
     return f"{case.precision} {case.batch}x{case.width}x{case.blocks} {case.activation}"
 
 
-def mlp(case, device):
-    torch.manual_seed(0)
+def mlp(case, device, seed=0):
+    torch.manual_seed(seed)
     layers = [m for _ in range(case.blocks) for m in (SeedModel(case.width, case.width), ACTIVATIONS[case.activation]())]
     model = nn.Sequential(*layers, nn.Linear(case.width, CLASSES)).to(device)
     return model.to(torch.bfloat16) if case.precision == "bf16" else model
