@@ -66,24 +66,33 @@ __device__ __forceinline__ double centered(double sum_g, double sum_gh, double m
   return __fma_rn(-mean, sum_g, sum_gh);
 }
 
+// Calls f with a value of dt's element type: dispatch's device twin, for the column stores.
+template <class F>
+__device__ __forceinline__ void with_element(DType dt, F&& f) {
+  switch (dt) {
+    case DType::bf16: f(__nv_bfloat16{}); break;
+    case DType::f16: f(__half{}); break;
+    default: f(float{});
+  }
+}
+
 // Stores through fp32, as PyTorch computes these vectors in fp32 and rounds once more.
 __device__ __forceinline__ void store(ColOut v, int c, double x) {
   float f = static_cast<float>(x);
-  switch (v.dt) {
-    case DType::bf16: static_cast<__nv_bfloat16*>(v.p)[c] = __float2bfloat16(f); break;
-    case DType::f16: static_cast<__half*>(v.p)[c] = __float2half(f); break;
-    default: static_cast<float*>(v.p)[c] = f;
-  }
+  with_element(v.dt, [&](auto t) {
+    using T = decltype(t);
+    static_cast<T*>(v.p)[c] = from_float<T>(f);
+  });
 }
 
 // x as store leaves it in dt, read back as fp32.
 __device__ __forceinline__ float as_stored(DType dt, double x) {
   float f = static_cast<float>(x);
-  switch (dt) {
-    case DType::bf16: return __bfloat162float(__float2bfloat16(f));
-    case DType::f16: return __half2float(__float2half(f));
-    default: return f;
-  }
+  with_element(dt, [&](auto t) {
+    using T = decltype(t);
+    f = to_float(from_float<T>(f));
+  });
+  return f;
 }
 
 struct NoSums {};  // a tag for P = void (batch_norm_train_kernel)
