@@ -18,8 +18,8 @@ import statistics
 import torch
 
 import cutlass_fused
-from cutlass_fused.bench import alternating, profile
 from cutlass_fused.ops import ops
+from cutlass_fused.timing import alternating, profile
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 SHAPES = [(256, 8192), (512, 8192), (1024, 8192), (256, 4096)]

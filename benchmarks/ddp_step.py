@@ -36,7 +36,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import cutlass_fused
-from cutlass_fused import bench, bench_step
+from cutlass_fused import bench_step, timing
 
 WORLD = 2
 ROWS = ("sync eager", "sync compile", "fused", "fused+compile")
@@ -58,7 +58,7 @@ def build(name, base, device):
 
 def fixed_ms(fn, warmup=3, steps=15):
     """The median ms of `steps` calls after `warmup`, each timed with CUDA events. A fixed count, not
-    bench.median_ms's time budget: every rank must run the same collectives, or they deadlock."""
+    timing.median_ms's time budget: every rank must run the same collectives, or they deadlock."""
     for _ in range(warmup):
         fn()
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(steps)]
@@ -121,9 +121,9 @@ def run_rows(rank, device, case, rounds, out, profile_steps=0):
             steps[name] = stepper(*build(name, base, device))
             losses[name] = [steps[name](*data[i]).item() for i in range(PARITY_STEPS)]
         times = {name: [] for name in ROWS + (floor.name,)}
-        for name in bench.alternating(list(ROWS) + [floor.name], rounds):
+        for name in timing.alternating(list(ROWS) + [floor.name], rounds):
             times[name].append(fixed_ms(floor.run if name == floor.name else lambda: steps[name](*data[-1])))
-        peaks = {name: bench.peak_extra_mib(lambda: steps[name](*data[-1])) for name in ROWS}
+        peaks = {name: timing.peak_extra_mib(lambda: steps[name](*data[-1])) for name in ROWS}
         if profile_steps:
             for name in ROWS:
                 profiled(name, steps[name], data[-1], profile_steps, rank)
@@ -136,7 +136,7 @@ def run_rows(rank, device, case, rounds, out, profile_steps=0):
              "vs_sync_compile": ms["sync compile"] / ms[name],
              "loss_parity": max(abs(a - e) / abs(e) for a, e in zip(losses[name], losses["sync eager"]))}
             for name in ROWS]
-    meta = {**bench.meta([], device), "command": "python " + " ".join(sys.argv)}
+    meta = {**timing.meta([], device), "command": "python " + " ".join(sys.argv)}
     result = {"mode": "ddp-step", "meta": meta, "parity_steps": PARITY_STEPS,
               "peak_extra_mib": bench_step.PEAK, "rows": rows}
     path = Path(out) / "ddp_step.json"

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import cutlass_fused
-from cutlass_fused.bench import alternating, median_ms
+from cutlass_fused.timing import alternating, median_ms
 
 SHAPES = [(4096, 4096, 4096), (16384, 4096, 4096), (1024, 8192, 8192)]
 ATEN = {"none": lambda t: t, "relu": F.relu, "leaky_relu": F.leaky_relu, "gelu": F.gelu,

@@ -21,8 +21,8 @@ import torch
 from torch import nn
 
 import cutlass_fused
-from cutlass_fused.bench import profile
 from cutlass_fused.ops import ops
+from cutlass_fused.timing import profile
 
 
 class Sampler:

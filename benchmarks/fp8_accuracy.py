@@ -19,7 +19,7 @@ import math
 import torch
 
 import cutlass_fused
-from cutlass_fused import bench
+from cutlass_fused import bench_rows
 from cutlass_fused.seed import SeedModel
 
 CPU_SHAPES = [(512, 256, 128)]
@@ -28,10 +28,10 @@ GPU_SHAPES = [(4096, 4096, 4096), (16384, 4096, 4096)]
 
 def torchao_row(recipe, device):
     """A function (seed model in bf16, x) -> y through torchao's float8 Linear (the bench's anchor,
-    cutlass_fused.bench.torchao_float8), or None without torchao."""
+    cutlass_fused.bench_rows.torchao_float8), or None without torchao."""
     if importlib.util.find_spec("torchao") is None:
         return None
-    return lambda seed, x: bench.torchao_float8(seed, recipe, device)(x)
+    return lambda seed, x: bench_rows.torchao_float8(seed, recipe, device)(x)
 
 
 def main():

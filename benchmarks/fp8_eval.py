@@ -14,7 +14,7 @@ import statistics
 import torch
 
 import cutlass_fused
-from cutlass_fused.bench import alternating, median_ms, profile
+from cutlass_fused.timing import alternating, median_ms, profile
 
 RECIPES = {"bf16": None, "fp8-emulated": cutlass_fused.Float8Recipe(emulate=True), "fp8": cutlass_fused.Float8Recipe(),
            "fp8-fast": cutlass_fused.Float8Recipe(fast_accum=True)}

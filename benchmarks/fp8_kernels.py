@@ -1,6 +1,6 @@
 """The FP8 layer's training forward and backward by kernel (issue 33): our bf16 layer, the e4m3 path
 with the bf16 backward and with backward="e5m2", each kernel's µs per call from torch.profiler
-(cutlass_fused.bench.profile, 5 calls), largest first, and their sum.
+(cutlass_fused.timing.profile, 5 calls), largest first, and their sum.
 
     python benchmarks/fp8_kernels.py [--shape M,K,N ...] [--top 12]
 """
@@ -9,7 +9,7 @@ import argparse
 import torch
 
 import cutlass_fused
-from cutlass_fused.bench import profile
+from cutlass_fused.timing import profile
 
 ROWS = {"bf16": None, "fp8": "bf16", "fp8-e5m2": "e5m2"}
 

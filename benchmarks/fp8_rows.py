@@ -20,9 +20,9 @@ import torch
 
 import cutlass_fused
 from cutlass_fused import fp8
-from cutlass_fused.bench import alternating, median_ms, profile
 from cutlass_fused.ops import ops
 from cutlass_fused.seed import SeedModel
+from cutlass_fused.timing import alternating, median_ms, profile
 
 SHAPES = [(16384, 4096, 4096), (4096, 4096, 4096), (1024, 8192, 8192)]
 

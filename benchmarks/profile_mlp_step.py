@@ -9,7 +9,7 @@ first, with the frames that made them: what the step's peak memory holds.
 --ops NAME lists, after the kernels, the ATen ops whose name holds NAME (e.g. copy, to), by input
 shapes, with their GPU time a step: which tensors a row's casts convert.
 
-The last line of each row: the sum of its kernels' time against the step's wall time (bench.median_ms),
+The last line of each row: the sum of its kernels' time against the step's wall time (timing.median_ms),
 so that time outside kernels (launch gaps, the host) shows as their difference.
 """
 import argparse
@@ -18,7 +18,7 @@ import collections
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from cutlass_fused import bench, bench_step
+from cutlass_fused import bench_step, timing
 
 STEPS = 5
 
@@ -30,7 +30,7 @@ FRAME_KEYS = ("cutlass_fused", "at::native::", "Backward", "autocast", "Accumula
 def peak_allocations(row, top):
     """The allocations one step holds at its peak, largest first. Memory from before the step
     (weights, AdamW's states, the batch) is not in the history, so the sum is the step's extra, as
-    bench.peak_extra_mib counts it."""
+    timing.peak_extra_mib counts it."""
     torch.cuda.synchronize()
     torch.cuda.memory._record_memory_history(max_entries=1_000_000)
     try:
@@ -67,7 +67,7 @@ def main():
     with bench_step.precision_flags(args.case.precision):
         for name in args.row or ["fused", "compile"]:
             row = bench_step.Row(name, base, args.case, device, [])
-            wall = bench.median_ms(lambda: row.step(row.x, row.target), True)
+            wall = timing.median_ms(lambda: row.step(row.x, row.target), True)
             torch.cuda.synchronize()
             acts = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if args.ops else [])
             with profile(activities=acts, record_shapes=bool(args.ops)) as prof:

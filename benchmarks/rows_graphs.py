@@ -15,7 +15,7 @@ import sys
 import torch
 
 import cutlass_fused
-from cutlass_fused.bench import graphed, median_ms
+from cutlass_fused.timing import graphed, median_ms
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
 CALLS = 10

@@ -12,21 +12,8 @@ import statistics
 import torch
 
 import cutlass_fused
-from cutlass_fused.bench import profile
 from cutlass_fused.seed import SeedModel
-
-
-def time_ms(fn, n=20):
-    for _ in range(3):
-        fn()
-    start = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-    end = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-    for a, b in zip(start, end):
-        a.record()
-        fn()
-        b.record()
-    torch.cuda.synchronize()
-    return statistics.median(a.elapsed_time(b) for a, b in zip(start, end))
+from cutlass_fused.timing import events_ms, profile
 
 
 def main():
@@ -54,7 +41,7 @@ def main():
                     mod = seed if env is None else ours
                     mod.train(train)
                     with cutlass_fused.overrides(**(env or {})):
-                        times.setdefault(label, []).append(time_ms(lambda: mod(x)))
+                        times.setdefault(label, []).append(events_ms(lambda: mod(x), warmup=3, calls=20))
             eager = statistics.median(times["eager"])
             print(f"{m}x{k}x{n}, ms (median of {args.rounds} rounds; eager / this):")
             for label, env, train in configs:

@@ -18,7 +18,7 @@ import warnings
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from cutlass_fused import bench, bench_step
+from cutlass_fused import bench_step, timing
 
 STEPS = 8
 
@@ -84,13 +84,13 @@ def main():
         step = lambda: row.step(row.x, row.target)  # noqa: E731
         found = syncs(step)
         print(f"{bench_step.label(case)} {name}: {len(found)} synchronizing calls a step {found[:2]}")
-        times = [bench.median_ms(step, True) for _ in range(3)]
+        times = [timing.median_ms(step, True) for _ in range(3)]
         print(f"  do_bench {' '.join(f'{t:.3f}' for t in times)} ms")
         busy(step, args.top)
         del row
         if name + "+graph" in bench_step.GRAPH_ROWS:  # the step's GPU time, no host in the way
             row = bench_step.Row(name + "+graph", base, case, device, [])
-            print(f"  one CUDA graph of the step: {bench.median_ms(row.timed_step(), True):.3f} ms")
+            print(f"  one CUDA graph of the step: {timing.median_ms(row.timed_step(), True):.3f} ms")
             del row
         torch.cuda.empty_cache()
 

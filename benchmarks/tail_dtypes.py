@@ -12,8 +12,8 @@ import statistics
 
 import torch
 
-from cutlass_fused.bench import alternating, profile
 from cutlass_fused.ops import ops
+from cutlass_fused.timing import alternating, profile
 
 SHAPES = [(4096, 4096, 4096), (16384, 4096, 4096), (1024, 8192, 8192)]
 

@@ -13,7 +13,8 @@ import statistics
 import torch
 
 import cutlass_fused
-from cutlass_fused.bench import DTYPES, Case, alternating, median_ms, profile
+from cutlass_fused.bench import DTYPES, Case
+from cutlass_fused.timing import alternating, median_ms, profile
 
 SHAPES = [(1024, 8192, 8192), (16384, 4096, 4096), (4096, 4096, 4096)]
 

@@ -19,20 +19,16 @@ eager on the CPU, and exits 0. The default run (no --shape, --sweep, --dtype, --
 import argparse
 import contextlib
 import copy
-import dataclasses
-import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
-from torch import nn
 
 import cutlass_fused
+from cutlass_fused import bench_rows, bench_step, report, timing
 from cutlass_fused.seed import SeedModel
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "tf32": torch.float32, "f32": torch.float32}
@@ -51,147 +47,9 @@ IMPLS = ("torch.mm", "eager", "compile", "compile-max-autotune", "cutlass_fused"
 # and W cast under the scales of the calls before, one pass each); -fast: with fast_accum=True (the
 # forward's GEMMs accumulate in the tensor cores alone). Asked for by --impl only.
 DEFAULT_IMPLS = IMPLS[:5]
-
-
-def fp8_recipe(row):
-    """The Float8Recipe a row's name asks for (the layer's "cutlass_fused-fp8[-delayed][-e5m2][-fast]",
-    the step's "fused-fp8[-delayed][-e5m2][-fast][+compile]")."""
-    return cutlass_fused.Float8Recipe(backward="e5m2" if "e5m2" in row else "bf16",
-                                      scaling="delayed" if "delayed" in row else "current",
-                                      fast_accum="-fast" in row)
 GEMMS = {"train": 1, "eval": 1, "fwdbwd": 3}
 # Error floor of the correctness check: one output rounding step of an O(1) value.
 FLOOR = {"bf16": 2e-2, "f16": 3e-3, "tf32": 2e-3, "f32": 1e-5}
-
-
-def alternating(items, rounds):
-    """items in turn, `rounds` times over, the order reversed every other round, so that no item
-    always runs first or last: the GPU's clocks drift as it heats, and 2-4% leads of one run did not
-    repeat in the next (docs/decisions.md, "Measuring")."""
-    for r in range(rounds):
-        yield from (items if r % 2 == 0 else items[::-1])
-
-
-def median_ms(fn, cuda):
-    if not cuda:
-        fn()
-        times = []
-        for _ in range(5):
-            t = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t) * 1e3)
-        return statistics.median(times)
-    try:
-        from triton.testing import do_bench
-        return do_bench(fn, warmup=50, rep=300, return_mode="median")
-    except ImportError:
-        for _ in range(10):
-            fn()
-        start = [torch.cuda.Event(enable_timing=True) for _ in range(50)]
-        end = [torch.cuda.Event(enable_timing=True) for _ in range(50)]
-        for a, b in zip(start, end):
-            a.record()
-            fn()
-            b.record()
-        torch.cuda.synchronize()
-        return statistics.median(a.elapsed_time(b) for a, b in zip(start, end))
-
-
-def host_us(fn, calls=20):
-    """Host time to issue one call: few enough calls that the launch queue never blocks."""
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    us = (time.perf_counter() - t) / calls * 1e6
-    torch.cuda.synchronize()
-    return us
-
-
-def peak_extra_mib(fn):
-    fn()  # gradients and caches allocated once, as in a loop
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    fn()
-    torch.cuda.synchronize()
-    return (torch.cuda.max_memory_allocated() - base) / 2**20
-
-
-def profile(fn, calls=5, trace=None):
-    """(GPU launches per call, {kernel name: µs per call}) from torch.profiler."""
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as prof_ctx
-    fn()
-    torch.cuda.synchronize()
-    with prof_ctx(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    if trace:
-        prof.export_chrome_trace(str(trace))
-    kernels = {}
-    count = 0
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            count += 1
-            us = getattr(e, "device_time", None)
-            us = e.cuda_time if us is None else us
-            kernels[e.name] = kernels.get(e.name, 0.0) + us / calls
-    return count / calls, kernels
-
-
-def on_side_stream(fn, device=None):
-    """fn() on a new stream that starts after the current stream's work and that the current
-    stream then waits for: the warm-up torch.cuda.graph asks for before a capture. Returns fn's
-    result."""
-    current = torch.cuda.current_stream(device)
-    side = torch.cuda.Stream(device)
-    side.wait_stream(current)
-    with torch.cuda.stream(side):
-        out = fn()
-    current.wait_stream(side)
-    return out
-
-
-def graphed(fn, before=None):
-    """fn captured once in a CUDA graph, after three warm-up calls on a side stream; returns the
-    replay. `before` (not captured) runs ahead of each warm-up call and of the capture: a training
-    step's zero_grad(set_to_none=True), so that the captured backward allocates its gradients."""
-    def warm_up():
-        for _ in range(3):
-            if before is not None:
-                before()
-            fn()
-
-    on_side_stream(warm_up)
-    if before is not None:
-        before()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g.replay
-
-
-def torchao_float8(model, recipe, device):
-    """model with its Linears in torchao's float8 training (issue 33's anchor; recipe: tensorwise or
-    rowwise; emulated off CUDA), those whose sizes are multiples of 16, as torch._scaled_mm needs:
-    the step benchmark's 1000-way head stays as it is. Raises where none is."""
-    try:
-        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-        from torchao.float8.float8_linear import Float8Linear
-    except ImportError as e:
-        raise RuntimeError("the torchao rows need torchao (pip install torchao)") from e
-    config = Float8LinearConfig.from_recipe_name(recipe)
-    if device.type != "cuda":
-        config = dataclasses.replace(config, emulate=True)
-
-    def eligible(module, fqn):
-        return isinstance(module, nn.Linear) and module.in_features % 16 == 0 and module.out_features % 16 == 0
-    model = convert_to_float8_training(model, config=config, module_filter_fn=eligible)
-    if not any(isinstance(m, Float8Linear) for m in model.modules()):
-        raise RuntimeError("torchao's float8 training needs Linear sizes that are multiples of 16; none is here")
-    return model
 
 
 class Case:
@@ -229,7 +87,7 @@ class Case:
         if impl.startswith("cutlass_fused-fp8"):
             if impl not in self.compiled:
                 layer = copy.deepcopy(self.ours)
-                layer.fp8 = fp8_recipe(impl)
+                layer.fp8 = bench_rows.fp8_recipe(impl)
                 self.compiled[impl] = layer
             return self.compiled[impl]
         if impl not in self.compiled:
@@ -237,7 +95,7 @@ class Case:
             model = SeedModel(*self.shape[1:]).to(self.device, self.seed.gemm.weight.dtype)
             model.load_state_dict(self.seed.state_dict())
             if impl.startswith("torchao"):
-                model = torchao_float8(model, "tensorwise", self.device)
+                model = bench_rows.torchao_float8(model, "tensorwise", self.device)
             call = torch.compile(model, mode=mode, dynamic=False) if impl.endswith("compile") else model
             self.compiled[impl] = (model, call)
         return self.compiled[impl]
@@ -306,21 +164,6 @@ def check(case, family):
         ok = e_ours <= 2 * e_eager + FLOOR[case.dtype_name]
         out[mode] = (e_ours, e_eager, ok)
     return out
-
-
-def meta(argv, device):
-    try:
-        git = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True, cwd=Path(__file__).parent,
-                                        timeout=10).stdout.strip()
-        commit = git("rev-parse", "--short", "HEAD") or "unknown"
-        if git("status", "--porcelain", "--untracked-files=no"):
-            commit += "+dirty"  # the numbers are of a working tree that differs from that commit
-    except (OSError, subprocess.SubprocessError):
-        commit = "unknown"
-    return {"gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "torch": torch.__version__, "cuda": torch.version.cuda, "version": cutlass_fused.__version__,
-            "commit": commit, "date": datetime.date.today().isoformat(),
-            "command": "python -m cutlass_fused.bench " + " ".join(argv)}
 
 
 def parse_shape(s):
@@ -398,12 +241,12 @@ def run(args, argv):
             # A mode's rows are timed in rounds across its implementations, each after a torch.mm,
             # so that every row sees the same spread of the GPU's clocks.
             jobs = [j for impl in impls if impl != "torch.mm" for g in graph_opts
-                    for j in [guarded(impl, mode, shape, lambda: Timed(case, impl, mode, g, args.family))] if j]
+                    for j in [timing.guarded(impl, mode, shape, lambda: Timed(case, impl, mode, g, args.family))] if j]
             for _ in range(args.rounds):
                 for j in list(jobs):
                     if bar:
                         bar.set_postfix_str(f"{'x'.join(map(str, shape))} {mode} {j.impl}{' graph' if j.graph else ''}")
-                    if guarded(j.impl, mode, shape, lambda: j.time(mm_call[j.graph], cuda)) is None:
+                    if timing.guarded(j.impl, mode, shape, lambda: j.time(mm_call[j.graph], cuda)) is None:
                         jobs.remove(j)
             if "torch.mm" in impls:
                 for g in graph_opts:
@@ -412,7 +255,7 @@ def run(args, argv):
                                        "host_us": None if base["host_us"] is None else k_ * base["host_us"]})
             for j in jobs:
                 mm_times[j.graph] += j.mm_times
-                row = guarded(j.impl, mode, shape, lambda: j.row(args, out_dir, cuda))
+                row = timing.guarded(j.impl, mode, shape, lambda: j.row(args, out_dir, cuda))
                 if row is not None:
                     shape_rows.append(row)
             if bar:
@@ -426,7 +269,7 @@ def run(args, argv):
         rows += shape_rows
         case.close()
         # Written after every shape, so that a run cut short keeps what it measured.
-        result = {"meta": meta(argv, device), "rows": rows, "checks": checks}
+        result = {"meta": timing.meta(argv, device), "rows": rows, "checks": checks}
         (out_dir / name).write_text(json.dumps(result, indent=1) + "\n")
     if bar:
         bar.close()
@@ -448,21 +291,6 @@ def run(args, argv):
     return 0
 
 
-def guarded(impl, mode, shape, step, failed=None):
-    """step(), or None where a baseline cannot run here (compile without a toolchain): reported,
-    and appended to `failed` where given, not fatal. Ours always raises."""
-    try:
-        return step()
-    except Exception as e:
-        if impl.startswith("cutlass_fused"):
-            raise
-        error = f"{type(e).__name__}: {str(e)[:200]}"
-        print(f"cutlass_fused.bench: skipped {impl} {mode} {shape}: {error}", file=sys.stderr)
-        if failed is not None:
-            failed.append(error)
-        return None
-
-
 class Timed:
     """One row: impl's callable, its times over the rounds, and the torch.mm times taken right
     before each."""
@@ -471,14 +299,14 @@ class Timed:
         self.case, self.impl, self.mode, self.graph, self.family = case, impl, mode, use_graph, family
         with cutlass_fused.use_kernel_family(family):
             self.fn = case.fn(impl, mode)
-            self.call = graphed(self.fn) if use_graph else self.fn
+            self.call = timing.graphed(self.fn) if use_graph else self.fn
         self.times, self.mm_times = [], []
 
     def time(self, mm_call, cuda):
         with cutlass_fused.use_kernel_family(self.family):
             if mm_call is not None:
-                self.mm_times.append(median_ms(mm_call, cuda))
-            self.times.append(median_ms(self.call, cuda))
+                self.mm_times.append(timing.median_ms(mm_call, cuda))
+            self.times.append(timing.median_ms(self.call, cuda))
         return True
 
     def row(self, args, out_dir, cuda):
@@ -486,11 +314,11 @@ class Timed:
         extra = {"peak_extra_mib": None, "kernels": None, "host_us": None}
         if cuda and not self.graph:
             with cutlass_fused.use_kernel_family(self.family):
-                extra["peak_extra_mib"] = peak_extra_mib(self.fn)
+                extra["peak_extra_mib"] = timing.peak_extra_mib(self.fn)
                 trace = out_dir / f"trace_{impl}_{mode}_{m}x{k}x{n}.json" if args.profile else None
-                launches, kernels = profile(self.fn, trace=trace)
+                launches, kernels = timing.profile(self.fn, trace=trace)
                 extra["kernels"] = launches
-                extra["host_us"] = host_us(self.fn)
+                extra["host_us"] = timing.host_us(self.fn)
             if args.profile:
                 print(f"\n{impl} {mode} {m}x{k}x{n}: GPU µs per call by kernel")
                 for name, us in sorted(kernels.items(), key=lambda kv: -kv[1]):
@@ -511,10 +339,6 @@ def speedups(rows, row):
     return (eager / row["ms"] if eager else None), (min(comp) / row["ms"] if comp else None)
 
 
-def fmt(v, spec):
-    return "–" if v is None else format(v, spec)
-
-
 def table(result, markdown=False):
     rows = result["rows"]
     head = ["shape", "dtype", "mode", "impl", "graph", "ms", "TFLOP/s", "x mm", "vs eager", "vs compile",
@@ -523,49 +347,14 @@ def table(result, markdown=False):
     for r in rows:
         se, sc = speedups(rows, r)
         lines.append(["x".join(map(str, r["shape"])), r["dtype"], r["mode"], r["impl"], "yes" if r["graphs"] else "",
-                      fmt(r["ms"], ".4f"), fmt(r["tflops"], ".1f"), fmt(r["ratio_to_mm"], ".3f"),
-                      fmt(se, ".2f"), fmt(sc, ".2f"), fmt(r["peak_extra_mib"], ".0f"),
-                      fmt(r["kernels"], ".0f"), fmt(r["host_us"], ".1f")])
-    return render(head, lines, 5, markdown, result["meta"])
-
-
-def render(head, lines, right_from, markdown, meta):
-    """A markdown table with the run's line below it, or plain columns, those from right_from on
-    (the numbers) right-aligned."""
-    if markdown:
-        out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        out += ["| " + " | ".join(line) + " |" for line in lines]
-        out.append(f"\n{meta['gpu']}, {meta['date']}, torch {meta['torch']}, commit {meta['commit']}: "
-                   f"`{meta['command']}`")
-        return "\n".join(out)
-    widths = [max(len(h), *(len(line[i]) for line in lines)) if lines else len(h) for i, h in enumerate(head)]
-    fmt_line = lambda cells: "  ".join(c.rjust(w) if i >= right_from else c.ljust(w) for i, (c, w) in
-                                       enumerate(zip(cells, widths)))
-    return "\n".join([fmt_line(head)] + [fmt_line(line) for line in lines])
-
-
-def pyplot():
-    """matplotlib.pyplot drawing to files, or None (said once) where the [bench] extra is missing."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("cutlass_fused.bench: matplotlib missing (pip install .[bench]): no plot", file=sys.stderr)
-        return None
-    return plt
-
-
-def save_figure(plt, fig, meta, path):
-    fig.suptitle(f"cutlass_fused on {meta['gpu']}, {meta['date']}, commit {meta['commit']}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    print(f"wrote {path}")
+                      report.fmt(r["ms"], ".4f"), report.fmt(r["tflops"], ".1f"), report.fmt(r["ratio_to_mm"], ".3f"),
+                      report.fmt(se, ".2f"), report.fmt(sc, ".2f"), report.fmt(r["peak_extra_mib"], ".0f"),
+                      report.fmt(r["kernels"], ".0f"), report.fmt(r["host_us"], ".1f")])
+    return report.render(head, lines, 5, markdown, result["meta"])
 
 
 def plot(result, path, rows, sweep=False):
-    plt = pyplot()
+    plt = report.pyplot()
     rows = [r for r in rows if not r["graphs"] and r["impl"] != "torch.mm"]
     if plt is None or not rows:
         return
@@ -610,11 +399,10 @@ def plot(result, path, rows, sweep=False):
                 if j == 0:
                     ax.set_ylabel("time / torch.mm" + (" (x3)" if mode == "fwdbwd" else "") + "\nlower is better",
                                   fontsize=7)
-    save_figure(plt, fig, result["meta"], path)
+    report.save_figure(plt, fig, result["meta"], path)
 
 
 def main(argv=None):
-    from cutlass_fused import bench_step  # not at the top: it imports this module
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(prog="python -m cutlass_fused.bench", description=__doc__.split("\n")[0])
     ap.add_argument("--shape", type=parse_shape, action="append",

@@ -10,8 +10,8 @@ anchors: torchao-float8 (torchao's float8 training of the blocks' Linears, tenso
 stays PyTorch's), and it or its rowwise recipe under torch.compile; the fused FP8 rows (FP8_ROWS); and
 eager, fused and the FP8 rows as one CUDA graph a step (GRAPH_ROWS). A row's first PARITY_STEPS steps run on
 a data stream shared by all rows, and its loss parity is the largest relative difference of those
-losses from eager's. Then the step on one fixed batch is timed (bench.median_ms), the rows in
---rounds, and its peak memory taken (bench.peak_extra_mib). x mm: a row's step time over its GEMMs'
+losses from eager's. Then the step on one fixed batch is timed (timing.median_ms), the rows in
+--rounds, and its peak memory taken (timing.peak_extra_mib). x mm: a row's step time over its GEMMs'
 alone in torch.mm (GemmFloor, timed in the same rounds).
 """
 import argparse
@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import cutlass_fused
-from cutlass_fused import bench
+from cutlass_fused import bench_rows, report, timing
 from cutlass_fused.seed import SeedModel
 
 Case = collections.namedtuple("Case", "precision batch width blocks activation")
@@ -59,7 +59,7 @@ CPU_CASE = Case("f32", 64, 64, 2, "relu")
 CPU_ROWS = ("eager", "fused")
 CLASSES = 1000
 PARITY_STEPS = 30
-PEAK = ("bench.peak_extra_mib: torch.cuda.max_memory_allocated during one step minus memory_allocated "
+PEAK = ("timing.peak_extra_mib: torch.cuda.max_memory_allocated during one step minus memory_allocated "
         "before it (weights, AdamW states and the batch), after a step first; for a +graph row, during the "
         "step its graph captured (the graph's pool); null on the CPU and for a compile-ro row (Inductor's "
         "graphs keep a private pool between steps, which these counters do not show)")
@@ -127,15 +127,15 @@ class Row:
         self.name, self.case, self.device = name, case, device
         module, self.fused_layers = copy.deepcopy(base), None
         if name.startswith("fused"):
-            module, report = cutlass_fused.fuse(module)
-            self.fused_layers = len(report.fused)
+            module, fusion = cutlass_fused.fuse(module)
+            self.fused_layers = len(fusion.fused)
             if not reports:
-                print(report)
-            reports.append(report)
+                print(fusion)
+            reports.append(fusion)
         if name.startswith("torchao"):
-            module = bench.torchao_float8(module, "rowwise" if "rowwise" in name else "tensorwise", device)
+            module = bench_rows.torchao_float8(module, "rowwise" if "rowwise" in name else "tensorwise", device)
         if name.startswith("fused-fp8"):
-            recipe = bench.fp8_recipe(name)
+            recipe = bench_rows.fp8_recipe(name)
             for layer in module.modules():
                 if isinstance(layer, cutlass_fused.LinearScaleBatchNorm1d):
                     layer.fp8 = recipe
@@ -175,7 +175,7 @@ class Row:
         into the captured inputs and replays. Returns a copy of the loss: the replay overwrites it."""
         if self.graph is None and self.warm < GRAPH_WARMUP:
             self.opt.zero_grad(set_to_none=True)
-            loss = bench.on_side_stream(lambda: self.body(x, target), self.device)
+            loss = timing.on_side_stream(lambda: self.body(x, target), self.device)
             self.warm += 1
             return loss
         if self.graph is None:
@@ -194,7 +194,7 @@ class Row:
         return self.loss_out.clone()
 
     def time(self):
-        self.times.append(bench.median_ms(self.timed_step(), self.device.type == "cuda"))
+        self.times.append(timing.median_ms(self.timed_step(), self.device.type == "cuda"))
 
     def timed_step(self):
         """The step the rounds time: a +graph row's replay alone, its batch copied in once."""
@@ -212,7 +212,7 @@ class Row:
             # show only what is live in it (2-39 MiB where the default row's peak was 106-1090 MiB;
             # H200, 2026-11-29): not a peak to set beside the others.
             return None
-        return bench.peak_extra_mib(lambda: self.step(self.x, self.target)) if self.device.type == "cuda" else None
+        return timing.peak_extra_mib(lambda: self.step(self.x, self.target)) if self.device.type == "cuda" else None
 
 
 class GemmFloor:
@@ -235,7 +235,7 @@ class GemmFloor:
             torch.mm(x, w.t()), torch.mm(dy, w), torch.mm(dy.t(), x)
 
     def time(self):
-        self.times.append(bench.median_ms(self.run, self.cuda))
+        self.times.append(timing.median_ms(self.run, self.cuda))
 
 
 def measure_case(case, rows, device, rounds):
@@ -244,18 +244,18 @@ def measure_case(case, rows, device, rounds):
     base, reports, errors, live = mlp(case, device), [], {}, {}
     for name in rows:
         failed = []
-        row = bench.guarded(name, "step", label(case), lambda: Row(name, base, case, device, reports), failed)
+        row = timing.guarded(name, "step", label(case), lambda: Row(name, base, case, device, reports), failed)
         if row is None:
             errors[name] = failed[0]
         else:
             live[name] = row
     floor = GemmFloor(case, device)
-    for row in bench.alternating([floor, *live.values()], rounds):
+    for row in timing.alternating([floor, *live.values()], rounds):
         if row is floor:
             row.time()
         elif row.name in live:
             failed = []
-            bench.guarded(row.name, "step", label(case), row.time, failed)
+            timing.guarded(row.name, "step", label(case), row.time, failed)
             if failed:
                 errors[row.name] = failed[0]
                 del live[row.name]
@@ -270,7 +270,7 @@ def measure_case(case, rows, device, rounds):
         if row is None:
             continue
         failed = []
-        peak = bench.guarded(name, "step", label(case), row.peak, failed)
+        peak = timing.guarded(name, "step", label(case), row.peak, failed)
         out[-1].update(ms=statistics.median(row.times), peak_extra_mib=peak, loss_last=row.losses[-1],
                        fused_layers=row.fused_layers, error=failed[0] if failed else None)
         if eager is not None:
@@ -286,7 +286,7 @@ def measure_case(case, rows, device, rounds):
 
 def measure(cases, rows, device, rounds, argv, out_dir):
     """Every case's rows; writes step.json after each case, so that a run cut short keeps them."""
-    result = {"mode": "step", "meta": bench.meta(argv, device), "parity_steps": PARITY_STEPS,
+    result = {"mode": "step", "meta": timing.meta(argv, device), "parity_steps": PARITY_STEPS,
               "peak_extra_mib": PEAK, "rows": []}
     for case in cases:
         print(f"cutlass_fused.bench: step {label(case)}: {', '.join(rows)}", file=sys.stderr)
@@ -334,11 +334,11 @@ def table(result, markdown=False):
             "vs compile", "loss parity", "fused"]
     # .get: records written before x mm existed render too.
     lines = [[r["precision"], str(r["batch"]), str(r["width"]), str(r["blocks"]), r["activation"], r["impl"],
-              "failed" if r["ms"] is None else bench.fmt(r["ms"], ".3f"), bench.fmt(r.get("x_mm"), ".2f"),
-              bench.fmt(r["peak_extra_mib"], ".0f"),
-              bench.fmt(r["vs_eager"], ".2f"), bench.fmt(r["vs_compile"], ".2f"),
-              bench.fmt(r["loss_parity"], ".1e"), bench.fmt(r["fused_layers"], "d")] for r in result["rows"]]
-    out = bench.render(head, lines, 6, markdown, result["meta"])
+              "failed" if r["ms"] is None else report.fmt(r["ms"], ".3f"), report.fmt(r.get("x_mm"), ".2f"),
+              report.fmt(r["peak_extra_mib"], ".0f"),
+              report.fmt(r["vs_eager"], ".2f"), report.fmt(r["vs_compile"], ".2f"),
+              report.fmt(r["loss_parity"], ".1e"), report.fmt(r["fused_layers"], "d")] for r in result["rows"]]
+    out = report.render(head, lines, 6, markdown, result["meta"])
     notes = [f"{r['impl']} {label(case_of(r))}: {r['error']}"
              for r in result["rows"] if r["error"]]
     return "\n".join([out, *("failed: " + n for n in notes)])
@@ -346,7 +346,7 @@ def table(result, markdown=False):
 
 def plot(result, path):
     """One panel a case: each row's ms per step, with its speedup over eager."""
-    plt = bench.pyplot()
+    plt = report.pyplot()
     rows = [r for r in result["rows"] if r["ms"]]
     if plt is None or not rows:
         return
@@ -363,4 +363,4 @@ def plot(result, path):
         ax.set_xticklabels([r["impl"] for r in sel], fontsize=7, rotation=20, ha="right")
         ax.set_title(label(case), fontsize=8)
     axes[0][0].set_ylabel("ms per training step\nlower is better (x: over eager)", fontsize=7)
-    bench.save_figure(plt, fig, result["meta"], path)
+    report.save_figure(plt, fig, result["meta"], path)

@@ -25,7 +25,8 @@ from pathlib import Path
 import torch
 
 import cutlass_fused
-from cutlass_fused.bench import SHAPES, Case, alternating, median_ms, meta, parse_shape
+from cutlass_fused.bench import SHAPES, Case, parse_shape
+from cutlass_fused.timing import alternating, median_ms, meta
 
 
 def main(argv=None):

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import cutlass_fused
-from cutlass_fused import bench, bench_step
+from cutlass_fused import bench, bench_rows, bench_step, timing
 from common import CUDA, HOPPER, skip_without_e4m3
 
 ROW_KEYS = {"shape", "dtype", "mode", "impl", "graphs", "ms", "tflops", "ratio_to_mm", "peak_extra_mib", "kernels",
@@ -88,7 +88,7 @@ def test_tune_times_each_tile_order_in_rounds(tmp_path):
 
 def test_alternating_reverses_every_other_round():
     """The timing order of bench's tools (tune, benchmarks/*_time.py): no item always first."""
-    assert list(bench.alternating(["a", "b", "c"], 3)) == ["a", "b", "c", "c", "b", "a", "a", "b", "c"]
+    assert list(timing.alternating(["a", "b", "c"], 3)) == ["a", "b", "c", "c", "b", "a", "a", "b", "c"]
 
 
 def test_overrides_reach_the_plan_and_are_restored():
@@ -219,7 +219,7 @@ def test_bench_step_torchao_row(tmp_path):
     from torchao.float8.float8_linear import Float8Linear
     device = torch.device("cuda" if CUDA else "cpu")
     case = bench_step.Case("bf16", 16, 32, 2, "relu")  # bf16: what torchao's float8 GEMMs take on a GPU
-    model = bench.torchao_float8(bench_step.mlp(case, device), "tensorwise", device)
+    model = bench_rows.torchao_float8(bench_step.mlp(case, device), "tensorwise", device)
     assert [type(m) for m in model.modules() if isinstance(m, nn.Linear)] == [Float8Linear] * 2 + [nn.Linear]
     assert bench.main(["--step-case", "bf16,16,32,2", "--step-row", "eager", "--step-row", "torchao-float8",
                        "--out", str(tmp_path)]) == 0
@@ -263,9 +263,9 @@ def test_bench_fp8_rows(tmp_path, monkeypatch):
                        *[a for impl in impls for a in ("--impl", impl)], "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert [r["impl"] for r in rows if r["ms"] > 0 and r["impl"].startswith("cutlass_fused-fp8")] == list(impls)
-    assert bench.fp8_recipe("fused-fp8-delayed-e5m2+compile") == cutlass_fused.Float8Recipe(scaling="delayed",
+    assert bench_rows.fp8_recipe("fused-fp8-delayed-e5m2+compile") == cutlass_fused.Float8Recipe(scaling="delayed",
                                                                                           backward="e5m2")
-    assert bench.fp8_recipe("cutlass_fused-fp8-delayed-fast") == cutlass_fused.Float8Recipe(scaling="delayed",
+    assert bench_rows.fp8_recipe("cutlass_fused-fp8-delayed-fast") == cutlass_fused.Float8Recipe(scaling="delayed",
                                                                                           fast_accum=True)
 
 
