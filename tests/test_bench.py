@@ -91,6 +91,17 @@ def test_alternating_reverses_every_other_round():
     assert list(timing.alternating(["a", "b", "c"], 3)) == ["a", "b", "c", "c", "b", "a", "a", "b", "c"]
 
 
+def test_bench_modules_import_downward():
+    """The step benchmark stands on timing, report and bench_rows, not on the layer's CLI module
+    (bench.py imports bench_step: the other way would be an import circle)."""
+    import subprocess
+    import sys
+    code = ("import sys, cutlass_fused.bench_step, cutlass_fused.timing, cutlass_fused.report, "
+            "cutlass_fused.bench_rows; print('cutlass_fused.bench' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
 def test_overrides_reach_the_plan_and_are_restored():
     """tune and the benchmarks/*_time.py tools force choices through cutlass_fused.overrides(): the
     plan (C++) sees them inside, nested blocks stack, and each exit restores what was in force."""
