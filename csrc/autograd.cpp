@@ -71,13 +71,13 @@ void linear_grads(at::Tensor const& dh, at::Tensor const& x, at::Tensor const& w
 
 struct TrainFunction : torch::autograd::Function<TrainFunction> {
   static variable_list forward(AutogradContext* ctx, at::Tensor const& x, at::Tensor const& weight,
-                               OptTensor const& bias, at::Tensor const& scale, OptTensor const& bn_weight,
+                               OptTensor const& bias, OptTensor const& scale, OptTensor const& bn_weight,
                                OptTensor const& bn_bias, OptTensor const& running_mean, OptTensor const& running_var,
                                OptTensor const& num_batches_tracked, c10::optional<double> momentum, double eps,
                                c10::string_view family, bool cache, c10::string_view activation,
                                double negative_slope, c10::optional<at::ScalarType> output_dtype) {
     static auto op = op_handle<TrainSig>("cutlass_fused::linear_scale_batch_norm_train");
-    save_needs(ctx, {x.requires_grad(), weight.requires_grad(), requires_grad(bias), scale.requires_grad(),
+    save_needs(ctx, {x.requires_grad(), weight.requires_grad(), requires_grad(bias), requires_grad(scale),
                      requires_grad(bn_weight), requires_grad(bn_bias)});
     ctx->saved_data["dtypes"] = c10::List<int64_t>({dtype_of(bias), dtype_of(bn_bias)});
     // Below Autograd only, so that ADInplaceOrView (in_place below) counts the
@@ -114,7 +114,7 @@ struct TrainFunction : torch::autograd::Function<TrainFunction> {
     // amp-bf16 4096x4096x4 that is 32 MiB off the step's peak, which holds every block's saved
     // tensors (docs/decisions.md, "Training step").
     ctx->save_for_backward({weight.requires_grad() ? x : none, x.requires_grad() ? gemm_weight : none,
-                            hooks ? h : none, hooks ? mean : none, hooks ? invstd : none, scale, saved(bn_weight),
+                            hooks ? h : none, hooks ? mean : none, hooks ? invstd : none, saved(scale), saved(bn_weight),
                             act ? saved(bn_bias) : none});
     auto keep = [&](std::string const& key, at::Tensor const& t) {
       ctx->saved_data[key] = t;
@@ -182,13 +182,13 @@ struct TrainFunction : torch::autograd::Function<TrainFunction> {
     // had also turned a product with an integer 0 into zeros, and so NaN into 0, in torch 2.13).
     c10::optional<at::ScalarType> bias_dt;
     if (need[2]) bias_dt = static_cast<at::ScalarType>(dtypes.get(0));
-    auto [dh, dscale, dgamma, dbeta, dbias] = op.call(dy, h, mean, invstd, scale, optional(s[6]), eps,
+    auto [dh, dscale, dgamma, dbeta, dbias] = op.call(dy, h, mean, invstd, optional(scale), optional(s[6]), eps,
                                                       optional(s[7]), ctx->saved_data["activation"].toStringRef(),
                                                       ctx->saved_data["negative_slope"].toDouble(), bias_dt);
     h = mean = invstd = dy = at::Tensor();
     linear_grads(dh, x, weight, need[0], need[1], ctx, out);
     if (need[2]) out[2] = dbias;
-    if (need[3]) out[3] = dscale;
+    if (need[3]) out[3] = scale.dim() == 0 ? dscale.sum().to(scale.scalar_type()) : dscale;  // a value a column
     if (need[4]) out[4] = dgamma;
     if (need[5]) out[5] = as_dtype(dbeta, dtypes[1]);
     return out;
@@ -197,13 +197,13 @@ struct TrainFunction : torch::autograd::Function<TrainFunction> {
 
 struct EvalFunction : torch::autograd::Function<EvalFunction> {
   static variable_list forward(AutogradContext* ctx, at::Tensor const& x, at::Tensor const& weight,
-                               OptTensor const& bias, at::Tensor const& scale, OptTensor const& bn_weight,
+                               OptTensor const& bias, OptTensor const& scale, OptTensor const& bn_weight,
                                OptTensor const& bn_bias, at::Tensor const& running_mean,
                                at::Tensor const& running_var, double eps, c10::string_view family, bool cache,
                                c10::string_view activation, double negative_slope,
                                c10::optional<at::ScalarType> output_dtype) {
     static auto op = op_handle<EvalSig>("cutlass_fused::linear_scale_batch_norm_eval");
-    save_needs(ctx, {x.requires_grad(), weight.requires_grad(), requires_grad(bias), scale.requires_grad(),
+    save_needs(ctx, {x.requires_grad(), weight.requires_grad(), requires_grad(bias), requires_grad(scale),
                      requires_grad(bn_weight), requires_grad(bn_bias)});
     at::AutoDispatchBelowADInplaceOrView below;
     auto y = op.call(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, eps, family, cache,
@@ -213,7 +213,7 @@ struct EvalFunction : torch::autograd::Function<EvalFunction> {
     // the other side of 0 than the y the forward returned.
     Activation act = activation_of(activation);
     bool by_sign = act == Activation::relu || (act == Activation::leaky_relu && negative_slope >= 0);
-    ctx->save_for_backward({x, weight, saved(bias), scale, saved(bn_weight), running_mean, running_var,
+    ctx->save_for_backward({x, weight, saved(bias), saved(scale), saved(bn_weight), running_mean, running_var,
                             saved(bn_bias), by_sign ? y : at::Tensor()});
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["activation"] = std::string(activation);
@@ -242,13 +242,14 @@ struct EvalFunction : torch::autograd::Function<EvalFunction> {
     auto invstd = (running_var.to(acc) + ctx->saved_data["eps"].toDouble()).rsqrt();
     auto g = bn_weight.defined() ? invstd * bn_weight.to(acc) : invstd;
     // h is not kept by the eval forward; it is recomputed only when asked for, or for the
-    // activation's derivative at BN(z) = (h scale - running_mean) g + bn_bias.
+    // activation's derivative at BN(z) = (h scale - running_mean) g + bn_bias (z = h without a scale).
     at::Tensor h;
     auto recompute_h = [&] {
       if (h.defined()) return;
       h = at::mm(x, weight.t()).to(acc);
       if (bias.defined()) h = h + bias.to(acc);
     };
+    auto z = [&] { return scale.defined() ? h * scale.to(acc) : h; };
     double slope = ctx->saved_data["negative_slope"].toDouble();
     if (y.defined()) {
       // By y's sign (see the forward); for leaky_relu, y > 0 exactly where its input is.
@@ -257,19 +258,19 @@ struct EvalFunction : torch::autograd::Function<EvalFunction> {
                                     : at::leaky_relu_backward(dyf, ya, slope, /*self_is_result=*/true);
     } else if (act != Activation::none) {
       recompute_h();
-      auto pre = (h * scale.to(acc) - running_mean.to(acc)) * g;
+      auto pre = (z() - running_mean.to(acc)) * g;
       if (bn_bias.defined()) pre = pre + bn_bias.to(acc);
       dyf = activation_backward(dyf, pre, act, slope);
     }
     // dh in x's dtype, for the GEMMs with x and weight (y may be wider: see output_dtype).
-    auto dh = (dyf * (scale.to(acc) * g)).to(x.scalar_type());
+    auto dh = (dyf * (scale.defined() ? scale.to(acc) * g : g)).to(x.scalar_type());
     linear_grads(dh, x, weight, need[0], need[1], ctx, out);
     if (need[2]) out[2] = dh.to(acc).sum(0).to(bias.scalar_type());
     if (need[3] || need[4]) {
       recompute_h();
-      if (need[3]) out[3] = ((dyf * h).sum(0) * g).to(scale.scalar_type());
+      if (need[3]) out[3] = ((dyf * h).sum(0) * g).sum_to_size(scale.sizes()).to(scale.scalar_type());
       if (need[4]) {
-        out[4] = ((dyf * (h * scale.to(acc) - running_mean.to(acc))).sum(0) * invstd).to(bn_weight.scalar_type());
+        out[4] = ((dyf * (z() - running_mean.to(acc))).sum(0) * invstd).to(bn_weight.scalar_type());
       }
     }
     if (need[5]) out[5] = as_dtype(dyf.sum(0), ctx->saved_data["dtypes"].toIntList()[0]);
@@ -277,7 +278,7 @@ struct EvalFunction : torch::autograd::Function<EvalFunction> {
   }
 };
 
-TrainOut train_autograd(at::Tensor const& x, at::Tensor const& weight, OptTensor const& bias, at::Tensor const& scale,
+TrainOut train_autograd(at::Tensor const& x, at::Tensor const& weight, OptTensor const& bias, OptTensor const& scale,
                         OptTensor const& bn_weight, OptTensor const& bn_bias, OptTensor const& running_mean,
                         OptTensor const& running_var, OptTensor const& num_batches_tracked,
                         c10::optional<double> momentum, double eps, c10::string_view family, bool cache,
@@ -290,7 +291,7 @@ TrainOut train_autograd(at::Tensor const& x, at::Tensor const& weight, OptTensor
 }
 
 at::Tensor eval_autograd(at::Tensor const& x, at::Tensor const& weight, OptTensor const& bias,
-                         at::Tensor const& scale, OptTensor const& bn_weight, OptTensor const& bn_bias,
+                         OptTensor const& scale, OptTensor const& bn_weight, OptTensor const& bn_bias,
                          at::Tensor const& running_mean, at::Tensor const& running_var, double eps,
                          c10::string_view family, bool cache, c10::string_view activation, double negative_slope,
                          c10::optional<at::ScalarType> output_dtype) {

@@ -58,7 +58,7 @@ struct Delayed {
 // x and W rounded to e4m3: under current scaling (W8 kept where `cache` allows), or under the
 // delayed state's scales, whose step then records the amaxes the casts measured. Called below
 // autocast (the callers' guard).
-Operands e4m3_operands(at::Tensor const& x, at::Tensor const& weight, OptTensor const& bias, at::Tensor const& scale,
+Operands e4m3_operands(at::Tensor const& x, at::Tensor const& weight, OptTensor const& bias, OptTensor const& scale,
                        int64_t margin, bool cache, bool transposed, Delayed const& delayed) {
   static auto quantize = op_handle<QuantizeE4M3Sig>("cutlass_fused::quantize_e4m3");
   static auto quantize_t = op_handle<QuantizeTransposedSig>("cutlass_fused::quantize_transposed");
@@ -102,7 +102,7 @@ Operands e4m3_operands(at::Tensor const& x, at::Tensor const& weight, OptTensor 
   return o;
 }
 
-Forward e4m3_forward(at::Tensor const& x, at::Tensor const& weight, OptTensor const& bias, at::Tensor const& scale,
+Forward e4m3_forward(at::Tensor const& x, at::Tensor const& weight, OptTensor const& bias, OptTensor const& scale,
                      OptTensor const& bn_weight, OptTensor const& bn_bias, OptTensor const& running_mean,
                      OptTensor const& running_var, OptTensor const& num_batches_tracked,
                      c10::optional<double> momentum, double eps, c10::string_view family, c10::string_view activation,
@@ -153,7 +153,7 @@ at::Tensor first(at::Tensor const& t, int64_t rows, int64_t cols) {
 
 struct E4M3Function : torch::autograd::Function<E4M3Function> {
   static variable_list forward(AutogradContext* ctx, at::Tensor const& x, at::Tensor const& weight,
-                               OptTensor const& bias, at::Tensor const& scale, OptTensor const& bn_weight,
+                               OptTensor const& bias, OptTensor const& scale, OptTensor const& bn_weight,
                                OptTensor const& bn_bias, OptTensor const& running_mean, OptTensor const& running_var,
                                OptTensor const& num_batches_tracked, c10::optional<double> momentum, double eps,
                                c10::string_view family, c10::string_view activation, double negative_slope,
@@ -161,7 +161,7 @@ struct E4M3Function : torch::autograd::Function<E4M3Function> {
                                bool cache, OptTensor const& amax_history, OptTensor const& fp8_scale,
                                c10::string_view amax_compute_algo, bool fast_accum) {
     check_backward(backward);
-    save_needs(ctx, {x.requires_grad(), weight.requires_grad(), requires_grad(bias), scale.requires_grad(),
+    save_needs(ctx, {x.requires_grad(), weight.requires_grad(), requires_grad(bias), requires_grad(scale),
                      requires_grad(bn_weight), requires_grad(bn_bias)});
     // Below Autograd only, so that ADInplaceOrView counts the inner op's running-stats update.
     at::AutoDispatchBelowAutograd below;
@@ -179,7 +179,8 @@ struct E4M3Function : torch::autograd::Function<E4M3Function> {
     ctx->saved_data["e5m2"] = e5m2;
     ctx->saved_data["dtypes"] = c10::List<int64_t>(
         {static_cast<int64_t>(x.scalar_type()), static_cast<int64_t>(weight.scalar_type()),
-         bias.has_value() ? static_cast<int64_t>(bias->scalar_type()) : -1, static_cast<int64_t>(scale.scalar_type())});
+         bias.has_value() ? static_cast<int64_t>(bias->scalar_type()) : -1,
+         scale.has_value() ? static_cast<int64_t>(scale->scalar_type()) : -1});
     ctx->set_materialize_grads(false);
     return {f.y};
   }
@@ -199,12 +200,18 @@ struct E4M3Function : torch::autograd::Function<E4M3Function> {
     auto dtypes = ctx->saved_data["dtypes"].toIntList();
     auto x_dt = static_cast<at::ScalarType>(dtypes.get(0)), w_dt = static_cast<at::ScalarType>(dtypes.get(1));
     if (dy.scalar_type() != h.scalar_type() && dy.scalar_type() != at::kFloat) dy = cast(dy, at::kFloat);
-    // The linear bias's zero comes from fp8_backward_scales below, with the scale's gradient.
-    at::Tensor dh, dsc, dgamma, dbeta;
-    std::tie(dh, dsc, dgamma, dbeta, std::ignore) =
-        bn_backward.call(dy.contiguous(), h, s[3], s[4], s[5], optional(s[6]), ctx->saved_data["eps"].toDouble(),
-                         optional(s[7]), ctx->saved_data["activation"].toStringRef(),
-                         ctx->saved_data["negative_slope"].toDouble(), c10::nullopt);  // dh' = alpha dh
+    // With a scale the linear bias's zero comes from fp8_backward_scales below, with the scale's
+    // gradient. Without one the saved sc is alpha alone (0-dim): no scale gradient to make, and
+    // the BN backward writes the bias's zero itself, as the training op's does.
+    bool scaled = dtypes.get(3) >= 0;
+    c10::optional<at::ScalarType> bias_dt;
+    if (need[2]) bias_dt = static_cast<at::ScalarType>(dtypes.get(2));
+    at::Tensor dh, dsc, dgamma, dbeta, dbias;
+    std::tie(dh, dsc, dgamma, dbeta, dbias) =
+        bn_backward.call(dy.contiguous(), h, s[3], s[4], optional(s[5]), optional(s[6]),
+                         ctx->saved_data["eps"].toDouble(), optional(s[7]), ctx->saved_data["activation"].toStringRef(),
+                         ctx->saved_data["negative_slope"].toDouble(),
+                         scaled ? c10::nullopt : bias_dt);  // dh' = alpha dh
     bool e5m2 = ctx->saved_data["e5m2"].toBool();
     at::Tensor dh8, dh8_t, s_g;
     if (e5m2) std::tie(dh8, dh8_t, s_g) = quantize_t.call(dh, at::kFloat8_e5m2, 0, false);
@@ -212,12 +219,12 @@ struct E4M3Function : torch::autograd::Function<E4M3Function> {
     // the training op's), the scale's dsc / (s_x s_w), and e5m2's 1 / s_g (exact: a power of two).
     // Not launched where none of the three is wanted (the bf16 backward of a layer whose bias and
     // scale need no gradient).
-    at::Tensor dbias, dscale, inv_g;
-    if (e5m2 || need[2] || need[3]) {
-      c10::optional<at::ScalarType> bias_dt;
-      if (need[2]) bias_dt = static_cast<at::ScalarType>(dtypes.get(2));
+    at::Tensor dscale, inv_g;
+    if (scaled && (e5m2 || need[2] || need[3])) {
       std::tie(dbias, dscale, inv_g) = backward_scales.call(dsc, s_x, s_w, e5m2 ? OptTensor(s_g) : c10::nullopt,
                                                             bias_dt, static_cast<at::ScalarType>(dtypes.get(3)));
+    } else if (e5m2) {
+      inv_g = s_g.reciprocal();  // exact: a power of two
     }
     if (e5m2) {
       // x8, w8 hold x8^T (k x m) and W8^T (k x n); .t() of a contiguous one is the column-major
@@ -248,7 +255,7 @@ struct E4M3Function : torch::autograd::Function<E4M3Function> {
 };
 
 at::Tensor e4m3_autograd(at::Tensor const& x, at::Tensor const& weight, OptTensor const& bias,
-                         at::Tensor const& scale, OptTensor const& bn_weight, OptTensor const& bn_bias,
+                         OptTensor const& scale, OptTensor const& bn_weight, OptTensor const& bn_bias,
                          OptTensor const& running_mean, OptTensor const& running_var,
                          OptTensor const& num_batches_tracked, c10::optional<double> momentum, double eps,
                          c10::string_view family, c10::string_view activation, double negative_slope,
@@ -261,7 +268,7 @@ at::Tensor e4m3_autograd(at::Tensor const& x, at::Tensor const& weight, OptTenso
 }
 
 // Without autograd (inference mode, or below Autograd): the forward alone.
-at::Tensor e4m3_plain(at::Tensor const& x, at::Tensor const& weight, OptTensor const& bias, at::Tensor const& scale,
+at::Tensor e4m3_plain(at::Tensor const& x, at::Tensor const& weight, OptTensor const& bias, OptTensor const& scale,
                       OptTensor const& bn_weight, OptTensor const& bn_bias, OptTensor const& running_mean,
                       OptTensor const& running_var, OptTensor const& num_batches_tracked,
                       c10::optional<double> momentum, double eps, c10::string_view family,
@@ -280,7 +287,7 @@ at::Tensor e4m3_plain(at::Tensor const& x, at::Tensor const& weight, OptTensor c
 // rounds them (a delayed recipe's scales read, not updated), then the FP8 eval op with bias / alpha
 // and scale * alpha, which carries alpha into the fold (a = scale alpha gamma invstd): one e4m3
 // GEMM, the emulated path's y. No autograd.
-at::Tensor eval_e4m3(at::Tensor const& x, at::Tensor const& weight, OptTensor const& bias, at::Tensor const& scale,
+at::Tensor eval_e4m3(at::Tensor const& x, at::Tensor const& weight, OptTensor const& bias, OptTensor const& scale,
                      OptTensor const& bn_weight, OptTensor const& bn_bias, at::Tensor const& running_mean,
                      at::Tensor const& running_var, double eps, c10::string_view family, c10::string_view activation,
                      double negative_slope, c10::optional<at::ScalarType> output_dtype, int64_t margin, bool cache,
@@ -295,7 +302,7 @@ at::Tensor eval_e4m3(at::Tensor const& x, at::Tensor const& weight, OptTensor co
 
 // fp8_delayed_operands as the ops it stands for (the CPU's; CUDA has its own, in fewer launches).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
-delayed_operands_ops(at::Tensor const& x, at::Tensor const& weight, OptTensor const& bias, at::Tensor const& scale,
+delayed_operands_ops(at::Tensor const& x, at::Tensor const& weight, OptTensor const& bias, OptTensor const& scale,
                      at::Tensor& amax_history, at::Tensor& fp8_scale, int64_t margin, c10::string_view algo,
                      bool transposed) {
   static auto quantize_s = op_handle<QuantizeWithScaleSig>("cutlass_fused::quantize_with_scale");

@@ -71,22 +71,24 @@ void quantize_into(at::Tensor const& t, int64_t margin, Fp8 format, at::Tensor* 
 }
 
 // The operand scales' inputs, contiguous, and their outputs, poisoned: b in bias's shape (or [0]
-// without one) as bf16, the kernel's h dtype; sc like scale.
+// without one) as bf16, the kernel's h dtype; sc like scale, or without one alpha, 0-dim fp32.
 struct OperandScaleOutputs {
-  c10::optional<at::Tensor> bias_in;
-  at::Tensor sc_in, b, sc;
+  c10::optional<at::Tensor> bias_in, sc_in;
+  at::Tensor b, sc;
   void const* b_in() const { return bias_in.has_value() ? bias_in->data_ptr() : nullptr; }
+  void const* scale_in() const { return sc_in.has_value() ? sc_in->data_ptr() : nullptr; }
   DType bias_dtype() const { return bias_in.has_value() ? dtype_of(bias_in->scalar_type(), "bias") : DType::bf16; }
-  DType scale_dtype() const { return dtype_of(sc_in.scalar_type(), "scale"); }
+  DType scale_dtype() const { return dtype_of(sc.scalar_type(), "scale"); }
 };
 
-OperandScaleOutputs operand_scale_outputs(c10::optional<at::Tensor> const& bias, at::Tensor const& scale) {
+OperandScaleOutputs operand_scale_outputs(c10::optional<at::Tensor> const& bias,
+                                          c10::optional<at::Tensor> const& scale, at::TensorOptions fp32) {
   static constexpr int64_t no_bias[] = {0};
   OperandScaleOutputs o;
   if (bias.has_value()) o.bias_in = bias->contiguous();
-  o.sc_in = scale.contiguous();
-  o.b = at::empty(bias.has_value() ? bias->sizes() : at::IntArrayRef(no_bias), scale.options().dtype(at::kBFloat16));
-  o.sc = at::empty(scale.sizes(), scale.options());
+  if (scale.has_value()) o.sc_in = scale->contiguous();
+  o.b = at::empty(bias.has_value() ? bias->sizes() : at::IntArrayRef(no_bias), fp32.dtype(at::kBFloat16));
+  o.sc = scale.has_value() ? at::empty(scale->sizes(), scale->options()) : at::empty({}, fp32);
   poison(o.b);
   poison(o.sc);
   return o;
@@ -183,12 +185,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_with_scale_c
 
 std::tuple<at::Tensor, at::Tensor> fp8_operand_scales_cuda(at::Tensor const& s_x, at::Tensor const& s_w,
                                                            c10::optional<at::Tensor> const& bias,
-                                                           at::Tensor const& scale) {
+                                                           c10::optional<at::Tensor> const& scale) {
   check_fp8_operand_scales(s_x, s_w, bias, scale);
-  c10::cuda::CUDAGuard guard(scale.device());
-  auto o = operand_scale_outputs(bias, scale);
+  c10::cuda::CUDAGuard guard(s_x.device());
+  auto o = operand_scale_outputs(bias, scale, s_x.options());
   fp8_operand_scales(s_x.data_ptr<float>(), s_w.data_ptr<float>(), o.b_in(), o.bias_dtype(), o.b.numel(),
-                     o.sc_in.data_ptr(), o.scale_dtype(), o.sc.numel(), o.b.data_ptr(), o.sc.data_ptr(),
+                     o.scale_in(), o.scale_dtype(), o.sc.numel(), o.b.data_ptr(), o.sc.data_ptr(),
                      at::cuda::getCurrentCUDAStream().stream());
   return {o.b, o.sc};
 }
@@ -219,8 +221,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_backward_scales_cuda(at::Tens
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 fp8_delayed_operands_cuda(at::Tensor const& x, at::Tensor const& weight, c10::optional<at::Tensor> const& bias,
-                          at::Tensor const& scale, at::Tensor& amax_history, at::Tensor& fp8_scale, int64_t margin,
-                          c10::string_view amax_compute_algo, bool transposed) {
+                          c10::optional<at::Tensor> const& scale, at::Tensor& amax_history, at::Tensor& fp8_scale,
+                          int64_t margin, c10::string_view amax_compute_algo, bool transposed) {
   check_fp8_delayed_operands(x, weight, amax_history, fp8_scale, amax_compute_algo);
   c10::cuda::CUDAGuard guard(x.device());
   check_quantize_with_scale(x, fp8_scale.select(0, 0), at::kFloat8_e4m3fn, transposed);
@@ -243,14 +245,14 @@ fp8_delayed_operands_cuda(at::Tensor const& x, at::Tensor const& weight, c10::op
   };
   auto [xc, xo] = cast(x, "x");
   auto [wc, wo] = cast(weight, "weight");
-  auto o = operand_scale_outputs(bias, scale);
+  auto o = operand_scale_outputs(bias, scale, fp32);
   auto amax = at::empty({2}, x.options().dtype(at::kInt));
   poison(s_x);
   poison(s_w);
   delayed_operands(xo, wo, amax_history.data_ptr<float>(), amax_history.size(0), fp8_scale.data_ptr<float>(),
                    clamped(margin), amax_compute_algo == "max", reinterpret_cast<unsigned*>(amax.data_ptr<int>()),
                    s_x.data_ptr<float>(), s_w.data_ptr<float>(), o.b_in(), o.bias_dtype(), o.b.numel(),
-                   o.sc_in.data_ptr(), o.scale_dtype(), o.sc.numel(), o.b.data_ptr(), o.sc.data_ptr(),
+                   o.scale_in(), o.scale_dtype(), o.sc.numel(), o.b.data_ptr(), o.sc.data_ptr(),
                    at::cuda::getCurrentCUDAStream().stream());
   return {xc.t8, xc.t8_t, wc.t8, wc.t8_t, s_x, s_w, o.b, o.sc};
 }

@@ -22,10 +22,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_with_scale_c
                                                                                     at::Tensor const& scale,
                                                                                     at::ScalarType dtype,
                                                                                     bool transposed);
-// (bias / alpha in bf16, scale * alpha) for alpha = 1 / (s_x s_w) (fp8_operand_scales).
+// (bias / alpha in bf16, scale * alpha, or alpha itself without a scale) for alpha = 1 / (s_x s_w)
+// (fp8_operand_scales).
 std::tuple<at::Tensor, at::Tensor> fp8_operand_scales_cuda(at::Tensor const& s_x, at::Tensor const& s_w,
                                                            c10::optional<at::Tensor> const& bias,
-                                                           at::Tensor const& scale);
+                                                           c10::optional<at::Tensor> const& scale);
 // (dbias, dscale, inv_g) of the e4m3 op's backward, one launch (fp8_backward_scales).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_backward_scales_cuda(at::Tensor const& dsc, at::Tensor const& s_x,
                                                                         at::Tensor const& s_w,
@@ -36,7 +37,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fp8_backward_scales_cuda(at::Tens
 // b, sc), amax_history and fp8_scale stepped in place.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 fp8_delayed_operands_cuda(at::Tensor const& x, at::Tensor const& weight, c10::optional<at::Tensor> const& bias,
-                          at::Tensor const& scale, at::Tensor& amax_history, at::Tensor& fp8_scale, int64_t margin,
+                          c10::optional<at::Tensor> const& scale, at::Tensor& amax_history, at::Tensor& fp8_scale,
+                          int64_t margin,
                           c10::string_view amax_compute_algo, bool transposed);
 // Delayed scaling's amax-history step, in place (fp8_record).
 void fp8_record_cuda(at::Tensor& amax_history, at::Tensor& scale, at::Tensor const& amax_x, at::Tensor const& amax_w,

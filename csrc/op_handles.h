@@ -15,21 +15,21 @@ namespace cutlass_fused {
 using OptTensor = c10::optional<at::Tensor>;
 
 using TrainSig = TrainOut(
-    at::Tensor const&, at::Tensor const&, OptTensor const&, at::Tensor const&, OptTensor const&, OptTensor const&,
+    at::Tensor const&, at::Tensor const&, OptTensor const&, OptTensor const&, OptTensor const&, OptTensor const&,
     OptTensor const&, OptTensor const&, OptTensor const&, c10::optional<double>, double, c10::string_view, bool,
     c10::string_view, double, c10::optional<at::ScalarType>);
 using BackwardSig = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
-    at::Tensor const&, at::Tensor const&, at::Tensor const&, at::Tensor const&, at::Tensor const&, OptTensor const&,
+    at::Tensor const&, at::Tensor const&, at::Tensor const&, at::Tensor const&, OptTensor const&, OptTensor const&,
     double, OptTensor const&, c10::string_view, double, c10::optional<at::ScalarType>);
-using EvalSig = at::Tensor(at::Tensor const&, at::Tensor const&, OptTensor const&, at::Tensor const&,
+using EvalSig = at::Tensor(at::Tensor const&, at::Tensor const&, OptTensor const&, OptTensor const&,
                            OptTensor const&, OptTensor const&, at::Tensor const&, at::Tensor const&, double,
                            c10::string_view, bool, c10::string_view, double, c10::optional<at::ScalarType>);
 using MatmulSig = at::Tensor(at::Tensor const&, at::Tensor const&, c10::string_view);
 using Fp8TrainSig = TrainOut(
-    at::Tensor const&, at::Tensor const&, OptTensor const&, at::Tensor const&, OptTensor const&, OptTensor const&,
+    at::Tensor const&, at::Tensor const&, OptTensor const&, OptTensor const&, OptTensor const&, OptTensor const&,
     OptTensor const&, OptTensor const&, OptTensor const&, c10::optional<double>, double, c10::string_view,
     c10::string_view, double, c10::optional<at::ScalarType>, bool);
-using Fp8EvalSig = at::Tensor(at::Tensor const&, at::Tensor const&, OptTensor const&, at::Tensor const&,
+using Fp8EvalSig = at::Tensor(at::Tensor const&, at::Tensor const&, OptTensor const&, OptTensor const&,
                               OptTensor const&, OptTensor const&, at::Tensor const&, at::Tensor const&, double,
                               c10::string_view, c10::string_view, double, c10::optional<at::ScalarType>, bool);
 using QuantizeE4M3Sig = std::tuple<at::Tensor, at::Tensor>(at::Tensor const&, int64_t, bool);
@@ -40,14 +40,14 @@ using QuantizeWithScaleSig = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::
                                                                                         at::Tensor const&,
                                                                                         at::ScalarType, bool);
 using Fp8OperandScalesSig = std::tuple<at::Tensor, at::Tensor>(at::Tensor const&, at::Tensor const&, OptTensor const&,
-                                                               at::Tensor const&);
+                                                               OptTensor const&);
 using Fp8BackwardScalesSig = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
     at::Tensor const&, at::Tensor const&, at::Tensor const&, OptTensor const&, c10::optional<at::ScalarType>,
     at::ScalarType);
 using Fp8RecordSig = void(at::Tensor&, at::Tensor&, at::Tensor const&, at::Tensor const&, int64_t, c10::string_view);
 using Fp8DelayedOperandsSig =
     std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
-        at::Tensor const&, at::Tensor const&, OptTensor const&, at::Tensor const&, at::Tensor&, at::Tensor&, int64_t,
+        at::Tensor const&, at::Tensor const&, OptTensor const&, OptTensor const&, at::Tensor&, at::Tensor&, int64_t,
         c10::string_view, bool);
 
 // Set by the autocast kernel (autocast.cpp) for the length of its call of the training op: the

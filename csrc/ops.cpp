@@ -11,6 +11,11 @@
 //    the same for the split ops' path (SyncBatchNorm).
 //  * `family` is a string ("auto", "sm90", "sm80"): a compile-time constant
 //    for torch.compile, chosen in Python (cutlass_fused.use_kernel_family).
+//  * `scale` is optional everywhere: None is the layer without one, y = BN(h)
+//    (cutlass_fused.LinearBatchNorm1d), and no kernel reads a scale then (a null
+//    vector reads as 1); a 0-dim scale is one value for every column, as `h * scale`
+//    broadcasts it (the FP8 ops' alpha beside a layer without a scale). z = h * scale
+//    takes PyTorch's dtype for that product (output_dtype in ops.h).
 #include <Python.h>
 
 #include <ATen/ATen.h>
@@ -41,6 +46,11 @@ void check_vector(c10::optional<at::Tensor> const& t, char const* name, int64_t 
               "], but got ", t->sizes());
 }
 
+void check_scale(c10::optional<at::Tensor> const& scale, int64_t n) {
+  if (scale.has_value() && scale->dim() == 0) return;  // one value for every column, as h * scale broadcasts it
+  check_vector(scale, "scale", n);
+}
+
 void check_linear_args(at::Tensor const& x, at::Tensor const& weight, c10::optional<at::Tensor> const& bias,
                        c10::optional<at::Tensor> const& scale) {
   TORCH_CHECK(x.dim() == 2, "cutlass_fused: expected input to be 2-D (batch, in_features), but got ", x.dim(),
@@ -57,7 +67,7 @@ void check_linear_args(at::Tensor const& x, at::Tensor const& weight, c10::optio
               "cutlass_fused: expected input and weight to have the same dtype, but got ", x.scalar_type(), " and ",
               weight.scalar_type());
   check_vector(bias, "bias", weight.size(0));
-  check_vector(scale, "scale", weight.size(0));
+  check_scale(scale, weight.size(0));
 }
 
 void check_running_stats(at::Tensor const& running_mean, at::Tensor const& running_var, int64_t n,
@@ -99,7 +109,8 @@ DType dtype_of(at::ScalarType t, char const* name) {
   }
 }
 
-at::ScalarType y_dtype(at::ScalarType x, at::ScalarType scale, c10::optional<at::ScalarType> requested) {
+at::ScalarType y_dtype(at::ScalarType x, c10::optional<at::Tensor> const& scale,
+                       c10::optional<at::ScalarType> requested) {
   if (!requested.has_value()) return output_dtype(x, scale);
   TORCH_CHECK_VALUE(at::isFloatingType(*requested), "cutlass_fused: expected output_dtype to be None or a ",
                     "floating-point dtype, but got ", *requested);
@@ -233,7 +244,7 @@ void check_rows(at::Tensor const& rows, int64_t n) {
 
 void check_sync_grads_args(at::Tensor const& local, at::Tensor const& sums, at::Tensor const& row,
                            at::Tensor const& count, at::Tensor const& mean, at::Tensor const& invstd,
-                           at::Tensor const& scale, c10::optional<at::Tensor> const& weight) {
+                           c10::optional<at::Tensor> const& scale, c10::optional<at::Tensor> const& weight) {
   int64_t n = local.dim() == 2 ? local.size(1) : 0;
   check_sums(local, "local", n);
   check_sums(sums, "sums", n);
@@ -246,7 +257,7 @@ void check_sync_grads_args(at::Tensor const& local, at::Tensor const& sums, at::
     TORCH_CHECK(t->scalar_type() == at::kDouble, "cutlass_fused: expected ", name, " to be float64 (as "
                 "batch_norm_finalize returns it), but got ", t->scalar_type());
   }
-  check_vector(scale, "scale", n);
+  check_scale(scale, n);
   check_vector(weight, "weight", n);
 }
 
@@ -297,14 +308,14 @@ void check_floating16or32(at::ScalarType dt, char const* name) {
 }  // namespace
 
 void check_fp8_operand_scales(at::Tensor const& s_x, at::Tensor const& s_w, c10::optional<at::Tensor> const& bias,
-                              at::Tensor const& scale) {
-  check_fp32_element(s_x, "s_x", scale.device());
-  check_fp32_element(s_w, "s_w", scale.device());
-  check_floating16or32(scale.scalar_type(), "scale");
+                              c10::optional<at::Tensor> const& scale) {
+  auto device = scale.has_value() ? scale->device() : s_x.device();
+  check_fp32_element(s_x, "s_x", device);
+  check_fp32_element(s_w, "s_w", device);
+  if (scale.has_value()) check_floating16or32(scale->scalar_type(), "scale");
   if (bias.has_value()) {
     check_floating16or32(bias->scalar_type(), "bias");
-    TORCH_CHECK(bias->device() == scale.device(), "cutlass_fused: expected bias on ", scale.device(), ", but got ",
-                bias->device());
+    TORCH_CHECK(bias->device() == device, "cutlass_fused: expected bias on ", device, ", but got ", bias->device());
   }
 }
 
@@ -388,7 +399,7 @@ TORCH_LIBRARY(cutlass_fused, m) {
   m.def("linear_stats(Tensor x, Tensor weight, Tensor? bias, str family, bool cache=False)"
         " -> (Tensor h, Tensor stats)");
   m.def(
-      "batch_norm_finalize(Tensor h, Tensor stats, Tensor scale, SymInt count, Tensor? weight, Tensor? bias, float eps,"
+      "batch_norm_finalize(Tensor h, Tensor stats, Tensor? scale, SymInt count, Tensor? weight, Tensor? bias, float eps,"
       " str activation=\"none\", float negative_slope=0.01) -> (Tensor y, Tensor mean, Tensor invstd)");
   // Both steps and the running-stats update as one op: the unit autograd is
   // registered on (csrc/autograd.cpp). momentum=None is the cumulative average.
@@ -398,7 +409,7 @@ TORCH_LIBRARY(cutlass_fused, m) {
   // sees a constant. `output_dtype`: y's dtype (None: h * scale's, as the unfused model's), so
   // that under autocast a block can hand the next Linear the 16-bit y it would cast to anyway.
   m.def(
-      "linear_scale_batch_norm_train(Tensor x, Tensor weight, Tensor? bias, Tensor scale, Tensor? bn_weight,"
+      "linear_scale_batch_norm_train(Tensor x, Tensor weight, Tensor? bias, Tensor? scale, Tensor? bn_weight,"
       " Tensor? bn_bias, Tensor(a!)? running_mean, Tensor(b!)? running_var, Tensor(c!)? num_batches_tracked,"
       " float? momentum, float eps, str family, bool cache=False, str activation=\"none\","
       " float negative_slope=0.01, ScalarType? output_dtype=None)"
@@ -412,7 +423,7 @@ TORCH_LIBRARY(cutlass_fused, m) {
   // accumulates in the tensor cores alone (the plan's e4m3_fast rows); the CPU's bf16 reference
   // ignores it. The e4m3 ops below pass it on.
   m.def(
-      "linear_scale_batch_norm_train_fp8(Tensor x, Tensor weight, Tensor? bias, Tensor scale, Tensor? bn_weight,"
+      "linear_scale_batch_norm_train_fp8(Tensor x, Tensor weight, Tensor? bias, Tensor? scale, Tensor? bn_weight,"
       " Tensor? bn_bias, Tensor(a!)? running_mean, Tensor(b!)? running_var, Tensor(c!)? num_batches_tracked,"
       " float? momentum, float eps, str family, str activation=\"none\", float negative_slope=0.01,"
       " ScalarType? output_dtype=None, bool fast_accum=False)"
@@ -426,7 +437,7 @@ TORCH_LIBRARY(cutlass_fused, m) {
   // updates the layer's amax_history and fp8_scale in place, as the running stats are (no cache:
   // W8 moves with the scale).
   m.def(
-      "linear_scale_batch_norm_train_e4m3(Tensor x, Tensor weight, Tensor? bias, Tensor scale, Tensor? bn_weight,"
+      "linear_scale_batch_norm_train_e4m3(Tensor x, Tensor weight, Tensor? bias, Tensor? scale, Tensor? bn_weight,"
       " Tensor? bn_bias, Tensor(a!)? running_mean, Tensor(b!)? running_var, Tensor(c!)? num_batches_tracked,"
       " float? momentum, float eps, str family, str activation=\"none\", float negative_slope=0.01,"
       " ScalarType? output_dtype=None, int margin=0, str backward=\"bf16\", bool cache=False,"
@@ -459,7 +470,7 @@ TORCH_LIBRARY(cutlass_fused, m) {
   // The bias and scale the FP8 ops take for x8 = x s_x and W8 = W s_w (powers of two): alpha =
   // 1 / (s_x s_w), b = bias / alpha rounded to bf16 (empty where bias is None), sc = scale * alpha
   // in scale's dtype. The bits of those torch ops, in one launch on CUDA where they took 4 to 6.
-  m.def("fp8_operand_scales(Tensor s_x, Tensor s_w, Tensor? bias, Tensor scale) -> (Tensor b, Tensor sc)");
+  m.def("fp8_operand_scales(Tensor s_x, Tensor s_w, Tensor? bias, Tensor? scale) -> (Tensor b, Tensor sc)");
   // The e4m3 op's backward scalars, its BN backward's dsc (the gradient of sc above) in hand:
   // dbias = (dsc * 0).to(bias_dtype) (exactly zero, NaN where dsc is not finite; empty where
   // bias_dtype is None), dscale = (dsc / (s_x * s_w)).to(scale_dtype), and inv_g = 1 / s_g, the
@@ -476,11 +487,11 @@ TORCH_LIBRARY(cutlass_fused, m) {
   // under fp8_scale[0] and [1] (e4m3; transposed as there), fp8_record of their amaxes, and
   // fp8_operand_scales of the scales the casts used (s_x, s_w): those ops' outputs and updates,
   // in four launches on CUDA where they took six, and one call of the dispatcher where four.
-  m.def("fp8_delayed_operands(Tensor x, Tensor weight, Tensor? bias, Tensor scale, Tensor(a!) amax_history,"
+  m.def("fp8_delayed_operands(Tensor x, Tensor weight, Tensor? bias, Tensor? scale, Tensor(a!) amax_history,"
         " Tensor(b!) fp8_scale, int margin=0, str amax_compute_algo=\"max\", bool transposed=False)"
         " -> (Tensor x8, Tensor x8_t, Tensor w8, Tensor w8_t, Tensor s_x, Tensor s_w, Tensor b, Tensor sc)");
   m.def(
-      "update_running_stats(Tensor stats, Tensor scale, SymInt count, Tensor(a!) running_mean, Tensor(b!) running_var,"
+      "update_running_stats(Tensor stats, Tensor? scale, SymInt count, Tensor(a!) running_mean, Tensor(b!) running_var,"
       " Tensor? num_batches_tracked, float? momentum) -> ()");
   // With an activation, dy is act(BN(z))'s gradient; its derivative is recomputed from h, the
   // saved statistics and the BN bias (`bias`), so the forward saves nothing more.
@@ -489,7 +500,7 @@ TORCH_LIBRARY(cutlass_fused, m) {
   // dscale: the training backward launched a multiplication a layer for it (a Triton kernel under
   // torch.compile), which a host-bound step feels.
   m.def(
-      "batch_norm_backward(Tensor dy, Tensor h, Tensor mean, Tensor invstd, Tensor scale, Tensor? weight, float eps,"
+      "batch_norm_backward(Tensor dy, Tensor h, Tensor mean, Tensor invstd, Tensor? scale, Tensor? weight, float eps,"
       " Tensor? bias=None, str activation=\"none\", float negative_slope=0.01, ScalarType? linear_bias_dtype=None)"
       " -> (Tensor dh, Tensor dscale, Tensor dweight, Tensor dbias, Tensor dlinear_bias)");
   // SyncBatchNorm's backward: batch_norm_backward's two passes apart, the group all-reducing
@@ -497,10 +508,10 @@ TORCH_LIBRARY(cutlass_fused, m) {
   // `count`, the group's batch, is a one-element fp64 tensor on h's device: the ranks merge it
   // there, and a host int would sync the stream each step.
   m.def(
-      "batch_norm_backward_reduce(Tensor dy, Tensor h, Tensor mean, Tensor invstd, Tensor scale, Tensor? weight,"
+      "batch_norm_backward_reduce(Tensor dy, Tensor h, Tensor mean, Tensor invstd, Tensor? scale, Tensor? weight,"
       " float eps, Tensor? bias=None, str activation=\"none\", float negative_slope=0.01) -> Tensor");
   m.def(
-      "batch_norm_backward_elemt(Tensor dy, Tensor h, Tensor mean, Tensor invstd, Tensor scale, Tensor? weight,"
+      "batch_norm_backward_elemt(Tensor dy, Tensor h, Tensor mean, Tensor invstd, Tensor? scale, Tensor? weight,"
       " Tensor sums, Tensor count, float eps, Tensor? bias=None, str activation=\"none\","
       " float negative_slope=0.01) -> Tensor");
   // SyncBatchNorm's column arithmetic between its collectives (csrc/kernels/sync_stats.h has the
@@ -516,9 +527,9 @@ TORCH_LIBRARY(cutlass_fused, m) {
   // and the forward's mean and invstd:
   m.def(
       "sync_batch_norm_grads(Tensor local, Tensor sums, Tensor row, Tensor count, Tensor mean, Tensor invstd,"
-      " Tensor scale, Tensor? weight) -> Tensor");
+      " Tensor? scale, Tensor? weight) -> Tensor");
   m.def(
-      "linear_scale_batch_norm_eval(Tensor x, Tensor weight, Tensor? bias, Tensor scale, Tensor? bn_weight,"
+      "linear_scale_batch_norm_eval(Tensor x, Tensor weight, Tensor? bias, Tensor? scale, Tensor? bn_weight,"
       " Tensor? bn_bias, Tensor running_mean, Tensor running_var, float eps, str family, bool cache=False,"
       " str activation=\"none\", float negative_slope=0.01, ScalarType? output_dtype=None) -> Tensor");
   // FP8 (issue 33): the eval op over e4m3 x and W that the caller scaled and rounded, given bias /
@@ -526,7 +537,7 @@ TORCH_LIBRARY(cutlass_fused, m) {
   // y = act((x8 W8^T + bias / alpha) (scale alpha) gamma invstd + ...), the emulated layer's y. No
   // cache (alpha moves with x's scale every call) and no autograd: inference.
   m.def(
-      "linear_scale_batch_norm_eval_fp8(Tensor x, Tensor weight, Tensor? bias, Tensor scale, Tensor? bn_weight,"
+      "linear_scale_batch_norm_eval_fp8(Tensor x, Tensor weight, Tensor? bias, Tensor? scale, Tensor? bn_weight,"
       " Tensor? bn_bias, Tensor running_mean, Tensor running_var, float eps, str family,"
       " str activation=\"none\", float negative_slope=0.01, ScalarType? output_dtype=None,"
       " bool fast_accum=False) -> Tensor");
@@ -535,7 +546,7 @@ TORCH_LIBRARY(cutlass_fused, m) {
   // (delayed scaling, which eval reads and does not update), then the op above. No autograd: the
   // layer takes it where no gradient is asked for.
   m.def(
-      "linear_scale_batch_norm_eval_e4m3(Tensor x, Tensor weight, Tensor? bias, Tensor scale, Tensor? bn_weight,"
+      "linear_scale_batch_norm_eval_e4m3(Tensor x, Tensor weight, Tensor? bias, Tensor? scale, Tensor? bn_weight,"
       " Tensor? bn_bias, Tensor running_mean, Tensor running_var, float eps, str family,"
       " str activation=\"none\", float negative_slope=0.01, ScalarType? output_dtype=None, int margin=0,"
       " bool cache=False, Tensor? fp8_scale=None, bool fast_accum=False) -> Tensor");

@@ -23,15 +23,22 @@ inline at::Tensor empty_padded(int64_t m, int64_t n, at::TensorOptions opts) {
   return at::empty({m, padded_ld(n, opts.dtype().toScalarType())}, opts).narrow(1, 0, n);
 }
 
-// The dtype of y: h (or x) times scale, promoted as PyTorch promotes `h * scale`
-// in the unfused model (bf16 h and an fp32 scale give fp32, as under autocast).
-inline at::ScalarType output_dtype(at::ScalarType h, at::ScalarType scale) { return at::promote_types(h, scale); }
+// The dtype of z = h * scale and so of y, as PyTorch types `h * scale` in the unfused model
+// (at::result_type): a per-column scale promotes (bf16 h and an fp32 scale give fp32, as under
+// autocast); without a scale z is h, and a 0-dim scale leaves h's dtype, as a 0-dim operand of the
+// same kind does.
+inline at::ScalarType output_dtype(at::ScalarType h, c10::optional<at::Tensor> const& scale) {
+  if (!scale.has_value() || scale->dim() == 0) return h;
+  return at::promote_types(h, scale->scalar_type());
+}
+
 
 // The dtype the ops return y in: `requested` (their output_dtype argument) where given, else
 // output_dtype's. It must be a floating-point dtype. The training kernels write h's dtype or fp32
 // from their fp32 value (under autocast with an fp32 scale, the unfused model's y, rounded once);
 // any other is a cast of y in h * scale's dtype.
-at::ScalarType y_dtype(at::ScalarType x, at::ScalarType scale, c10::optional<at::ScalarType> requested);
+at::ScalarType y_dtype(at::ScalarType x, c10::optional<at::Tensor> const& scale,
+                       c10::optional<at::ScalarType> requested);
 
 // The activation the ops apply to BN(z): the `activation` argument's name, parsed (ValueError
 // naming the valid ones otherwise).
@@ -47,6 +54,8 @@ using TrainOut = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::
 void check_linear_args(at::Tensor const& x, at::Tensor const& weight, c10::optional<at::Tensor> const& bias,
                        c10::optional<at::Tensor> const& scale);
 void check_vector(c10::optional<at::Tensor> const& t, char const* name, int64_t n);
+// scale: None, 0-dim, or n elements (check_vector's words otherwise).
+void check_scale(c10::optional<at::Tensor> const& scale, int64_t n);
 // running_mean and running_var: n elements each, in dtype z (h * scale's) or float32 for a 16-bit z,
 // as PyTorch's batch norm takes them; any floating dtype where z is not known (the split update).
 void check_running_stats(at::Tensor const& running_mean, at::Tensor const& running_var, int64_t n,
@@ -82,7 +91,7 @@ void check_rows(at::Tensor const& rows, int64_t n);
 // forward's mean and invstd n fp64, scale and weight n.
 void check_sync_grads_args(at::Tensor const& local, at::Tensor const& sums, at::Tensor const& row,
                            at::Tensor const& count, at::Tensor const& mean, at::Tensor const& invstd,
-                           at::Tensor const& scale, c10::optional<at::Tensor> const& weight);
+                           c10::optional<at::Tensor> const& scale, c10::optional<at::Tensor> const& weight);
 // The training op's running-statistics arguments, as nn.BatchNorm1d pairs them:
 // both running stats or neither; momentum=None (cumulative) needs num_batches_tracked.
 void check_running_args(c10::optional<at::Tensor> const& running_mean, c10::optional<at::Tensor> const& running_var,
@@ -100,7 +109,7 @@ void check_quantize_with_scale(at::Tensor const& t, at::Tensor const& scale, at:
 // fp8_operand_scales': s_x and s_w one fp32 element each, bias (if any) and scale bf16, f16 or
 // f32, all on scale's device.
 void check_fp8_operand_scales(at::Tensor const& s_x, at::Tensor const& s_w, c10::optional<at::Tensor> const& bias,
-                              at::Tensor const& scale);
+                              c10::optional<at::Tensor> const& scale);
 // fp8_backward_scales': s_x, s_w and s_g (if any) one fp32 element each on dsc's device; dsc and
 // the dtypes bf16, f16 or f32.
 void check_fp8_backward_scales(at::Tensor const& dsc, at::Tensor const& s_x, at::Tensor const& s_w,

@@ -25,26 +25,31 @@ at::Tensor opt64(c10::optional<at::Tensor> const& t, double missing) {
   return t.has_value() ? t->to(at::kDouble) : at::scalar_tensor(missing, at::kDouble);
 }
 
+// t * scale in fp64, or t itself without a scale (the layer without one reads none).
+at::Tensor scaled(at::Tensor const& t, c10::optional<at::Tensor> const& scale) {
+  return scale.has_value() ? t * scale->to(at::kDouble) : t;
+}
+
 // z = h * scale: mean(h), mean(z) and the biased var(z), in fp64.
 struct Moments {
   at::Tensor mean_h, mean_z, var_z;
 };
 
-Moments moments(at::Tensor const& stats, at::Tensor const& scale, int64_t count) {
-  auto s = scale.to(at::kDouble);
+Moments moments(at::Tensor const& stats, c10::optional<at::Tensor> const& scale, int64_t count) {
   auto mean_h = stats[0] / static_cast<double>(count);
   auto var_h = (stats[1] / static_cast<double>(count) - mean_h * mean_h).clamp_min(0);
-  return {mean_h, mean_h * s, var_h * s * s};
+  return {mean_h, scaled(mean_h, scale), scaled(scaled(var_h, scale), scale)};
 }
 
 // The unfused model rounds z = h * scale to y's dtype. Where that is 16-bit and z overflows, its
 // batch mean is infinite and its variance NaN; ours follow from sums of h, so each overflowing
-// element adds an infinity of h's sign to sum h and to sum h^2.
-at::Tensor with_overflow(at::Tensor const& stats, at::Tensor const& h, at::Tensor const& scale) {
-  auto out = output_dtype(h.scalar_type(), scale.scalar_type());
-  if (out != at::kHalf && out != at::kBFloat16) return stats;
+// element adds an infinity of h's sign to sum h and to sum h^2. Without a scale z is h, whose
+// overflow its sums already hold.
+at::Tensor with_overflow(at::Tensor const& stats, at::Tensor const& h, c10::optional<at::Tensor> const& scale) {
+  auto out = output_dtype(h.scalar_type(), scale);
+  if (!scale.has_value() || (out != at::kHalf && out != at::kBFloat16)) return stats;
   auto hf = h.to(at::kFloat);
-  auto inf = at::where(at::isinf((hf * scale.to(at::kFloat)).to(out)), std::numeric_limits<double>::infinity(), 0.0);
+  auto inf = at::where(at::isinf((hf * scale->to(at::kFloat)).to(out)), std::numeric_limits<double>::infinity(), 0.0);
   return stats + at::stack({(inf * at::sign(hf).to(at::kDouble)).sum(0), inf.sum(0)});
 }
 
@@ -66,21 +71,21 @@ std::tuple<at::Tensor, at::Tensor> linear_stats_cpu(at::Tensor const& x, at::Ten
 // fp32 path as much), so whether ours or torch's lost more was luck, and the 2x rule failed at
 // random (2 x 5125 x 40); fp64 leaves y one rounding.
 at::Tensor pre_activation(at::Tensor const& h, at::Tensor const& mean_h, at::Tensor const& invstd,
-                          at::Tensor const& scale, c10::optional<at::Tensor> const& weight,
+                          c10::optional<at::Tensor> const& scale, c10::optional<at::Tensor> const& weight,
                           c10::optional<at::Tensor> const& bias) {
   auto acc = h.scalar_type() == at::kFloat ? at::kDouble : acc_type(h.scalar_type());
-  auto mul = scale.to(at::kDouble) * invstd * opt64(weight, 1.0);
+  auto mul = scaled(invstd, scale) * opt64(weight, 1.0);
   return (h.to(acc) - mean_h.to(acc)) * mul.to(acc) + opt64(bias, 0.0).to(acc);
 }
 
 // y = act(BN(z)), rounded once to y_dt, and the saved mean and 1 / std.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> normalize(at::Tensor const& h, at::Tensor const& stats,
-                                                         at::Tensor const& scale, int64_t count,
+                                                         c10::optional<at::Tensor> const& scale, int64_t count,
                                                          c10::optional<at::Tensor> const& weight,
                                                          c10::optional<at::Tensor> const& bias, double eps,
                                                          Activation act, double slope, at::ScalarType y_dt) {
   int64_t n = h.size(1);
-  check_vector(scale, "scale", n);
+  check_scale(scale, n);
   check_vector(weight, "bn_weight", n);
   check_vector(bias, "bn_bias", n);
   auto mo = moments(with_overflow(stats, h, scale), scale, count);
@@ -93,14 +98,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> normalize(at::Tensor const& h, at
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_finalize_cpu(
-    at::Tensor const& h, at::Tensor const& stats, at::Tensor const& scale, int64_t count,
+    at::Tensor const& h, at::Tensor const& stats, c10::optional<at::Tensor> const& scale, int64_t count,
     c10::optional<at::Tensor> const& weight, c10::optional<at::Tensor> const& bias, double eps,
     c10::string_view activation, double negative_slope) {
   return normalize(h, stats, scale, count, weight, bias, eps, activation_of(activation), negative_slope,
-                   output_dtype(h.scalar_type(), scale.scalar_type()));
+                   output_dtype(h.scalar_type(), scale));
 }
 
-void update_running_stats_cpu(at::Tensor const& stats, at::Tensor const& scale, int64_t count,
+void update_running_stats_cpu(at::Tensor const& stats, c10::optional<at::Tensor> const& scale, int64_t count,
                               at::Tensor& running_mean, at::Tensor& running_var,
                               c10::optional<at::Tensor> const& num_batches_tracked, c10::optional<double> momentum) {
   int64_t n = stats.size(1);
@@ -117,7 +122,8 @@ void update_running_stats_cpu(at::Tensor const& stats, at::Tensor const& scale, 
 
 // The three steps in order, as the CUDA kernel does them in one.
 TrainOut linear_scale_batch_norm_train_cpu(at::Tensor const& x, at::Tensor const& weight,
-                                           c10::optional<at::Tensor> const& bias, at::Tensor const& scale,
+                                           c10::optional<at::Tensor> const& bias,
+                                           c10::optional<at::Tensor> const& scale,
                                            c10::optional<at::Tensor> const& bn_weight,
                                            c10::optional<at::Tensor> const& bn_bias,
                                            c10::optional<at::Tensor> const& running_mean,
@@ -128,12 +134,11 @@ TrainOut linear_scale_batch_norm_train_cpu(at::Tensor const& x, at::Tensor const
                                            c10::optional<at::ScalarType> output_dtype_) {
   check_linear_args(x, weight, bias, scale);
   Activation act = activation_of(activation);
-  auto y_dt = y_dtype(x.scalar_type(), scale.scalar_type(), output_dtype_);
+  auto y_dt = y_dtype(x.scalar_type(), scale, output_dtype_);
   check_batch(x.size(0), weight.size(0));
   check_running_args(running_mean, running_var, num_batches_tracked, momentum);
   if (running_mean.has_value()) {  // before anything is updated
-    check_running_stats(*running_mean, *running_var, weight.size(0),
-                        output_dtype(x.scalar_type(), scale.scalar_type()));
+    check_running_stats(*running_mean, *running_var, weight.size(0), output_dtype(x.scalar_type(), scale));
   }
   auto [h, stats_h] = linear_stats_cpu(x, weight, bias, family, cache);
   auto stats = with_overflow(stats_h, h, scale);
@@ -149,7 +154,7 @@ TrainOut linear_scale_batch_norm_train_cpu(at::Tensor const& x, at::Tensor const
 // g, BN(z)'s gradient, in fp64: dy times the activation's derivative at the forward's value, by
 // PyTorch's own backward formulas (dy itself without an activation).
 at::Tensor bn_grad(at::Tensor const& dy, at::Tensor const& h, at::Tensor const& mean, at::Tensor const& invstd,
-                   at::Tensor const& scale, c10::optional<at::Tensor> const& weight,
+                   c10::optional<at::Tensor> const& scale, c10::optional<at::Tensor> const& weight,
                    c10::optional<at::Tensor> const& bias, c10::string_view activation, double negative_slope) {
   int64_t n = h.size(1);
   check_vector(mean, "mean", n);
@@ -172,17 +177,17 @@ at::Tensor grad_sums(at::Tensor const& g, at::Tensor const& hc) {
 // dh = a g + b (h - mean_h) + c per column, from the sums of g and g (h - mean_h) over `count`
 // rows; see csrc/kernels/bn_backward.cu (grad_column) for the derivation's results.
 at::Tensor grad_input(at::Tensor const& g, at::Tensor const& h, at::Tensor const& hc, at::Tensor const& sums,
-                      at::Tensor const& count, at::Tensor const& scale, c10::optional<at::Tensor> const& weight,
-                      at::Tensor const& invstd) {
-  auto s = scale.to(at::kDouble), istd = invstd.to(at::kDouble), w = opt64(weight, 1.0);
-  auto a = s * w * istd;
-  auto dh = a * g - a * s * s * istd * istd * sums[1] / count * hc - a * sums[0] / count;
+                      at::Tensor const& count, c10::optional<at::Tensor> const& scale,
+                      c10::optional<at::Tensor> const& weight, at::Tensor const& invstd) {
+  auto istd = invstd.to(at::kDouble), w = opt64(weight, 1.0);
+  auto a = scaled(w, scale) * istd;
+  auto dh = a * g - scaled(scaled(a, scale), scale) * istd * istd * sums[1] / count * hc - a * sums[0] / count;
   return dh.to(h.scalar_type()).contiguous();
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_cpu(
     at::Tensor const& dy, at::Tensor const& h, at::Tensor const& mean, at::Tensor const& invstd,
-    at::Tensor const& scale, c10::optional<at::Tensor> const& weight, double eps,
+    c10::optional<at::Tensor> const& scale, c10::optional<at::Tensor> const& weight, double eps,
     c10::optional<at::Tensor> const& bias, c10::string_view activation, double negative_slope,
     c10::optional<at::ScalarType> linear_bias_dtype) {
   auto acc = acc_type(h.scalar_type());
@@ -191,20 +196,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_nor
   auto sums = grad_sums(g, hc);
   auto dh = grad_input(g, h, hc, sums, at::scalar_tensor(static_cast<double>(h.size(0)), at::kDouble), scale,
                        weight, invstd);
-  auto s = scale.to(at::kDouble), istd = invstd.to(at::kDouble), w = opt64(weight, 1.0);
+  auto istd = invstd.to(at::kDouble), w = opt64(weight, 1.0);
   auto dscale = w * istd * sums[1] * eps * istd * istd;
-  auto dweight = istd * s * sums[1];
-  // Output dtypes as on CUDA: dscale in scale's, dweight and dbias in weight's.
+  auto dweight = scaled(istd, scale) * sums[1];
+  // Output dtypes as on CUDA: dscale in scale's (a value a column; fp32 as stored, and empty,
+  // without a scale), dweight and dbias in weight's.
   auto vec = weight ? weight->scalar_type() : acc;
-  auto dscale_out = dscale.to(scale.scalar_type());
-  // As CUDA's: 0 x dscale in scale's dtype (0, or NaN where dscale is not finite).
+  auto dscale_dt = scale.has_value() ? scale->scalar_type() : at::kFloat;
+  auto dscale_out = dscale.to(dscale_dt);
+  // As CUDA's: 0 x dscale as stored (0, or NaN where dscale is not finite).
   auto dlinear_bias = linear_bias_dtype ? (dscale_out * 0.0).to(*linear_bias_dtype)
-                                        : at::empty({0}, h.options().dtype(scale.scalar_type()));
+                                        : at::empty({0}, h.options().dtype(dscale_dt));
+  if (!scale.has_value()) dscale_out = at::empty({0}, h.options().dtype(dscale_dt));
   return {dh, dscale_out, dweight.to(vec), sums[0].to(vec), dlinear_bias};
 }
 
 at::Tensor batch_norm_backward_reduce_cpu(at::Tensor const& dy, at::Tensor const& h, at::Tensor const& mean,
-                                          at::Tensor const& invstd, at::Tensor const& scale,
+                                          at::Tensor const& invstd, c10::optional<at::Tensor> const& scale,
                                           c10::optional<at::Tensor> const& weight, double /*eps*/,
                                           c10::optional<at::Tensor> const& bias, c10::string_view activation,
                                           double negative_slope) {
@@ -213,7 +221,7 @@ at::Tensor batch_norm_backward_reduce_cpu(at::Tensor const& dy, at::Tensor const
 }
 
 at::Tensor batch_norm_backward_elemt_cpu(at::Tensor const& dy, at::Tensor const& h, at::Tensor const& mean,
-                                         at::Tensor const& invstd, at::Tensor const& scale,
+                                         at::Tensor const& invstd, c10::optional<at::Tensor> const& scale,
                                          c10::optional<at::Tensor> const& weight, at::Tensor const& sums,
                                          at::Tensor const& count, double /*eps*/,
                                          c10::optional<at::Tensor> const& bias, c10::string_view activation,
@@ -226,7 +234,8 @@ at::Tensor batch_norm_backward_elemt_cpu(at::Tensor const& dy, at::Tensor const&
 }
 
 at::Tensor linear_scale_batch_norm_eval_cpu(at::Tensor const& x, at::Tensor const& weight,
-                                            c10::optional<at::Tensor> const& bias, at::Tensor const& scale,
+                                            c10::optional<at::Tensor> const& bias,
+                                            c10::optional<at::Tensor> const& scale,
                                             c10::optional<at::Tensor> const& bn_weight,
                                             c10::optional<at::Tensor> const& bn_bias, at::Tensor const& running_mean,
                                             at::Tensor const& running_var, double eps, c10::string_view family,
@@ -235,17 +244,17 @@ at::Tensor linear_scale_batch_norm_eval_cpu(at::Tensor const& x, at::Tensor cons
   check_linear_args(x, weight, bias, scale);
   check_family(family);
   Activation act = activation_of(activation);
-  auto y_dt = y_dtype(x.scalar_type(), scale.scalar_type(), output_dtype_);
+  auto y_dt = y_dtype(x.scalar_type(), scale, output_dtype_);
   int64_t n = weight.size(0);
   check_vector(bn_weight, "bn_weight", n);
   check_vector(bn_bias, "bn_bias", n);
-  auto out = output_dtype(x.scalar_type(), scale.scalar_type());
+  auto out = output_dtype(x.scalar_type(), scale);
   check_running_stats(running_mean, running_var, n, out);
   // As the unfused model computes it: h rounded to x's dtype and z = h * scale to y's (so that
   // an fp16 overflow of either shows), then y = z alpha + beta, batch norm's own fold.
   auto acc = acc_type(out);
   auto h = linear_acc(x, weight, bias).to(x.scalar_type());
-  auto z = (h.to(acc) * scale.to(acc)).to(out);
+  auto z = scale.has_value() ? (h.to(acc) * scale->to(acc)).to(out) : h;
   auto alpha = (running_var.to(at::kDouble) + eps).rsqrt() * opt64(bn_weight, 1.0);
   auto beta = opt64(bn_bias, 0.0) - running_mean.to(at::kDouble) * alpha;
   // The activation on y as the unfused model has it (in its dtype), then the requested dtype.
@@ -261,7 +270,7 @@ struct Fp8Reference {
 };
 
 Fp8Reference fp8_reference(at::Tensor const& x, at::Tensor const& weight, c10::optional<at::Tensor> const& bias,
-                           at::Tensor const& scale) {
+                           c10::optional<at::Tensor> const& scale) {
   check_linear_args(x, weight, bias, scale);
   TORCH_CHECK(x.scalar_type() == at::kFloat8_e4m3fn, "cutlass_fused: expected input and weight to be float8_e4m3fn, ",
               "but got ", x.scalar_type());
@@ -271,7 +280,8 @@ Fp8Reference fp8_reference(at::Tensor const& x, at::Tensor const& weight, c10::o
 
 // The FP8 eval op on the CPU: the eval op over fp8_reference's operands.
 at::Tensor linear_scale_batch_norm_eval_fp8_cpu(at::Tensor const& x, at::Tensor const& weight,
-                                                c10::optional<at::Tensor> const& bias, at::Tensor const& scale,
+                                                c10::optional<at::Tensor> const& bias,
+                                                c10::optional<at::Tensor> const& scale,
                                                 c10::optional<at::Tensor> const& bn_weight,
                                                 c10::optional<at::Tensor> const& bn_bias,
                                                 at::Tensor const& running_mean, at::Tensor const& running_var,
@@ -289,7 +299,8 @@ at::Tensor matmul_cpu(at::Tensor const& a, at::Tensor const& b, c10::string_view
 
 // The FP8 training op on the CPU: the training op over fp8_reference's operands.
 TrainOut linear_scale_batch_norm_train_fp8_cpu(at::Tensor const& x, at::Tensor const& weight,
-                                               c10::optional<at::Tensor> const& bias, at::Tensor const& scale,
+                                               c10::optional<at::Tensor> const& bias,
+                                               c10::optional<at::Tensor> const& scale,
                                                c10::optional<at::Tensor> const& bn_weight,
                                                c10::optional<at::Tensor> const& bn_bias,
                                                c10::optional<at::Tensor> const& running_mean,
@@ -360,14 +371,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_with_scale_c
 }
 
 // The torch ops fp8_operand_scales stands for, as e4m3_forward ran them.
+// Without a scale, sc is alpha itself (0-dim fp32): the FP8 ops' one scale for every column.
 std::tuple<at::Tensor, at::Tensor> fp8_operand_scales_cpu(at::Tensor const& s_x, at::Tensor const& s_w,
                                                           c10::optional<at::Tensor> const& bias,
-                                                          at::Tensor const& scale) {
+                                                          c10::optional<at::Tensor> const& scale) {
   check_fp8_operand_scales(s_x, s_w, bias, scale);
   auto alpha = (s_x.reshape({}) * s_w.reshape({})).reciprocal();
   auto b = bias.has_value() ? (*bias / alpha).to(at::kBFloat16).contiguous()
-                            : at::empty({0}, scale.options().dtype(at::kBFloat16));
-  return {b, (scale * alpha).to(scale.scalar_type()).contiguous()};
+                            : at::empty({0}, s_x.options().dtype(at::kBFloat16));
+  return {b, scale.has_value() ? (*scale * alpha).to(scale->scalar_type()).contiguous() : alpha};
 }
 
 // The torch ops fp8_backward_scales stands for, as the e4m3 backward ran them.
@@ -423,19 +435,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sync_batch_norm_merge_cpu(at::Ten
 
 at::Tensor sync_batch_norm_grads_cpu(at::Tensor const& local, at::Tensor const& sums, at::Tensor const& row,
                                      at::Tensor const& count, at::Tensor const& mean, at::Tensor const& invstd,
-                                     at::Tensor const& scale, c10::optional<at::Tensor> const& weight) {
+                                     c10::optional<at::Tensor> const& scale, c10::optional<at::Tensor> const& weight) {
   check_sync_grads_args(local, sums, row, count, mean, invstd, scale, weight);
   int64_t n = local.size(1);
   auto vec = [](at::Tensor const& t) { return t.to(at::kDouble).contiguous(); };
-  auto mean_d = vec(mean), invstd_d = vec(invstd), scale_d = vec(scale);
-  auto weight_d = weight.has_value() ? vec(*weight) : at::ones({n}, local.options());
+  auto mean_d = vec(mean), invstd_d = vec(invstd);
+  // A missing vector reads 1 and a 0-dim one its value in every column, as the CUDA kernel's ColVec.
+  auto vec_or_none = [&](c10::optional<at::Tensor> const& t) { return t.has_value() ? vec(*t) : at::Tensor(); };
+  auto scale_d = vec_or_none(scale), weight_d = vec_or_none(weight);
+  auto at_column = [](at::Tensor const& t, int64_t c) {
+    return !t.defined() ? 1.0 : t.data_ptr<double>()[t.dim() == 0 ? 0 : c];
+  };
   auto out = at::empty({4, n}, local.options());
   double total = count.item<double>();  // a CPU tensor: no sync
   double const *l = local.data_ptr<double>(), *g = sums.data_ptr<double>(), *r = row.data_ptr<double>();
   double const *mh = mean_d.data_ptr<double>(), *is = invstd_d.data_ptr<double>();
-  double const *s = scale_d.data_ptr<double>(), *w = weight_d.data_ptr<double>();
   double* o = out.data_ptr<double>();
-  for (int64_t c = 0; c < n; ++c) sync_stats::grads_column(l, g, r, total, mh[c], is[c], s[c], w[c], n, c, o);
+  for (int64_t c = 0; c < n; ++c)
+    sync_stats::grads_column(l, g, r, total, mh[c], is[c], at_column(scale_d, c), at_column(weight_d, c), n, c, o);
   return out;
 }
 

@@ -268,6 +268,14 @@ ColVec col_vec(c10::optional<at::Tensor> const& t, char const* name, int64_t n, 
   return {t->data_ptr(), dtype_of(t->scalar_type(), name)};
 }
 
+// The scale as the kernels read it: none (1), a per-column vector, or a 0-dim one broadcast over
+// the columns (ColVec::broadcast).
+ColVec scale_vec(c10::optional<at::Tensor> const& t, int64_t n, at::Device device) {
+  if (!t.has_value() || t->dim() != 0) return col_vec(t, "scale", n, device);
+  check_device(*t, device, "scale");
+  return {t->data_ptr(), dtype_of(t->scalar_type(), "scale"), /*broadcast=*/true};
+}
+
 ColOut col_out(at::Tensor const& t, char const* name, int64_t n, at::Device device) {
   ColVec v = col_vec(t, name, n, device);
   return {t.data_ptr(), v.dt};
@@ -292,13 +300,13 @@ struct Normalized {
   FinalizeArgs a{};
 };
 
-Normalized normalized(at::Tensor const& h, at::Tensor const& scale, int64_t count,
+Normalized normalized(at::Tensor const& h, c10::optional<at::Tensor> const& scale, int64_t count,
                       c10::optional<at::Tensor> const& weight, c10::optional<at::Tensor> const& bias, double eps,
                       at::ScalarType y_dt) {
   TORCH_CHECK(h.dim() == 2 && h.stride(1) == 1, "cutlass_fused: expected h to be 2-D with unit column stride");
   int64_t m = h.size(0), n = h.size(1);
   FinalizeArgs a{};
-  a.scale = col_vec(scale, "scale", n, h.device());
+  a.scale = scale_vec(scale, n, h.device());
   a.weight = col_vec(weight, "bn_weight", n, h.device());
   a.bias = col_vec(bias, "bn_bias", n, h.device());
   auto y = at::empty({m, n}, h.options().dtype(y_dt));
@@ -318,19 +326,19 @@ Normalized normalized(at::Tensor const& h, at::Tensor const& scale, int64_t coun
   a.eps = eps;
   a.save_mean = mean.data_ptr<double>();
   a.save_invstd = invstd.data_ptr<double>();
-  a.z_rounded = output_dtype(h.scalar_type(), scale.scalar_type()) == h.scalar_type();
+  a.z_rounded = scale.has_value() && output_dtype(h.scalar_type(), scale) == h.scalar_type();  // without one z is h
   return {y, mean, invstd, a};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_finalize_cuda(
-    at::Tensor const& h, at::Tensor const& stats, at::Tensor const& scale, int64_t count,
+    at::Tensor const& h, at::Tensor const& stats, c10::optional<at::Tensor> const& scale, int64_t count,
     c10::optional<at::Tensor> const& weight, c10::optional<at::Tensor> const& bias, double eps,
     c10::string_view activation, double negative_slope) {
   check_sums(stats, "stats", h.size(1));
   check_device(stats, h.device(), "stats");
   c10::cuda::CUDAGuard guard(h.device());
   auto scale_d = dense(scale), weight_d = dense(weight), bias_d = dense(bias);  // alive until the launch
-  auto out = normalized(h, *scale_d, count, weight_d, bias_d, eps, output_dtype(h.scalar_type(), scale.scalar_type()));
+  auto out = normalized(h, scale_d, count, weight_d, bias_d, eps, output_dtype(h.scalar_type(), scale));
   out.a.stats = stats.data_ptr<double>();
   out.a.act = activation_of(activation);
   out.a.slope = static_cast<float>(negative_slope);
@@ -345,7 +353,7 @@ void check_num_batches_tracked(c10::optional<at::Tensor> const& t, at::Device de
               "cutlass_fused: expected num_batches_tracked to be a one-element int64 tensor");
 }
 
-void update_running_stats_cuda(at::Tensor const& stats, at::Tensor const& scale, int64_t count,
+void update_running_stats_cuda(at::Tensor const& stats, c10::optional<at::Tensor> const& scale, int64_t count,
                                at::Tensor& running_mean, at::Tensor& running_var,
                                c10::optional<at::Tensor> const& num_batches_tracked, c10::optional<double> momentum) {
   int64_t n = stats.size(1);
@@ -355,7 +363,7 @@ void update_running_stats_cuda(at::Tensor const& stats, at::Tensor const& scale,
   check_running_args(running_mean, running_var, num_batches_tracked, momentum);
   auto dev = stats.device();
   auto scale_d = dense(scale), rm_d = dense(running_mean), rv_d = dense(running_var);
-  ColVec s = col_vec(scale_d, "scale", n, dev);
+  ColVec s = scale_vec(scale_d, n, dev);
   ColOut rm = col_out(*rm_d, "running_mean", n, dev), rv = col_out(*rv_d, "running_var", n, dev);
   check_num_batches_tracked(num_batches_tracked, dev);
   c10::cuda::CUDAGuard guard(dev);
@@ -370,7 +378,7 @@ void update_running_stats_cuda(at::Tensor const& stats, at::Tensor const& scale,
 // kernel for everything after it (csrc/kernels/batch_norm.h, batch_norm_train).
 // fp8: x and W in e4m3 (linear_scale_batch_norm_train_fp8), h, y and the BN part as bf16's.
 TrainOut train_cuda(at::Tensor const& x, at::Tensor const& weight, c10::optional<at::Tensor> const& bias,
-                    at::Tensor const& scale, c10::optional<at::Tensor> const& bn_weight,
+                    c10::optional<at::Tensor> const& scale, c10::optional<at::Tensor> const& bn_weight,
                     c10::optional<at::Tensor> const& bn_bias, c10::optional<at::Tensor> const& running_mean,
                     c10::optional<at::Tensor> const& running_var,
                     c10::optional<at::Tensor> const& num_batches_tracked, c10::optional<double> momentum,
@@ -382,13 +390,13 @@ TrainOut train_cuda(at::Tensor const& x, at::Tensor const& weight, c10::optional
   int64_t m = x.size(0), n = weight.size(0);
   check_batch(m, n);
   Activation act = activation_of(activation);
-  auto y_dt = y_dtype(xt, scale.scalar_type(), output_dtype_);
+  auto y_dt = y_dtype(xt, scale, output_dtype_);
   auto dev = x.device();
   check_running_args(running_mean, running_var, num_batches_tracked, momentum);
   // Every device checked before the guard, which refuses a CPU device in its own words.
   if (bn_weight.has_value()) check_device(*bn_weight, dev, "bn_weight");
   if (bn_bias.has_value()) check_device(*bn_bias, dev, "bn_bias");
-  auto out_dtype = output_dtype(xt, scale.scalar_type());
+  auto out_dtype = output_dtype(xt, scale);
   auto rm_d = dense(running_mean), rv_d = dense(running_var);
   TrainArgs t{};
   if (running_mean.has_value()) {
@@ -409,7 +417,7 @@ TrainOut train_cuda(at::Tensor const& x, at::Tensor const& weight, c10::optional
   auto scale_d = dense(scale), bn_weight_d = dense(bn_weight), bn_bias_d = dense(bn_bias);  // alive until the launch
   // The kernels write y in h's dtype or fp32; another requested dtype is a cast of h * scale's.
   bool direct = y_dt == xt || y_dt == at::kFloat;
-  auto out = normalized(h, *scale_d, m, bn_weight_d, bn_bias_d, eps, direct ? y_dt : out_dtype);
+  auto out = normalized(h, scale_d, m, bn_weight_d, bn_bias_d, eps, direct ? y_dt : out_dtype);
   out.a.act = act;
   out.a.slope = static_cast<float>(negative_slope);
   auto stats = at::empty({2, n}, x.options().dtype(at::kDouble));
@@ -438,7 +446,8 @@ TrainOut train_cuda(at::Tensor const& x, at::Tensor const& weight, c10::optional
 }
 
 TrainOut linear_scale_batch_norm_train_cuda(at::Tensor const& x, at::Tensor const& weight,
-                                            c10::optional<at::Tensor> const& bias, at::Tensor const& scale,
+                                            c10::optional<at::Tensor> const& bias,
+                                            c10::optional<at::Tensor> const& scale,
                                             c10::optional<at::Tensor> const& bn_weight,
                                             c10::optional<at::Tensor> const& bn_bias,
                                             c10::optional<at::Tensor> const& running_mean,
@@ -452,7 +461,8 @@ TrainOut linear_scale_batch_norm_train_cuda(at::Tensor const& x, at::Tensor cons
 }
 
 TrainOut linear_scale_batch_norm_train_fp8_cuda(at::Tensor const& x, at::Tensor const& weight,
-                                                c10::optional<at::Tensor> const& bias, at::Tensor const& scale,
+                                                c10::optional<at::Tensor> const& bias,
+                                                c10::optional<at::Tensor> const& scale,
                                                 c10::optional<at::Tensor> const& bn_weight,
                                                 c10::optional<at::Tensor> const& bn_bias,
                                                 c10::optional<at::Tensor> const& running_mean,
@@ -474,7 +484,8 @@ struct Backward {
 };
 
 Backward backward_args(at::Tensor const& dy_in, at::Tensor const& h, at::Tensor const& mean,
-                       at::Tensor const& invstd, at::Tensor const& scale, c10::optional<at::Tensor> const& weight,
+                       at::Tensor const& invstd, c10::optional<at::Tensor> const& scale,
+                       c10::optional<at::Tensor> const& weight,
                        double eps, c10::optional<at::Tensor> const& bias, c10::string_view activation,
                        double negative_slope) {
   int64_t m = h.size(0), n = h.size(1);
@@ -488,7 +499,7 @@ Backward backward_args(at::Tensor const& dy_in, at::Tensor const& h, at::Tensor 
   b.scale = dense(scale);
   b.weight = dense(weight);
   b.bias = dense(bias);
-  g.scale = col_vec(b.scale, "scale", n, h.device());
+  g.scale = scale_vec(b.scale, n, h.device());
   g.weight = col_vec(b.weight, "bn_weight", n, h.device());
   g.bias = col_vec(b.bias, "bn_bias", n, h.device());
   g.act = activation_of(activation);
@@ -514,17 +525,20 @@ Backward backward_args(at::Tensor const& dy_in, at::Tensor const& h, at::Tensor 
 }
 
 // dscale comes back in scale's dtype, dweight and dbias in weight's (fp32
-// without a weight): what autograd hands to the parameters, with no cast.
+// without a weight): what autograd hands to the parameters, with no cast. dscale has a value a
+// column (a 0-dim scale's gradient is their sum); without a scale it is empty (fp32) and no kernel
+// writes it.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_cuda(
     at::Tensor const& dy_in, at::Tensor const& h, at::Tensor const& mean, at::Tensor const& invstd,
-    at::Tensor const& scale, c10::optional<at::Tensor> const& weight, double eps,
+    c10::optional<at::Tensor> const& scale, c10::optional<at::Tensor> const& weight, double eps,
     c10::optional<at::Tensor> const& bias, c10::string_view activation, double negative_slope,
     c10::optional<at::ScalarType> linear_bias_dtype) {
   int64_t m = h.size(0), n = h.size(1);
   c10::cuda::CUDAGuard guard(h.device());
   Backward b = backward_args(dy_in, h, mean, invstd, scale, weight, eps, bias, activation, negative_slope);
   BackwardArgs& g = b.g;
-  at::Tensor dscale = grad_vector(scale, h), dweight = grad_vector(weight, h), dbias = grad_vector(weight, h);
+  at::Tensor dscale = scale.has_value() ? grad_vector(scale, h) : at::empty({0}, h.options().dtype(at::kFloat));
+  at::Tensor dweight = grad_vector(weight, h), dbias = grad_vector(weight, h);
   Problem pr = problem(Op::backward, m, n, 0, h.scalar_type(), b.dy.scalar_type() != h.scalar_type(), "auto",
                        h.device());
   pr.groups16 = limits::groups16(static_cast<int>(c10::elementSize(h.scalar_type())), n, h.stride(0),
@@ -532,11 +546,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_nor
   pr.act = g.act;
   Plan plan = planned(pr);
   auto ws = at::empty({static_cast<int64_t>(plan.workspace)}, h.options().dtype(at::kByte));
-  g.dscale = col_out(dscale, "dscale", n, h.device());
+  if (scale.has_value()) g.dscale = col_out(dscale, "dscale", n, h.device());
   g.dweight = col_out(dweight, "dweight", n, h.device());
   g.dbias = col_out(dbias, "dbias", n, h.device());
-  at::Tensor dlinear_bias = at::empty({linear_bias_dtype ? n : 0}, h.options().dtype(linear_bias_dtype.value_or(
-                                                                          scale.scalar_type())));
+  at::Tensor dlinear_bias =
+      at::empty({linear_bias_dtype ? n : 0}, h.options().dtype(linear_bias_dtype.value_or(dscale.scalar_type())));
   if (linear_bias_dtype) g.dlinear_bias = col_out(dlinear_bias, "dlinear_bias", n, h.device());
   g.workspace = ws.data_ptr();
   batch_norm_backward(g, plan.backward, plan.pieces, at::cuda::getCurrentCUDAStream().stream());
@@ -544,7 +558,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_nor
 }
 
 at::Tensor batch_norm_backward_reduce_cuda(at::Tensor const& dy, at::Tensor const& h, at::Tensor const& mean,
-                                           at::Tensor const& invstd, at::Tensor const& scale,
+                                           at::Tensor const& invstd, c10::optional<at::Tensor> const& scale,
                                            c10::optional<at::Tensor> const& weight, double eps,
                                            c10::optional<at::Tensor> const& bias, c10::string_view activation,
                                            double negative_slope) {
@@ -562,7 +576,7 @@ at::Tensor batch_norm_backward_reduce_cuda(at::Tensor const& dy, at::Tensor cons
 }
 
 at::Tensor batch_norm_backward_elemt_cuda(at::Tensor const& dy, at::Tensor const& h, at::Tensor const& mean,
-                                          at::Tensor const& invstd, at::Tensor const& scale,
+                                          at::Tensor const& invstd, c10::optional<at::Tensor> const& scale,
                                           c10::optional<at::Tensor> const& weight, at::Tensor const& sums,
                                           at::Tensor const& count, double eps, c10::optional<at::Tensor> const& bias,
                                           c10::string_view activation, double negative_slope) {
@@ -605,7 +619,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sync_batch_norm_merge_cuda(at::Te
 
 at::Tensor sync_batch_norm_grads_cuda(at::Tensor const& local, at::Tensor const& sums, at::Tensor const& row,
                                       at::Tensor const& count, at::Tensor const& mean, at::Tensor const& invstd,
-                                      at::Tensor const& scale, c10::optional<at::Tensor> const& weight) {
+                                      c10::optional<at::Tensor> const& scale,
+                                      c10::optional<at::Tensor> const& weight) {
   check_sync_grads_args(local, sums, row, count, mean, invstd, scale, weight);
   int64_t n = local.size(1);
   auto dev = local.device();
@@ -619,7 +634,7 @@ at::Tensor sync_batch_norm_grads_cuda(at::Tensor const& local, at::Tensor const&
   auto out = at::empty({4, n}, local.options());
   poison(out);
   sync_grads(n, local.data_ptr<double>(), sums.data_ptr<double>(), row.data_ptr<double>(), total.data_ptr<double>(),
-             mean_d.data_ptr<double>(), invstd_d.data_ptr<double>(), col_vec(scale_d, "scale", n, dev),
+             mean_d.data_ptr<double>(), invstd_d.data_ptr<double>(), scale_vec(scale_d, n, dev),
              col_vec(weight_d, "weight", n, dev), out.data_ptr<double>(), at::cuda::getCurrentCUDAStream().stream());
   return out;
 }
@@ -627,7 +642,7 @@ at::Tensor sync_batch_norm_grads_cuda(at::Tensor const& local, at::Tensor const&
 // The eval forward: the plan's eval GEMM with the fold in its epilogue.
 // fp8: x and W in e4m3 (linear_scale_batch_norm_eval_fp8), y and the rest as bf16 x's.
 at::Tensor eval_cuda(at::Tensor const& x, at::Tensor const& weight, c10::optional<at::Tensor> const& bias,
-                     at::Tensor const& scale_in, c10::optional<at::Tensor> const& bn_weight_in,
+                     c10::optional<at::Tensor> const& scale_in, c10::optional<at::Tensor> const& bn_weight_in,
                      c10::optional<at::Tensor> const& bn_bias_in, at::Tensor const& running_mean_in,
                      at::Tensor const& running_var_in, double eps, c10::string_view family, bool cache,
                      c10::string_view activation, double negative_slope,
@@ -637,8 +652,8 @@ at::Tensor eval_cuda(at::Tensor const& x, at::Tensor const& weight, c10::optiona
   auto dev = x.device();
   Activation act = activation_of(activation);
   auto xt = element_dtype(x);  // h's (and a 16-bit y's) dtype
-  auto z = output_dtype(xt, scale_in.scalar_type());
-  auto y_dt = y_dtype(xt, scale_in.scalar_type(), output_dtype_);
+  auto z = output_dtype(xt, scale_in);
+  auto y_dt = y_dtype(xt, scale_in, output_dtype_);
   check_running_stats(running_mean_in, running_var_in, n, z);
   // The epilogue writes y in x's dtype (from its fp32 value) or in z's. fp16 with an fp32 z is
   // not x's route: its fold rounds z to fp16 (fold_scale_apart), which an fp32 z never is.
@@ -650,9 +665,10 @@ at::Tensor eval_cuda(at::Tensor const& x, at::Tensor const& weight, c10::optiona
     if (!activation_done) y = activated(y, act, negative_slope);
     return y.scalar_type() == y_dt ? y : y.to(y_dt);
   };
-  auto scale = *dense(scale_in), running_mean = *dense(running_mean_in), running_var = *dense(running_var_in);
+  auto scale = dense(scale_in);
+  auto running_mean = *dense(running_mean_in), running_var = *dense(running_var_in);
   auto bn_weight = dense(bn_weight_in), bn_bias = dense(bn_bias_in);
-  col_vec(scale, "scale", n, dev);  // the checks eval_fold relies on
+  scale_vec(scale, n, dev);  // the checks eval_fold relies on
   col_vec(bn_weight, "bn_weight", n, dev);
   col_vec(bn_bias, "bn_bias", n, dev);
   col_vec(running_mean, "running_mean", n, dev);
@@ -671,10 +687,12 @@ at::Tensor eval_cuda(at::Tensor const& x, at::Tensor const& weight, c10::optiona
       plan.fold_in_epilogue && !eval_fold_kept(scale, bn_weight, bn_bias, running_mean, running_var, cache);
   // One (2 or 3, kn) allocation: each row starts a multiple of kn floats in,
   // which keeps it 16-byte aligned for the EVT.
+  // fp16's rounding of z = h * scale apart from the fold needs a scale: without one z is h, whose
+  // rounding the epilogue makes anyway, and the fold's a is then its g (w * invstd) with s read as 1.
+  bool scale_apart = plan.fold_scale_apart && scale.has_value();
   at::Tensor ac;
   if (!fold_in_epilogue)
-    ac = eval_fold(scale, bn_weight, bn_bias, running_mean, running_var, eps, plan.gemm.kn, cache,
-                   plan.fold_scale_apart);
+    ac = eval_fold(scale, bn_weight, bn_bias, running_mean, running_var, eps, plan.gemm.kn, cache, scale_apart);
   if (plan.eval_in_fp32) {
     // y = h * a + c in one fp32 pass, which moves the bytes that widening a 16-bit y would.
     auto y =
@@ -693,14 +711,15 @@ at::Tensor eval_cuda(at::Tensor const& x, at::Tensor const& weight, c10::optiona
   } else {
     e.a = ac[0].data_ptr<float>();
     e.c = ac[1].data_ptr<float>();
-    e.s = plan.fold_scale_apart ? ac[2].data_ptr<float>() : nullptr;
+    e.s = scale_apart ? ac[2].data_ptr<float>() : nullptr;
   }
   run_gemm(plan, x, weight, bias, e, y, cache);
   return finish(y.is_contiguous() ? y : y.contiguous(), in_epilogue);
 }
 
 at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor const& weight,
-                                             c10::optional<at::Tensor> const& bias, at::Tensor const& scale,
+                                             c10::optional<at::Tensor> const& bias,
+                                             c10::optional<at::Tensor> const& scale,
                                              c10::optional<at::Tensor> const& bn_weight,
                                              c10::optional<at::Tensor> const& bn_bias,
                                              at::Tensor const& running_mean, at::Tensor const& running_var,
@@ -712,7 +731,8 @@ at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor con
 }
 
 at::Tensor linear_scale_batch_norm_eval_fp8_cuda(at::Tensor const& x, at::Tensor const& weight,
-                                                 c10::optional<at::Tensor> const& bias, at::Tensor const& scale,
+                                                 c10::optional<at::Tensor> const& bias,
+                                                 c10::optional<at::Tensor> const& scale,
                                                  c10::optional<at::Tensor> const& bn_weight,
                                                  c10::optional<at::Tensor> const& bn_bias,
                                                  at::Tensor const& running_mean, at::Tensor const& running_var,

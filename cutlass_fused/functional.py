@@ -1,4 +1,4 @@
-"""cutlass_fused.linear_scale_batch_norm: BatchNorm1d((x @ W^T + b) * scale), fused."""
+"""cutlass_fused.linear_scale_batch_norm: BatchNorm1d((x @ W^T + b) [* scale]), fused."""
 import torch
 import torch.nn.functional as F
 
@@ -8,16 +8,35 @@ from .frozen import may_cache
 from .ops import ops
 
 
+def unfused(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, training, momentum, eps,
+            num_batches_tracked, activation, negative_slope, output_dtype):
+    """The layer as the unfused model computes it, in PyTorch's own ops (F.linear, `* scale`,
+    F.batch_norm as nn.BatchNorm1d calls it, the activation): for the inputs no kernel of ours
+    takes, so that they get PyTorch's result or PyTorch's error. num_batches_tracked counts the
+    call, and momentum=None is the cumulative average, as in nn.BatchNorm1d."""
+    h = F.linear(x, weight, None if bias is None else bias.to(x.dtype))
+    z = h if scale is None else h * scale
+    if training and running_mean is not None and num_batches_tracked is not None:
+        num_batches_tracked.add_(1)
+    if momentum is None:  # nn.BatchNorm1d's factor, read on the host as it reads it
+        momentum = 1.0 / float(num_batches_tracked) if training and num_batches_tracked is not None else 0.0
+    y = F.batch_norm(z, running_mean, running_var, bn_weight, bn_bias, training, momentum, eps)
+    y = _activation.apply(y, activation, negative_slope)
+    return y if output_dtype is None else y.to(output_dtype)
+
+
 def linear_scale_batch_norm(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, training,
                             momentum=0.1, eps=1e-5, num_batches_tracked=None, activation=None, negative_slope=0.01,
                             output_dtype=None, fp8=None):
     """`F.batch_norm(F.linear(x, weight, bias) * scale, running_mean, running_var, bn_weight, bn_bias,
-    training, momentum, eps)`, as one GEMM with a fused epilogue plus one normalize kernel.
+    training, momentum, eps)`, as one GEMM with a fused epilogue plus one normalize kernel; with
+    scale=None, `F.batch_norm(F.linear(x, weight, bias), ...)`. x is 2-D (batch, in_features); any
+    other x runs as those PyTorch ops run it, with their result or their error.
 
     `activation` (None, "relu", "leaky_relu" with `negative_slope`, "gelu", "gelu_tanh" or
     "silu") is applied to the batch norm's output in the same kernel; its backward recomputes
     what it needs from h. `output_dtype` (None: that of `h * scale`, as the unfused model
-    computes it) is y's dtype, rounded once from its value in h * scale's dtype.
+    computes it: h's without a scale) is y's dtype, rounded once from its value in h * scale's dtype.
 
     In training the running stats are updated in place, as are `num_batches_tracked`
     (+1) when given; `momentum=None` then means a cumulative average, momentum =
@@ -31,8 +50,11 @@ def linear_scale_batch_norm(x, weight, bias, scale, bn_weight, bn_bias, running_
     x, weight = fp8_operands(x, weight, fp8)
     family = _family.current()
     activation, negative_slope = _activation.check(activation, negative_slope)
+    args = (x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, training)
+    if x.dim() != 2:  # PyTorch's own result (a 3-D input's dim 1 as the channels) or its error
+        return unfused(*args, momentum, eps, num_batches_tracked, activation, negative_slope, output_dtype)
     # F.batch_norm's checks, in its order and words; the size is the batch norm's input's.
-    if training and x.dim() == 2 and x.shape[0] == 1:
+    if training and x.shape[0] == 1:
         raise ValueError("Expected more than 1 value per channel when training, got input size "
                          f"{torch.Size([1, weight.shape[0]])}")
     if eps <= 0.0:
@@ -40,15 +62,12 @@ def linear_scale_batch_norm(x, weight, bias, scale, bn_weight, bn_bias, running_
         # versions accept any eps): F.batch_norm on a 2 x 1 probe with the same eps.
         probe = torch.zeros(2, 1)
         F.batch_norm(probe, torch.zeros(1), torch.ones(1), training=training, eps=eps)
-    if x.dim() == 2 and x.shape[0] == 0:
+    if x.shape[0] == 0:
         # An empty batch as PyTorch runs it: an empty y, the running stats left alone, zero
-        # gradients (nn.BatchNorm1d still counts the batch). No kernel has work to do.
-        if training and running_mean is not None and num_batches_tracked is not None:
-            num_batches_tracked.add_(1)
-        h = F.linear(x, weight, None if bias is None else bias.to(x.dtype))
-        y = F.batch_norm(h * scale, running_mean, running_var, bn_weight, bn_bias, training, momentum or 0.0, eps)
-        y = _activation.apply(y, activation, negative_slope)
-        return y if output_dtype is None else y.to(output_dtype)
+        # gradients (nn.BatchNorm1d still counts the batch). No kernel has work to do, and no
+        # cumulative momentum is read (there is nothing to average).
+        return unfused(*args, 0.0 if momentum is None else momentum, eps, num_batches_tracked, activation,
+                       negative_slope, output_dtype)
     if not training:
         if running_mean is None or running_var is None:
             raise RuntimeError("running_mean must be defined in evaluation mode")

@@ -1,4 +1,5 @@
-"""cutlass_fused.fuse: rewrite `bn(linear(x) * scale)` in an existing model to LinearScaleBatchNorm1d."""
+"""cutlass_fused.fuse: rewrite each Linear -> [* scale] -> BatchNorm1d [-> activation] of an existing
+model into one fused layer (LinearBatchNorm1d, or LinearScaleBatchNorm1d with the scale)."""
 import operator
 from dataclasses import dataclass, field
 
@@ -6,39 +7,45 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from .module import LinearScaleBatchNorm1d
+from .module import LinearBatchNorm1d, LinearScaleBatchNorm1d
 
 _MULS = (operator.mul, torch.mul)
+_LINEARS = (F.linear, torch._C._nn.linear)
+_BATCH_NORMS = (F.batch_norm,)
+# Which users of h (or of h * scale) may stay: they read only what the fused layer's y has too.
+_SHAPE_ATTRS = ("shape", "ndim", "device")
+_SHAPE_METHODS = ("size", "dim")
 
 
 @dataclass(frozen=True)
 class Fused:
-    name: str    # the new LinearScaleBatchNorm1d's attribute in the returned module
-    linear: str  # the original modules' and parameter's paths in the model
+    name: str    # the fused layer's attribute in the returned module
+    linear: str  # the original modules' and parameters' paths in the model ("" for none)
     scale: str
     bn: str
     activation: str = ""        # the absorbed activation's node ("" for none): module path or function
     autocast_output: bool = False  # y in the autocast dtype under autocast: every user is a Linear
+    chain: str = ""             # the nodes it replaced, as the report prints them
 
 
 @dataclass(frozen=True)
 class Skipped:
-    linear: str  # path of the nn.Linear whose call was left alone
-    reason: str
+    linear: str  # path of the nn.Linear (or F.linear's weight) whose call was left alone
+    reason: str  # what blocked the match, after the chain of nodes matched so far
 
 
 @dataclass
 class FuseReport:
-    """What `fuse` replaced (`fused`) and which nn.Linear calls it left alone and why (`skipped`)."""
+    """What `fuse` replaced (`fused`) and which Linear calls it left alone and why (`skipped`)."""
     fused: list = field(default_factory=list)
     skipped: list = field(default_factory=list)
 
     def __str__(self):
-        lines = [f"cutlass_fused.fuse: fused {len(self.fused)}, left {len(self.skipped)} nn.Linear call(s) alone"]
-        lines += [f"  fused  {f.linear} -> * {f.scale} -> {f.bn}" + (f" -> {f.activation}" if f.activation else "")
-                  + f"  as {f.name}" + ("  (16-bit y under autocast: its users are Linears)" if f.autocast_output
-                                         else "") for f in self.fused]
-        lines += [f"  left   {s.linear}: {s.reason}" for s in self.skipped]
+        lines = [f"cutlass_fused.fuse: fused {len(self.fused)}, left {len(self.skipped)} Linear call(s) alone"]
+        lines += [f"  fused  {f.chain}  as {f.name}"
+                  + ("  (16-bit y under autocast: its users are Linears)" if f.autocast_output else "")
+                  for f in self.fused]
+        lines += [f"  left   {s.reason}" for s in self.skipped]
         return "\n".join(lines)
 
 
@@ -49,38 +56,57 @@ class _Tracer(fx.Tracer):
     # the recorded tracer class, made with no arguments (fx's _deserialize_graph_module).
     def __init__(self, leaf_modules=()):
         super().__init__()
-        self.leaf_types = (LinearScaleBatchNorm1d, *leaf_modules)
+        self.leaf_types = (LinearBatchNorm1d, *leaf_modules)
 
     def is_leaf_module(self, m, qualname):
         return isinstance(m, self.leaf_types) or super().is_leaf_module(m, qualname)
 
 
+class _TracedBatchNorm(nn.BatchNorm1d):
+    """The batch norm of an F.batch_norm call, as a module that holds the call's tensors (shared,
+    not copied) and its constants. Its mode is the call's `training` argument, which the trace
+    fixed (a `self.training` read while tracing), so the model's train() and eval() leave it, as
+    they leave the traced graph's call."""
+
+    def train(self, mode=True):
+        return self
+
+
 def fuse(model: nn.Module, leaf_modules=()) -> tuple[fx.GraphModule, FuseReport]:
-    """Trace `model` with torch.fx and replace each `bn(linear(x) * scale)` by
-    `LinearScaleBatchNorm1d.from_modules(linear, scale, bn)`.
+    """Trace `model` with torch.fx and replace each Linear -> [* scale] -> BatchNorm1d
+    [-> activation] chain by one fused layer that shares the model's tensors.
 
         fused, report = cutlass_fused.fuse(model)
         print(report)
 
-    A match is an nn.Linear call whose only user multiplies it (`*`, torch.mul or
-    `.mul`, either order) by an nn.Parameter of shape [out_features], whose product
-    goes only to an nn.BatchNorm1d with num_features == out_features; none of the
-    three modules may have hooks (the fused layer would skip them). Every other
-    nn.Linear call is left alone and listed in `report.skipped` with the reason.
+    What it finds:
+    - the Linear: an nn.Linear call (bias or none, frozen or not), or F.linear(x, weight, bias)
+      with the tensors as the model's parameters or buffers;
+    - an optional per-column scale: `*`, torch.mul or `.mul`, either order, by an nn.Parameter of
+      shape [out_features] (LinearScaleBatchNorm1d; without one, LinearBatchNorm1d);
+    - the BatchNorm: an nn.BatchNorm1d (affine or not, track_running_stats or not, momentum=None
+      too), an nn.SyncBatchNorm (as convert_sync_batchnorm leaves it; the fused layer syncs over
+      its process group wherever it would), or F.batch_norm with the model's tensors (its
+      `training` argument as the trace fixed it), with num_features == out_features;
+    - the (B, T, C) form: `bn(linear(x).transpose(1, 2)).transpose(1, 2)` (or permute(0, 2, 1)),
+      a BatchNorm over the channels of a sequence, which the layer runs on x.reshape(-1, in_features);
+    - an activation that is the BatchNorm's only user: nn.ReLU, nn.LeakyReLU, nn.GELU (either
+      approximation), nn.SiLU, and F.relu, F.leaky_relu, F.gelu, F.silu, torch.relu and
+      Tensor.relu (in-place forms too); any other activation, and Dropout, stay outside.
+    A Linear's output (or the product) may have other users that read only its shape or size. None
+    of the modules may have hooks (the fused layer would not call them). A module called twice (a
+    head on two views) becomes one fused layer called twice. Every other Linear call is left alone
+    and listed in `report.skipped`, with the chain it matched and what blocked it.
 
-    An activation that is the BatchNorm output's only user goes into the layer too:
-    nn.ReLU, nn.LeakyReLU, nn.GELU (either approximation), nn.SiLU, and F.relu,
-    F.leaky_relu, F.gelu, F.silu, torch.relu and Tensor.relu (in-place forms too).
-    Where every user of a fused layer's output is an nn.Linear or F.linear taking it
-    as its input, the layer emits y in the autocast dtype under torch.autocast: the
-    bits the Linear would have cast it to, with no fp32 y in between. Outside
-    autocast nothing changes.
+    Where every user of a fused layer's output is an nn.Linear or F.linear taking it as its input,
+    a layer with a scale emits y in the autocast dtype under torch.autocast: the bits the Linear
+    would have cast it to, with no fp32 y in between (a layer without a scale returns h's 16-bit
+    dtype there anyway). Outside autocast nothing changes.
 
-    Returns a new fx.GraphModule and a FuseReport. The fused layers share the
-    model's parameters and buffers (no copies), so training either one trains
-    both, and `model.state_dict()` keeps its original keys; the returned module
-    names each fused layer's tensors under its new attribute (`report.fused[i].name`).
-    The fused layer takes 2-D input (batch, features) and raises on other shapes.
+    Returns a new fx.GraphModule and a FuseReport. The fused layers share the model's parameters
+    and buffers (no copies), so training either one trains both, and `model.state_dict()` keeps
+    its original keys; the returned module names each fused layer's tensors under its new
+    attribute (`report.fused[i].name`). Call fuse before wrapping the model in DDP or FSDP.
 
     Tracing runs `model.forward` once with symbolic inputs: Python control flow
     on `self.training` or on tensor values is either frozen into the graph or
@@ -99,82 +125,274 @@ def fuse(model: nn.Module, leaf_modules=()) -> tuple[fx.GraphModule, FuseReport]
             "Pass the classes of the submodules it cannot trace as leaf_modules=(...), or fuse the "
             "traceable submodules one by one.") from err
     gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
-    report = FuseReport()
+    report, layers, consumed = FuseReport(), {}, set()
     for node in list(gm.graph.nodes):
-        if node.op == "call_module" and isinstance(gm.get_submodule(node.target), nn.Linear):
-            match = _match(gm, node)
-            if isinstance(match, str):
-                report.skipped.append(Skipped(node.target, match))
-            else:
-                report.fused.append(_replace(gm, *match))
-    _drop_unused(gm, model, report)
+        if not _is_linear_call(gm, node):
+            continue
+        match = _Chain(gm, node).match()
+        if isinstance(match, Skipped):
+            report.skipped.append(match)
+        else:
+            report.fused.append(_replace(gm, match, layers, consumed))
+    _drop_unused(gm, model, consumed)
     gm.graph.lint()
     gm.recompile()
     return gm, report
 
 
-def _match(gm, linear_node):
-    """(linear node, mul node, scale node, bn node), or why this call is not a match."""
-    linear = gm.get_submodule(linear_node.target)
-    if type(linear) is not nn.Linear:
-        return f"is a {type(linear).__name__}, a subclass of nn.Linear that may compute something else"
-    if _has_hooks(linear):
-        return "has hooks, which the fused layer would not call"
-    if len(linear_node.args) != 1 or linear_node.kwargs:
-        return "is called with keyword or extra arguments"
-    mul = _only_user(linear_node)
-    if isinstance(mul, str):
-        return f"its output {mul}"
-    if not _is_mul(mul):
-        return f"its output goes to {_describe(mul)}, not to a multiplication"
-    other = mul.args[1] if mul.args[0] is linear_node else mul.args[0]
-    scale = _attr(gm, other)
-    if not isinstance(scale, nn.Parameter):
-        what = f"{other.target}, not an nn.Parameter" if isinstance(other, fx.Node) and other.op == "get_attr" \
-            else _describe(other)
-        return f"its output is multiplied by {what}"
-    if scale.shape != (linear.out_features,):
-        return f"its scale {other.target} has shape {tuple(scale.shape)}, not ({linear.out_features},)"
-    bn_node = _only_user(mul)
-    if isinstance(bn_node, str):
-        return f"the product with {other.target} {bn_node}"
-    bn = gm.get_submodule(bn_node.target) if bn_node.op == "call_module" else None
-    if isinstance(bn, nn.SyncBatchNorm):
-        return (f"{bn_node.target} is an nn.SyncBatchNorm: fuse before nn.SyncBatchNorm.convert_sync_batchnorm, "
-                "then use cutlass_fused.convert_sync_batchnorm")
-    if type(bn) is not nn.BatchNorm1d or bn_node.args != (mul,) or bn_node.kwargs:
-        return f"the product with {other.target} goes to {_describe(bn_node)}, not to an nn.BatchNorm1d"
-    if _has_hooks(bn):
-        return f"{bn_node.target} has hooks, which the fused layer would not call"
-    if bn.num_features != linear.out_features:
-        return (f"{bn_node.target} has num_features={bn.num_features} but the Linear has "
-                f"out_features={linear.out_features} (it normalizes another dimension)")
-    return linear_node, mul, other, bn_node
+def _is_linear_call(gm, node):
+    if node.op == "call_module":
+        return isinstance(gm.get_submodule(node.target), nn.Linear)
+    return node.op == "call_function" and node.target in _LINEARS
 
 
-def _replace(gm, linear_node, mul, scale_node, bn_node):
-    linear, bn = gm.get_submodule(linear_node.target), gm.get_submodule(bn_node.target)
-    act_node, (activation, slope) = _activation_after(gm, bn_node)
-    last = act_node or bn_node
-    layer = LinearScaleBatchNorm1d.from_modules(linear, _attr(gm, scale_node), bn, activation=activation,
-                                                negative_slope=slope)
-    layer.autocast_output = bool(last.users) and all(_is_linear_input(gm, u, last) for u in last.users)
-    layer.training = bn.training  # not .train(): that would also set the shared modules' flags
-    base = linear_node.target.replace(".", "_") + "_scale_bn"
-    name, i = base, 1
-    while hasattr(gm, name):
-        name, i = f"{base}_{i}", i + 1
-    gm.add_submodule(name, layer)
-    with gm.graph.inserting_before(bn_node):
-        new = gm.graph.call_module(name, linear_node.args)
+class _Chain:
+    """One Linear call's chain, matched node by node: match() gives the chain (this object, its
+    fields set) or a Skipped that names the chain so far and what blocked it."""
+
+    def __init__(self, gm, linear_node):
+        self.gm, self.linear_node = gm, linear_node
+        self.nodes = [linear_node]      # the chain's nodes in order, as the report names them
+        self.linear = None              # the nn.Linear (a holder for F.linear's tensors)
+        self.scale = self.scale_path = None
+        self.bn = self.bn_node = None
+        self.act_node, self.activation = None, (None, 0.01)
+        self.moves = None               # the (B, T, C) form's two moves: (method, args) each
+        self.shape_users = []           # users of h or h * scale that read its shape only
+        self.attrs = []                 # get_attr paths of F.linear's and F.batch_norm's tensors
+
+    def skip(self, reason):
+        chain = " -> ".join(_describe(self.gm, n) for n in self.nodes)
+        return Skipped(_path_of(self.gm, self.linear_node), f"{chain}: {reason}")
+
+    def match(self):
+        gm = self.gm
+        why = self._linear()
+        if why:
+            return self.skip(why)
+        out_features = self.linear.out_features
+        what = "its output"
+        user = self._only_user(self.linear_node, what, shape_users=True)
+        if isinstance(user, str):
+            return self.skip(user)
+        if _is_mul(user):
+            why = self._scale(user, out_features)
+            if why:
+                return self.skip(why)
+            self.nodes.append(user)
+            what = f"the product with {self.scale_path}"
+            user = self._only_user(user, what, shape_users=True)
+            if isinstance(user, str):
+                return self.skip(user)
+        to_channels = _move(user)
+        if to_channels is not None:
+            self.nodes.append(user)
+            what = "the moved output"
+            user = self._only_user(user, what)
+            if isinstance(user, str):
+                return self.skip(user)
+        why = self._batch_norm(user, what, out_features)
+        if why:
+            return self.skip(why)
+        self.bn_node = last = user
+        last = self._take_activation(last)
+        if to_channels is not None:
+            back = self._only_user(last, "the BatchNorm's output")
+            if isinstance(back, str) or _move(back) is None:
+                what = back if isinstance(back, str) else f"the BatchNorm's output goes to {_describe(gm, back)}"
+                return self.skip(f"{what}, not back to (B, T, C) by the inverse move")
+            self.nodes.append(back)
+            self.moves = (to_channels, _move(back))
+            last = back
+            if self.act_node is None:
+                last = self._take_activation(last)
+        self.last = last
+        return self
+
+    def _take_activation(self, node):
+        """The activation after `node` into the chain where there is one we fuse; the chain's last node."""
+        act, activation = _activation_after(self.gm, node)
+        if act is None:
+            return node
+        self.nodes.append(act)
+        self.act_node, self.activation = act, activation
+        return act
+
+    def _linear(self):
+        """Why the Linear call cannot start a chain ("" where it can); sets self.linear."""
+        gm, node = self.gm, self.linear_node
+        if node.op == "call_module":
+            linear = gm.get_submodule(node.target)
+            if type(linear) is not nn.Linear:
+                return f"a {type(linear).__name__}, a subclass of nn.Linear that may compute something else"
+            hook = _hook(linear)
+            if hook:
+                return f"has {hook}, which the fused layer would not call"
+            if len(node.args) != 1 or node.kwargs:
+                return "called with keyword or extra arguments"
+            self.linear, self.x = linear, node.args[0]
+            return ""
+        args = _bind(node, ("input", "weight", "bias"))
+        if args is None or "weight" not in args:
+            return "F.linear called with arguments it cannot bind"
+        weight, bias = self._tensor(args["weight"], "weight"), self._tensor(args.get("bias"), "bias")
+        for t in (weight, bias):
+            if isinstance(t, str):
+                return t
+        if weight is None or weight.dim() != 2 or (bias is not None and bias.shape != (weight.shape[0],)):
+            return "F.linear's weight and bias are not a 2-D weight and its [out_features] bias"
+        holder = nn.Linear.__new__(nn.Linear)
+        nn.Module.__init__(holder)
+        holder.out_features, holder.in_features = weight.shape
+        _hold(holder, "weight", weight)
+        _hold(holder, "bias", bias)
+        self.linear, self.x = holder, args["input"]
+        return ""
+
+    def _tensor(self, arg, what):
+        """The model's tensor that get_attr `arg` reads (None for None), or why not."""
+        if arg is None:
+            return None
+        value = _attr(self.gm, arg)
+        if not isinstance(value, torch.Tensor):
+            return f"its {what} is {_describe(self.gm, arg)}, not a parameter or buffer of the model"
+        self.attrs.append(arg.target)
+        return value
+
+    def _only_user(self, node, what, shape_users=False):
+        """node's one user, with users that read only its shape set aside (shape_users), or why not."""
+        users = list(node.users)
+        if shape_users:
+            reads = [u for u in users if _reads_shape(u, node)]
+            self.shape_users += reads
+            users = [u for u in users if u not in reads]
+        if len(users) == 1:
+            return users[0]
+        if not users:
+            return f"{what} is unused"
+        # Where one user continues the chain, name the others: what the user would have to change.
+        nexts = [u for u in users if _is_batch_norm(self.gm, u) or _is_mul(u) or _move(u) is not None]
+        if len(nexts) == 1:
+            others = [_describe(self.gm, u) for u in users if u is not nexts[0]]
+            subject = "the BN's input" if _is_batch_norm(self.gm, nexts[0]) else what
+            return (f"{subject} has {'another user' if len(others) == 1 else 'other users'}: {', '.join(others)}; "
+                    "the fused layer would not keep it")
+        others = [_describe(self.gm, u) for u in users]
+        return f"{what} has {len(users)} users ({', '.join(others)}); the fused layer would not keep it"
+
+    def _scale(self, mul, out_features):
+        """Why `mul` is not a product with a per-column scale ("" where it is); sets the scale."""
+        gm = self.gm
+        prev = self.nodes[-1]
+        other = mul.args[1] if mul.args[0] is prev else mul.args[0]
+        scale = _attr(gm, other)
+        if not isinstance(scale, nn.Parameter):
+            what = f"{other.target}, not an nn.Parameter" if isinstance(other, fx.Node) and other.op == "get_attr" \
+                else _describe(gm, other)
+            return f"its output is multiplied by {what}"
+        if scale.shape != (out_features,):
+            return f"its scale {other.target} has shape {tuple(scale.shape)}, not ({out_features},)"
+        self.scale, self.scale_path = scale, other.target
+        return ""
+
+    def _batch_norm(self, node, what, out_features):
+        """Why `node` is not a BatchNorm1d of the chain's last node (`what`) that we can take ("" where
+        it is); sets self.bn and appends the node to the chain."""
+        gm, bn_input = self.gm, self.nodes[-1]
+        if node.op == "call_function" and node.target in _BATCH_NORMS:
+            return self._functional_batch_norm(node, bn_input, out_features)
+        bn = gm.get_submodule(node.target) if node.op == "call_module" else None
+        if type(bn) not in (nn.BatchNorm1d, nn.SyncBatchNorm) or node.args != (bn_input,) or node.kwargs:
+            scaled = self.scale is not None or len(self.nodes) > 1
+            target = "an nn.BatchNorm1d" if scaled else "a BatchNorm1d or a multiplication by a scale"
+            return f"{what} goes to {_describe(gm, node)}, not to {target}"
+        self.nodes.append(node)
+        hook = _hook(bn)
+        if hook:
+            return f"{node.target} has {hook}, which the fused layer would not call"
+        if bn.num_features != out_features:
+            return (f"{node.target} has num_features={bn.num_features} but the Linear has "
+                    f"out_features={out_features} (it normalizes another dimension)")
+        self.bn = bn
+        return ""
+
+    def _functional_batch_norm(self, node, bn_input, out_features):
+        args = _bind(node, ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps"))
+        self.nodes.append(node)
+        if args is None or args.get("input") is not bn_input:
+            return "F.batch_norm called with arguments it cannot bind"
+        tensors = {k: self._tensor(args.get(k), k) for k in ("running_mean", "running_var", "weight", "bias")}
+        for t in tensors.values():
+            if isinstance(t, str):
+                return t
+        training, momentum, eps = args.get("training", False), args.get("momentum", 0.1), args.get("eps", 1e-5)
+        if not (isinstance(training, bool) and isinstance(momentum, (int, float)) and isinstance(eps, (int, float))):
+            return "its training, momentum and eps are not constants of the trace"
+        running = tensors["running_mean"] is not None
+        if running != (tensors["running_var"] is not None) or (not training and not running):
+            return "its running stats are one without the other, or absent in eval (PyTorch refuses the call)"
+        if any(t is not None and t.shape != (out_features,) for t in tensors.values()):
+            return f"its tensors are not of the Linear's out_features={out_features}"
+        bn = _TracedBatchNorm.__new__(_TracedBatchNorm)
+        nn.Module.__init__(bn)
+        bn.num_features, bn.eps, bn.momentum = out_features, float(eps), float(momentum)
+        bn.affine = tensors["weight"] is not None or tensors["bias"] is not None
+        bn.track_running_stats = running
+        for name, t in tensors.items():
+            _hold(bn, name, t)
+        bn.register_buffer("num_batches_tracked", None)
+        bn.training = training
+        self.bn = bn
+        return ""
+
+
+def _replace(gm, chain, layers, consumed):
+    """Puts the chain's fused layer (the one already made for the same modules and options, where a
+    module is called twice) in the chain's place; returns its Fused entry."""
+    activation, slope = chain.activation
+    last = chain.last
+    autocast_output = chain.scale is not None and bool(last.users) and all(
+        _is_linear_input(gm, u, last) for u in last.users)
+    # The same modules (or, for the functional forms, the same tensors and constants) and options.
+    lin, bn = chain.linear, chain.bn
+    linear_key = id(lin) if chain.linear_node.op == "call_module" else (id(lin.weight), id(lin.bias))
+    bn_key = id(bn) if chain.bn_node.op == "call_module" else (
+        id(bn.weight), id(bn.bias), id(bn.running_mean), id(bn.running_var), bn.eps, bn.momentum, bn.training)
+    key = (linear_key, id(chain.scale), bn_key, activation, slope, autocast_output, chain.moves)
+    name = layers.get(key)
+    if name is None:
+        if chain.scale is None:
+            layer = LinearBatchNorm1d.from_modules(chain.linear, chain.bn, activation=activation, negative_slope=slope)
+        else:
+            layer = LinearScaleBatchNorm1d.from_modules(chain.linear, chain.scale, chain.bn, activation=activation,
+                                                        negative_slope=slope)
+        layer.autocast_output = autocast_output
+        layer.channels_last = chain.moves
+        layer.training = chain.bn.training  # not .train(): that would also set the shared modules' flags
+        weight = _bind(chain.linear_node, ("input", "weight", "bias")) or {}
+        stem = chain.linear_node.target if chain.linear_node.op == "call_module" else weight["weight"].target
+        base = stem.replace(".", "_") + ("_scale_bn" if chain.scale is not None else "_bn")
+        name, i = base, 1
+        while hasattr(gm, name):
+            name, i = f"{base}_{i}", i + 1
+        gm.add_submodule(name, layer)
+        layers[key] = name
+    with gm.graph.inserting_before(chain.linear_node):
+        new = gm.graph.call_module(name, (chain.x,))
     last.replace_all_uses_with(new)
-    for n in (act_node, bn_node, mul, linear_node):
-        if n is not None:
+    for user in chain.shape_users:  # h's shape is y's: (batch, out_features), or (B, T, C) in both forms
+        user.replace_input_with(user.args[0], new)
+    described = " -> ".join(_describe(gm, n) for n in chain.nodes)
+    for n in reversed(chain.nodes):
+        gm.graph.erase_node(n)
+    for n in list(gm.graph.nodes):  # the get_attr nodes the chain read, now unused
+        if n.op == "get_attr" and not n.users and (n.target == chain.scale_path or n.target in chain.attrs):
             gm.graph.erase_node(n)
-    if not scale_node.users:
-        gm.graph.erase_node(scale_node)
-    return Fused(name, linear_node.target, scale_node.target, bn_node.target,
-                 _describe(act_node) if act_node is not None else "", layer.autocast_output)
+    consumed.update(chain.attrs + ([chain.scale_path] if chain.scale_path else []))
+    linear_path = _path_of(gm, chain.linear_node)
+    bn_path = chain.bn_node.target if chain.bn_node.op == "call_module" else "F.batch_norm"
+    return Fused(name, linear_path, chain.scale_path or "", bn_path,
+                 _describe(gm, chain.act_node) if chain.act_node is not None else "", autocast_output, described)
 
 
 # Activations fuse() absorbs: module types and functions, each to the layer's activation name
@@ -184,20 +402,20 @@ _ACT_FUNCTIONS = {F.relu: "relu", torch.relu: "relu", torch.relu_: "relu", F.rel
 _ACT_METHODS = {"relu": "relu", "relu_": "relu"}
 
 
-def _activation_after(gm, bn_node):
-    """(the node of the activation that is bn_node's only user, (name, negative_slope)), or
+def _activation_after(gm, node_before):
+    """(the node of the activation that is node_before's only user, (name, negative_slope)), or
     (None, (None, 0.01)) where there is none we can take whole."""
     none = None, (None, 0.01)
-    users = list(bn_node.users)
+    users = list(node_before.users)
     if len(users) != 1:
         return none
     node = users[0]
     args, kwargs = list(node.args), dict(node.kwargs)
-    if not args or args[0] is not bn_node:
+    if not args or args[0] is not node_before:
         return none
     if node.op == "call_module":
         m = gm.get_submodule(node.target)
-        if _has_hooks(m) or len(args) != 1 or kwargs:
+        if _hook(m) or len(args) != 1 or kwargs:
             return none
         if type(m) is nn.ReLU:
             return node, ("relu", 0.01)
@@ -230,43 +448,93 @@ def _activation_after(gm, bn_node):
     return node, (name, float(slope))
 
 
+def _move(node):
+    """(method, args) where `node` swaps dims 1 and 2 of a (B, T, C) tensor (transpose(1, 2),
+    either order or from the end, torch.transpose, permute(0, 2, 1), torch.permute), else None."""
+    if not isinstance(node, fx.Node) or node.kwargs:
+        return None
+    if node.op == "call_method" and node.target in ("transpose", "swapaxes", "swapdims") or \
+            node.op == "call_function" and node.target is torch.transpose:
+        dims = node.args[1:]
+        if len(dims) == 2 and all(isinstance(d, int) for d in dims) and {d % 3 for d in dims} == {1, 2}:
+            return ("transpose", tuple(dims))
+        return None
+    if node.op == "call_method" and node.target == "permute" or node.op == "call_function" and node.target is torch.permute:
+        dims = node.args[1:]
+        if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
+            dims = tuple(dims[0])
+        if len(dims) == 3 and all(isinstance(d, int) for d in dims) and tuple(d % 3 for d in dims) == (0, 2, 1):
+            return ("permute", tuple(dims))
+    return None
+
+
+def _reads_shape(user, value):
+    """Whether `user` reads only value's shape: .shape, .ndim, .device, .size(...), .dim()."""
+    if user.op == "call_function" and user.target is getattr:
+        return len(user.args) == 2 and user.args[0] is value and user.args[1] in _SHAPE_ATTRS
+    if user.op == "call_method" and user.target in _SHAPE_METHODS:
+        return user.args[0] is value and value not in user.args[1:] and value not in user.kwargs.values()
+    return False
+
+
 def _is_linear_input(gm, node, value):
     """Whether `node` is an nn.Linear (exactly) or F.linear call whose input is `value` alone,
     which under autocast casts its input to the autocast dtype first."""
     if node.op == "call_module":
         m = gm.get_submodule(node.target)
         return type(m) is nn.Linear and node.args == (value,) and not node.kwargs
-    if node.op == "call_function" and node.target in (F.linear, torch._C._nn.linear):
+    if node.op == "call_function" and node.target in _LINEARS:
         return bool(node.args) and node.args[0] is value and value not in node.args[1:] \
             and value not in node.kwargs.values()
     return False
 
 
-def _drop_unused(gm, model, report):
+def _drop_unused(gm, model, consumed):
     """Remove what the fused layers now hold from the module's other paths, so that its
     state_dict lists each tensor once."""
     used = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
     theirs = {id(m) for m in model.modules()}  # never delete from the caller's own modules
-    for path in {f.scale for f in report.fused} - used:
+    for path in consumed - used:
         owner_path, _, attr = path.rpartition(".")
         owner = gm.get_submodule(owner_path)
-        if owner is gm or id(owner) not in theirs:
+        if (owner is gm or id(owner) not in theirs) and hasattr(owner, attr):
             delattr(owner, attr)
     gm.delete_all_unused_submodules()
 
 
-def _has_hooks(m):
-    return any(getattr(m, h) for h in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
-                                        "_backward_pre_hooks"))
+def _hold(module, name, t):
+    """Registers the model's tensor `t` (or None) on `module` as what it is there: a parameter, or
+    a buffer."""
+    if t is None or isinstance(t, nn.Parameter):
+        module.register_parameter(name, t)
+    else:
+        module.register_buffer(name, t)
 
 
-def _only_user(node):
-    users = list(node.users)
-    if len(users) == 1:
-        return users[0]
-    if not users:
-        return "is unused"
-    return f"has {len(users)} users ({', '.join(_describe(u) for u in users)})"
+def _bind(node, names):
+    """A call_function node's arguments by `names` (positional, then keywords), or None."""
+    if len(node.args) > len(names) or set(node.kwargs) - set(names):
+        return None
+    bound = dict(zip(names, node.args))
+    if set(bound) & set(node.kwargs):
+        return None
+    bound.update(node.kwargs)
+    return bound
+
+
+def _hook(m):
+    """The kind of hook `m` has ("" for none)."""
+    for attr, what in (("_forward_hooks", "a forward hook"), ("_forward_pre_hooks", "a forward pre-hook"),
+                       ("_backward_hooks", "a backward hook"), ("_backward_pre_hooks", "a backward pre-hook")):
+        if getattr(m, attr, None):
+            return what
+    return ""
+
+
+def _is_batch_norm(gm, node):
+    if node.op == "call_module":
+        return type(gm.get_submodule(node.target)) in (nn.BatchNorm1d, nn.SyncBatchNorm)
+    return node.op == "call_function" and node.target in _BATCH_NORMS
 
 
 def _is_mul(node):
@@ -280,13 +548,32 @@ def _attr(gm, node):
     return None
 
 
-def _describe(x):
+def _path_of(gm, linear_node):
+    """The Linear's path: its module's, or F.linear's weight's."""
+    if linear_node.op == "call_module":
+        return linear_node.target
+    weight = _bind(linear_node, ("input", "weight", "bias")) or {}
+    w = weight.get("weight")
+    return f"F.linear({w.target})" if isinstance(w, fx.Node) and w.op == "get_attr" else "F.linear"
+
+
+def _type_name(m):
+    cls = type(m)
+    return f"nn.{cls.__name__}" if cls.__module__.startswith("torch.nn") else cls.__qualname__
+
+
+def _describe(gm, x):
+    """A node as the report names it: a module's path and type, a function's or method's name."""
     if not isinstance(x, fx.Node):
         return repr(x)
     if x.op == "call_module":
-        return x.target
+        return f"{x.target} ({_type_name(gm.get_submodule(x.target))})"
     if x.op == "call_function":
-        return getattr(x.target, "__name__", str(x.target))
+        if x.target in _LINEARS:
+            return _path_of(gm, x)
+        module = getattr(x.target, "__module__", "") or ""
+        name = getattr(x.target, "__name__", str(x.target))
+        return f"F.{name}" if module.endswith("nn.functional") else name
     if x.op == "call_method":
         return f".{x.target}()"
     if x.op == "output":

@@ -1,4 +1,5 @@
-"""LinearScaleBatchNorm1d: a drop-in for `bn(linear(x) * scale)` with the same state_dict."""
+"""The layers: LinearBatchNorm1d, a drop-in for `bn(linear(x))`, and LinearScaleBatchNorm1d, for
+`bn(linear(x) * scale)`; each with the unfused model's state_dict."""
 import copy
 
 import torch
@@ -11,17 +12,26 @@ from .fp8 import e4m3_kernels, eval_e4m3, train_e4m3
 from .fp8 import check as fp8_check
 from .fp8 import operands as fp8_operands
 from .functional import linear_scale_batch_norm
-from .sync_batch_norm import pickled_group, should_sync, sync_linear_scale_batch_norm
+from .sync_batch_norm import WORLD, pickled_group, should_sync, sync_linear_scale_batch_norm
 
 
-class LinearScaleBatchNorm1d(nn.Module):
-    """`BatchNorm1d(Linear(x) * scale)`, then `activation`; parameters live in `gemm`, `scale` and
-    `bn`, as in the unfused model, so checkpoints load either way.
+class LinearBatchNorm1d(nn.Module):
+    """`BatchNorm1d(Linear(x))`, then `activation`, as one GEMM and one kernel; the parameters live
+    in `gemm` (an nn.Linear) and `bn` (an nn.BatchNorm1d, or an nn.SyncBatchNorm that fuse() found),
+    as in the unfused model, so checkpoints load either way. It follows nn.BatchNorm1d's rules on
+    `training`, `track_running_stats`, `affine` and `momentum=None`; with `bias=False` there is no
+    linear bias. LinearScaleBatchNorm1d adds a per-column scale between the two.
+
+    x is (batch, in_features). Any other shape runs as the unfused model runs it, in PyTorch's own
+    ops: nn.BatchNorm1d takes a 3-D input's dim 1 as its channels, and refuses 1-D input with its
+    ValueError. (cutlass_fused.fuse's (B, T, C) form, a BatchNorm over the channels of a sequence,
+    runs fused on x.reshape(-1, in_features): `channels_last`.)
 
     `activation`: None, "relu", "leaky_relu" (with `negative_slope`), "gelu", "gelu_tanh" (GELU
     with approximate="tanh") or "silu", applied in the normalizing kernel. `output_dtype`: y's
-    dtype; None keeps the unfused model's (h * scale's: fp32 under autocast with an fp32 scale),
-    a 16-bit dtype rounds y once from that value (what the next Linear would cast it to).
+    dtype; None keeps the unfused model's (with a scale, h * scale's: fp32 under autocast with an
+    fp32 scale; without, h's, as nn.BatchNorm1d returns it), a 16-bit dtype rounds y once from that
+    value (what the next Linear would cast it to).
 
     `fp8`: None or a cutlass_fused.Float8Recipe: x and W rounded to e4m3 under per-tensor scales
     before the GEMM (cutlass_fused/fp8.py): the sm90 e4m3 kernels where _runs_e4m3 says, else
@@ -30,11 +40,11 @@ class LinearScaleBatchNorm1d(nn.Module):
     A delayed-scaling recipe adds the buffers `fp8_amax_history` and `fp8_scale` (state_dict), which
     training forwards update.
 
-    `process_group`: None (the default) normalizes each process's batch alone; a
-    process group (e.g. `torch.distributed.group.WORLD`) makes training use the
-    statistics of the group's whole batch, as nn.SyncBatchNorm does, when
-    torch.distributed is initialized and the group has more than one rank
-    (cutlass_fused/sync_batch_norm.py). `convert_sync_batchnorm` sets it on a model.
+    `process_group`: None (the default) normalizes each process's batch alone, unless `bn` is an
+    nn.SyncBatchNorm, whose own process_group (or the whole world) it then follows; a process group
+    (e.g. `torch.distributed.group.WORLD`) makes training use the statistics of the group's whole
+    batch, as nn.SyncBatchNorm does, when torch.distributed is initialized and the group has more
+    than one rank (cutlass_fused/sync_batch_norm.py). `convert_sync_batchnorm` sets it on a model.
     """
 
     @property
@@ -65,11 +75,19 @@ class LinearScaleBatchNorm1d(nn.Module):
                  track_running_stats=True, device=None, dtype=None, process_group=None, activation=None,
                  negative_slope=0.01, output_dtype=None, fp8=None):
         super().__init__()
+        self._build(in_features, out_features, bias, eps, momentum, affine, track_running_stats, device, dtype,
+                    process_group, activation, negative_slope, output_dtype, fp8, with_scale=False)
+
+    def _build(self, in_features, out_features, bias, eps, momentum, affine, track_running_stats, device, dtype,
+               process_group, activation, negative_slope, output_dtype, fp8, with_scale):
+        """The construction both layers share, in the unfused model's order of draws: the Linear,
+        the scale (N(0, 1)) where there is one, then the BatchNorm."""
         self._set_output(activation, negative_slope, output_dtype)
         fp8_check(fp8, torch.device("cpu"))  # a bad recipe fails before any allocation
         kw = {"device": device, "dtype": dtype}
         self.gemm = nn.Linear(in_features, out_features, bias=bias, **kw)
-        self.scale = nn.Parameter(torch.randn(out_features, **kw))
+        # None (LinearBatchNorm1d) is registered too, as nn.Linear's bias=False is: no state_dict entry.
+        self.register_parameter("scale", nn.Parameter(torch.randn(out_features, **kw)) if with_scale else None)
         self.bn = nn.BatchNorm1d(out_features, eps=eps, momentum=momentum, affine=affine,
                                  track_running_stats=track_running_stats, **kw)
         self.process_group = process_group
@@ -77,18 +95,20 @@ class LinearScaleBatchNorm1d(nn.Module):
 
     def reset_parameters(self):
         """nn.Linear's and nn.BatchNorm1d's reset_parameters (the latter's running stats too), and
-        scale drawn again from N(0, 1): construction's draws, in construction's order."""
+        a scale drawn again from N(0, 1): construction's draws, in construction's order."""
         self.gemm.reset_parameters()
-        with torch.no_grad():
-            self.scale.normal_()
+        if self.scale is not None:
+            with torch.no_grad():
+                self.scale.normal_()
         self.bn.reset_parameters()
 
     def __deepcopy__(self, memo):
         """The default deep copy, but sharing the process group: a communicator is neither copied
         nor picklable, and the copy (an EMA model's, say) synchronizes over the same ranks. A model
         after nn.SyncBatchNorm.convert_sync_batchnorm copies too (its group is None there)."""
-        if self.process_group is not None:
-            memo[id(self.process_group)] = self.process_group
+        for group in (self.process_group, getattr(self.bn, "process_group", None)):
+            if group is not None:
+                memo[id(group)] = group
         new = type(self).__new__(type(self))
         memo[id(self)] = new
         new.__setstate__(copy.deepcopy(self.__dict__, memo))
@@ -111,24 +131,45 @@ class LinearScaleBatchNorm1d(nn.Module):
         # Set by cutlass_fused.fuse where every user of y is a Linear: under autocast (and with no
         # output_dtype) y comes in the autocast dtype, the bits that Linear would cast it to.
         self.autocast_output = False
+        # Set by cutlass_fused.fuse for its (B, T, C) forms: ((method, args), (method, args)), the
+        # moves of the channels to dim 1 and back around the BatchNorm; x is then (B, T, in_features).
+        self.channels_last = None
 
     @classmethod
-    def from_modules(cls, linear: nn.Linear, scale: nn.Parameter, bn: nn.BatchNorm1d, process_group=None,
-                     activation=None, negative_slope=0.01, output_dtype=None) -> "LinearScaleBatchNorm1d":
-        """A layer that shares `linear`'s, `scale`'s and `bn`'s parameters and buffers."""
+    def from_modules(cls, linear: nn.Linear, bn: nn.BatchNorm1d, process_group=None, activation=None,
+                     negative_slope=0.01, output_dtype=None) -> "LinearBatchNorm1d":
+        """A layer that shares `linear`'s and `bn`'s parameters and buffers."""
+        return cls._shared(linear, None, bn, process_group, activation, negative_slope, output_dtype)
+
+    @classmethod
+    def _shared(cls, linear, scale, bn, process_group, activation, negative_slope, output_dtype):
         # nn.SyncBatchNorm too: nn.SyncBatchNorm.convert_sync_batchnorm may have replaced our bn.
         if not isinstance(linear, nn.Linear) or not isinstance(bn, (nn.BatchNorm1d, nn.SyncBatchNorm)):
-            raise TypeError("cutlass_fused: from_modules expects (nn.Linear, nn.Parameter, nn.BatchNorm1d)")
-        if scale.shape != (linear.out_features,) or bn.num_features != linear.out_features:
-            raise ValueError(f"cutlass_fused: expected scale and bn of size {linear.out_features}, but got "
-                             f"{tuple(scale.shape)} and {bn.num_features}")
+            raise TypeError(f"cutlass_fused: {cls.__name__}.from_modules expects an nn.Linear and an "
+                            f"nn.BatchNorm1d, but got {type(linear).__name__} and {type(bn).__name__}")
+        n = linear.out_features
+        if bn.num_features != n or (scale is not None and scale.shape != (n,)):
+            got = f"{bn.num_features}" if scale is None else f"{tuple(scale.shape)} and {bn.num_features}"
+            raise ValueError(f"cutlass_fused: expected {'bn' if scale is None else 'scale and bn'} of size {n}, "
+                             f"but got {got}")
         self = cls.__new__(cls)
         nn.Module.__init__(self)
         self._set_output(activation, negative_slope, output_dtype)
-        self.gemm, self.scale, self.bn = linear, scale, bn
+        self.gemm, self.bn = linear, bn
+        if scale is None:
+            self.register_parameter("scale", None)
+        else:
+            self.scale = scale
         self.process_group = process_group
         self.fp8 = None
         return self
+
+    def _group(self):
+        """The process group training syncs over (where should_sync says): the layer's own, else an
+        nn.SyncBatchNorm's (its None meaning the whole world, as there)."""
+        if self.process_group is not None or not isinstance(self.bn, nn.SyncBatchNorm):
+            return self.process_group
+        return self.bn.process_group if self.bn.process_group is not None else WORLD
 
     def _output_dtype(self, x):
         if self.output_dtype is None and self.autocast_output and torch.is_autocast_enabled(x.device.type):
@@ -142,7 +183,7 @@ class LinearScaleBatchNorm1d(nn.Module):
         r = self.fp8
         if r is None or r.emulate or not use_batch_stats or not self.bn.training:
             return False
-        if should_sync(self.process_group, True):
+        if should_sync(self._group(), True):
             return False
         return self._e4m3_takes(x)
 
@@ -175,15 +216,31 @@ class LinearScaleBatchNorm1d(nn.Module):
         return x.dtype == w.dtype == torch.bfloat16
 
     def forward(self, x):
+        moves = self.channels_last
+        if moves is not None and x.dim() == 3 and not (self.bn.training and x.shape[0] * x.shape[1] == 1):
+            # The (B, T, C) form: statistics over B and T, as the BatchNorm over dim 1 of the moved
+            # tensor takes them.
+            y = self._fused(x.reshape(-1, x.shape[-1]))
+            return y.view(*x.shape[:-1], y.shape[-1])
+        if moves is not None or x.dim() != 2:
+            return self._unfused(x)
+        return self._fused(x)
+
+    def _bn_args(self):
+        """nn.BatchNorm1d's own rules for which statistics to use and update: (use_batch_stats,
+        running_mean, running_var, num_batches_tracked)."""
         bn = self.bn
-        output_dtype = self._output_dtype(x)
-        # nn.BatchNorm1d's own rules for which statistics to use and update.
         track = bn.training and bn.track_running_stats
         use_batch_stats = bn.training or (bn.running_mean is None and bn.running_var is None)
         keep_running = not bn.training or bn.track_running_stats
         running_mean = bn.running_mean if keep_running else None
         running_var = bn.running_var if keep_running else None
-        nbt = bn.num_batches_tracked if track else None
+        return use_batch_stats, running_mean, running_var, bn.num_batches_tracked if track else None
+
+    def _fused(self, x):
+        bn = self.bn
+        output_dtype = self._output_dtype(x)
+        use_batch_stats, running_mean, running_var, nbt = self._bn_args()
         recipe = self.fp8
         state = None if recipe is None else self._fp8_state()
         if self._runs_e4m3(x, use_batch_stats, output_dtype):
@@ -196,14 +253,34 @@ class LinearScaleBatchNorm1d(nn.Module):
                              running_var, bn.eps, _family.current(), self.activation, self.negative_slope,
                              recipe.margin, output_dtype, state, recipe.fast_accum)
         x, weight = fp8_operands(x, self.gemm.weight, recipe, state, update=self.training)
-        if should_sync(self.process_group, bn.training):
+        group = self._group()
+        if should_sync(group, bn.training):
             return sync_linear_scale_batch_norm(x, weight, self.gemm.bias, self.scale, bn.weight, bn.bias,
-                                                running_mean, running_var, bn.momentum, bn.eps, nbt,
-                                                self.process_group, self.activation, self.negative_slope,
-                                                output_dtype)
+                                                running_mean, running_var, bn.momentum, bn.eps, nbt, group,
+                                                self.activation, self.negative_slope, output_dtype)
         return linear_scale_batch_norm(x, weight, self.gemm.bias, self.scale, bn.weight, bn.bias,
                                        running_mean, running_var, use_batch_stats, bn.momentum, bn.eps, nbt,
                                        self.activation, self.negative_slope, output_dtype)
+
+    def _unfused(self, x):
+        """The unfused model's own computation, in PyTorch's ops, for the inputs the fused layer does
+        not take (not 2-D; fuse()'s (B, T, C) form given another shape): PyTorch's result, or its
+        error. The BatchNorm runs as the module it is, with its checks and its process group."""
+        recipe = self.fp8
+        x, weight = fp8_operands(x, self.gemm.weight, recipe, None if recipe is None else self._fp8_state(),
+                                 update=self.training)
+        h = torch.nn.functional.linear(x, weight, self.gemm.bias)
+        if self.scale is not None:
+            h = h * self.scale
+        to_channels, back = self.channels_last or (None, None)
+        if to_channels:
+            h = getattr(h, to_channels[0])(*to_channels[1])
+        y = self.bn(h)
+        if back:
+            y = getattr(y, back[0])(*back[1])
+        y = _activation.apply(y, self.activation, self.negative_slope)
+        output_dtype = self._output_dtype(x)
+        return y if output_dtype is None else y.to(output_dtype)
 
     def extra_repr(self):
         out = f"in_features={self.gemm.in_features}, out_features={self.gemm.out_features}"
@@ -215,24 +292,49 @@ class LinearScaleBatchNorm1d(nn.Module):
             out += f", output_dtype={self.output_dtype}"
         if self.fp8 is not None:
             out += f", fp8={self.fp8}"
+        if self.channels_last is not None:
+            out += ", channels_last"
         return out
 
 
+class LinearScaleBatchNorm1d(LinearBatchNorm1d):
+    """`BatchNorm1d(Linear(x) * scale)`, then `activation`: LinearBatchNorm1d with a per-column
+    `scale` (an nn.Parameter of out_features, drawn from N(0, 1)) between the Linear and the
+    BatchNorm, as KernelBench's seed model has it. Its parameters live in `gemm`, `scale` and `bn`."""
+
+    def __init__(self, in_features, out_features, bias=True, eps=1e-5, momentum=0.1, affine=True,
+                 track_running_stats=True, device=None, dtype=None, process_group=None, activation=None,
+                 negative_slope=0.01, output_dtype=None, fp8=None):
+        nn.Module.__init__(self)
+        self._build(in_features, out_features, bias, eps, momentum, affine, track_running_stats, device, dtype,
+                    process_group, activation, negative_slope, output_dtype, fp8, with_scale=True)
+
+    @classmethod
+    def from_modules(cls, linear: nn.Linear, scale: nn.Parameter, bn: nn.BatchNorm1d, process_group=None,
+                     activation=None, negative_slope=0.01, output_dtype=None) -> "LinearScaleBatchNorm1d":
+        """A layer that shares `linear`'s, `scale`'s and `bn`'s parameters and buffers."""
+        if not isinstance(scale, torch.Tensor):
+            raise TypeError(f"cutlass_fused: LinearScaleBatchNorm1d.from_modules expects a scale tensor, but got "
+                            f"{type(scale).__name__}")
+        return cls._shared(linear, scale, bn, process_group, activation, negative_slope, output_dtype)
+
+
 def convert_sync_batchnorm(module: nn.Module, process_group=None) -> nn.Module:
-    """nn.SyncBatchNorm.convert_sync_batchnorm for this layer: every LinearScaleBatchNorm1d in
-    `module` becomes one that synchronizes over `process_group` (default: the whole world,
-    which needs torch.distributed initialized first), sharing its parameters and buffers.
-    Returns `module`, or a new layer when `module` itself is one. Plain BatchNorm layers are
+    """nn.SyncBatchNorm.convert_sync_batchnorm for the fused layers: every LinearBatchNorm1d and
+    LinearScaleBatchNorm1d in `module` becomes one that synchronizes over `process_group` (default:
+    the whole world, which needs torch.distributed initialized first), sharing its parameters and
+    buffers. Returns `module`, or a new layer when `module` itself is one. Plain BatchNorm layers are
     left to nn.SyncBatchNorm.convert_sync_batchnorm (either order works)."""
     if process_group is None:
         if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
             raise RuntimeError("cutlass_fused: convert_sync_batchnorm needs torch.distributed initialized "
                                "(init_process_group) or an explicit process_group")
         process_group = torch.distributed.group.WORLD
-    if isinstance(module, LinearScaleBatchNorm1d):
-        out = LinearScaleBatchNorm1d.from_modules(module.gemm, module.scale, module.bn, process_group,
-                                                  module.activation, module.negative_slope, module.output_dtype)
+    if isinstance(module, LinearBatchNorm1d):
+        out = type(module)._shared(module.gemm, module.scale, module.bn, process_group, module.activation,
+                                   module.negative_slope, module.output_dtype)
         out.autocast_output = module.autocast_output
+        out.channels_last = module.channels_last
         out.fp8 = module.fp8
         for name in ("fp8_amax_history", "fp8_scale"):  # one delayed-scaling state, shared
             if name in module._buffers:

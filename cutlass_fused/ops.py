@@ -51,6 +51,12 @@ def _stat_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def z_dtype(dtype: torch.dtype, scale) -> torch.dtype:
+    """The dtype of h * scale for h of `dtype`, as PyTorch types that product (csrc/ops.h,
+    output_dtype): h's without a scale or with a 0-dim one, else the two promoted."""
+    return dtype if scale is None or scale.dim() == 0 else torch.promote_types(dtype, scale.dtype)
+
+
 @torch.library.register_fake("cutlass_fused::linear_stats")
 def _linear_stats(x, weight, bias, family, cache=False):
     torch._check(x.dim() == 2 and weight.dim() == 2, lambda: "cutlass_fused: expected 2-D input and weight")
@@ -64,7 +70,7 @@ def _linear_stats(x, weight, bias, family, cache=False):
 def _finalize(h, stats, scale, count, weight, bias, eps, activation="none", negative_slope=0.01):
     n = h.shape[1]
     # mean and invstd are fp64 for every dtype: the backward's h - mean cancels.
-    y = h.new_empty(h.shape, dtype=torch.promote_types(h.dtype, scale.dtype))  # as h * scale promotes
+    y = h.new_empty(h.shape, dtype=z_dtype(h.dtype, scale))  # as h * scale promotes
     return y, h.new_empty((n,), dtype=torch.float64), h.new_empty((n,), dtype=torch.float64)
 
 
@@ -92,7 +98,7 @@ def _(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num
       family, activation="none", negative_slope=0.01, output_dtype=None, margin=0, backward="bf16", cache=False,
       amax_history=None, fp8_scale=None, amax_compute_algo="max", fast_accum=False):
     # y of the FP8 op: bf16 h times scale, promoted, or output_dtype; a delayed state updated in place.
-    y = x.new_empty((x.shape[0], weight.shape[0]), dtype=torch.promote_types(torch.bfloat16, scale.dtype))
+    y = x.new_empty((x.shape[0], weight.shape[0]), dtype=z_dtype(torch.bfloat16, scale))
     return y if output_dtype is None else y.to(output_dtype)
 
 
@@ -121,8 +127,8 @@ def quantize_with_scale_fake(t, scale, dtype, transposed=False):
 
 @torch.library.register_fake("cutlass_fused::fp8_operand_scales")
 def fp8_operand_scales_fake(s_x, s_w, bias, scale):
-    b = scale.new_empty((0,) if bias is None else bias.shape, dtype=torch.bfloat16)
-    return b, scale.new_empty(scale.shape)
+    b = s_x.new_empty((0,) if bias is None else bias.shape, dtype=torch.bfloat16)
+    return b, s_x.new_empty(()) if scale is None else scale.new_empty(scale.shape)  # no scale: alpha
 
 
 @torch.library.register_fake("cutlass_fused::fp8_backward_scales")
@@ -163,10 +169,11 @@ def _(dy, h, mean, invstd, scale, weight, eps, bias=None, activation="none", neg
       linear_bias_dtype=None):
     n = h.shape[1]
     vec = _stat_dtype(h.dtype) if weight is None else weight.dtype
-    dlinear_bias = (h.new_empty((0,), dtype=scale.dtype) if linear_bias_dtype is None
+    # dscale: a value a column in scale's dtype; empty fp32 without a scale.
+    dscale = h.new_empty((0,), dtype=torch.float32) if scale is None else h.new_empty((n,), dtype=scale.dtype)
+    dlinear_bias = (h.new_empty((0,), dtype=dscale.dtype) if linear_bias_dtype is None
                     else h.new_empty((n,), dtype=linear_bias_dtype))
-    return (h.new_empty(h.shape), h.new_empty((n,), dtype=scale.dtype), h.new_empty((n,), dtype=vec),
-            h.new_empty((n,), dtype=vec), dlinear_bias)
+    return h.new_empty(h.shape), dscale, h.new_empty((n,), dtype=vec), h.new_empty((n,), dtype=vec), dlinear_bias
 
 
 @torch.library.register_fake("cutlass_fused::batch_norm_backward_reduce")
@@ -199,14 +206,13 @@ def _(local, sums, row, count, mean, invstd, scale, weight):
 def _(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, eps, family, cache=False,
       activation="none", negative_slope=0.01, output_dtype=None):
     torch._check(x.shape[1] == weight.shape[1], lambda: "cutlass_fused: mat1 and mat2 shapes cannot be multiplied")
-    return x.new_empty((x.shape[0], weight.shape[0]), dtype=output_dtype or torch.promote_types(x.dtype, scale.dtype))
+    return x.new_empty((x.shape[0], weight.shape[0]), dtype=output_dtype or z_dtype(x.dtype, scale))
 
 
 def _fp8_eval_y(x, weight, scale, output_dtype):
     """The FP8 eval ops' y: as the eval op's over bf16 x and W (bf16 h times scale, or output_dtype)."""
     torch._check(x.shape[1] == weight.shape[1], lambda: "cutlass_fused: mat1 and mat2 shapes cannot be multiplied")
-    return x.new_empty((x.shape[0], weight.shape[0]),
-                       dtype=output_dtype or torch.promote_types(torch.bfloat16, scale.dtype))
+    return x.new_empty((x.shape[0], weight.shape[0]), dtype=output_dtype or z_dtype(torch.bfloat16, scale))
 
 
 @torch.library.register_fake("cutlass_fused::linear_scale_batch_norm_eval_fp8")

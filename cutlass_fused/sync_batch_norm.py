@@ -81,7 +81,8 @@ def _gather_rows(row, group):
 
 
 class SyncFunction(torch.autograd.Function):
-    """y = act(BN(h * scale)) with the group's statistics; also returns update_running_stats' sums (count 2)."""
+    """y = act(BN(h * scale)) (BN(h) where scale is None) with the group's statistics; also returns
+    update_running_stats' sums (count 2)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, scale, bn_weight, bn_bias, eps, group, family, activation, negative_slope):
@@ -119,7 +120,8 @@ class SyncFunction(torch.autograd.Function):
                 out[1] = mm(dh.t(), x)
         if any(need[2:6]):
             grads = ops.sync_batch_norm_grads(local, sums, row, count, mean_h, invstd, scale, bn_weight)
-            dtypes = (ctx.dtypes[0], scale.dtype, None if bn_weight is None else bn_weight.dtype, ctx.dtypes[1])
+            dtypes = (ctx.dtypes[0], None if scale is None else scale.dtype,
+                      None if bn_weight is None else bn_weight.dtype, ctx.dtypes[1])
             wanted = {dtype for i, dtype in enumerate(dtypes, 2) if need[i]}
             if len(wanted) == 1:  # one cast of all four where the dtypes agree (the usual case)
                 grads = grads.to(wanted.pop())

@@ -83,8 +83,9 @@ def precision(device, family, mode):
         torch.backends.cuda.matmul.allow_tf32 = old
 
 
-def params(n_in, n_out, device, dtype, bias=True, affine=True, seed=0, param_dtype=torch.float32):
-    """Fresh random parameters of the seed model (parameters fp32 unless asked)."""
+def params(n_in, n_out, device, dtype, bias=True, affine=True, seed=0, param_dtype=torch.float32, scale=True):
+    """Fresh random parameters of the seed model (parameters fp32 unless asked); scale=False: of
+    the layer without a scale (p["scale"] is None)."""
     g = torch.Generator().manual_seed(seed)
     r = lambda *s: torch.randn(*s, generator=g)
     p = {
@@ -96,6 +97,8 @@ def params(n_in, n_out, device, dtype, bias=True, affine=True, seed=0, param_dty
         "running_mean": (0.1 * r(n_out)).to(device, param_dtype),
         "running_var": (1 + 0.1 * r(n_out).abs()).to(device, param_dtype),
     }
+    if not scale:  # drawn all the same, so that the other tensors are the scaled layer's
+        p["scale"] = None
     return p
 
 
@@ -120,8 +123,10 @@ def reference_h(x, p, dtype=None, mode=None):
 
 
 def reference_z(x, p, dtype=None, mode=None):
-    """(x W^T + b) * scale, the batch norm's input, as the unfused model computes it."""
-    return reference_h(x, p, dtype, mode) * p["scale"].to(dtype or x.dtype)
+    """(x W^T + b) * scale, the batch norm's input, as the unfused model computes it (h itself
+    where p["scale"] is None: the layer without a scale)."""
+    h = reference_h(x, p, dtype, mode)
+    return h if p["scale"] is None else h * p["scale"].to(dtype or x.dtype)
 
 
 def batch_norm(z, p, running, training, momentum=0.1, eps=1e-5):

@@ -21,7 +21,9 @@ def unfused(inp, training, running, mode=None):
     x, w = inp["x"], inp["weight"]
     if mode == "tf32":
         x, w = straight_through_tf32(x), straight_through_tf32(w)
-    z = nn.functional.linear(x, w, inp["bias"]) * inp["scale"]
+    z = nn.functional.linear(x, w, inp["bias"])
+    if inp["scale"] is not None:
+        z = z * inp["scale"]
     return nn.functional.batch_norm(z, *running, inp["bn_weight"], inp["bn_bias"], training, 0.1, 1e-5)
 
 
@@ -38,11 +40,12 @@ def grads(inp, y, dy):
     return {k: (None if v is None or v.grad is None else v.grad) for k, v in inp.items()}
 
 
-def check_grads(device, family, mode, shape, training, affine=True, frozen=(), zero_cols=0):
-    """Our gradients vs float64, within 2x PyTorch's own same-precision error plus a floor."""
+def check_grads(device, family, mode, shape, training, affine=True, frozen=(), zero_cols=0, scale=True, bias=True):
+    """Our gradients vs float64, within 2x PyTorch's own same-precision error plus a floor;
+    scale=False: the layer without a scale, bias=False: without a linear bias."""
     dtype, _ = MODES[mode]
     m, k, n = shape
-    p = params(k, n, "cpu", torch.float32, affine=True, seed=m + n)
+    p = params(k, n, "cpu", torch.float32, affine=True, seed=m + n, scale=scale, bias=bias)
     if zero_cols:
         p["scale"][:zero_cols] = 0
         p["bn_weight"][zero_cols:2 * zero_cols] = 0
@@ -84,6 +87,13 @@ def test_training_grads(device, family, mode, shape):
 @pytest.mark.parametrize("device,family,mode", CASES)
 def test_eval_grads(device, family, mode):
     check_grads(device, family, mode, (3, 769, 200), training=False)
+
+
+@pytest.mark.parametrize("device,family,mode", CASES)
+def test_grads_without_scale(device, family, mode):
+    check_grads(device, family, mode, (1000, 1000, 769), training=True, scale=False)
+    check_grads(device, family, mode, (3, 769, 200), training=True, scale=False, bias=False)
+    check_grads(device, family, mode, (3, 769, 200), training=False, scale=False)
 
 
 @pytest.mark.parametrize("device,family", FAMILIES, ids=FAMILY_IDS)

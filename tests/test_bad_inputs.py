@@ -54,23 +54,43 @@ def copy(t, grad=False, device=None, dtype=None):
     parameters requiring grad when asked."""
     out = {}
     for k, v in t.items():
+        if v is None:  # the layer without a scale
+            out[k] = v
+            continue
         v = v.detach().to(device or v.device, dtype if dtype and v.is_floating_point() else v.dtype, copy=True)
         out[k] = v.contiguous().requires_grad_(grad and k in PARAMS + ("x",))
     return out
 
 
+class Unscaled(torch.nn.Module):
+    """The unfused layer without a scale, `bn(gemm(x))`: LinearBatchNorm1d's reference."""
+
+    def __init__(self, in_features, out_features, **bn_kwargs):
+        super().__init__()
+        self.gemm = torch.nn.Linear(in_features, out_features)
+        self.bn = torch.nn.BatchNorm1d(out_features, **bn_kwargs)
+
+    def forward(self, x):
+        return self.bn(self.gemm(x))
+
+
 def run(impl, path, t, training, momentum=0.1, eps=1e-5):
     """y of ours (impl "ours") or of the unfused model ("torch") on t; t's running stats (and, for
-    the module, num_batches_tracked) are updated in place. The "op" path's reference is F's."""
+    the module, num_batches_tracked) are updated in place. The "op" path's reference is F's.
+    t["scale"] None: the layer without a scale."""
+    scaled = t["scale"] is not None
     if path == "module":
-        kind = cutlass_fused.LinearScaleBatchNorm1d if impl == "ours" else SeedModel
+        ours = cutlass_fused.LinearScaleBatchNorm1d if scaled else cutlass_fused.LinearBatchNorm1d
+        kind = ours if impl == "ours" else SeedModel if scaled else Unscaled
         layer = kind(1, 1, momentum=momentum, eps=eps).to("meta")
         layer.train(training)
-        return functional_call(layer, {MODULE_NAMES[k]: t[k] for k in MODULE_NAMES}, (t["x"],))
+        names = {k: v for k, v in MODULE_NAMES.items() if scaled or k != "scale"}
+        return functional_call(layer, {names[k]: t[k] for k in names}, (t["x"],))
     args = [t[k] for k in ("x", "weight", "bias", "scale", "bn_weight", "bn_bias", "running_mean", "running_var")]
     if impl == "torch":
         x, w, b, s, bw, bb, rm, rv = args
-        return F.batch_norm(F.linear(x, w, b) * s, rm, rv, bw, bb, training, momentum, eps)
+        z = F.linear(x, w, b)
+        return F.batch_norm(z if s is None else z * s, rm, rv, bw, bb, training, momentum, eps)
     if path == "functional":
         return cutlass_fused.linear_scale_batch_norm(*args, training, momentum, eps)
     family = cutlass_fused._family.current()

@@ -17,8 +17,6 @@ TRAIN_EVAL = pytest.mark.parametrize("training", [True, False], ids=["train", "e
 
 FLOAT = r"expected input to be .*float.*, but got "  # CUDA names its three dtypes
 BAD_INPUTS = {  # what replaces part of t, and the error's words
-    "x-1d": (lambda t: {"x": t["x"][0]}, r"expected input to be 2-D \(batch, in_features\), but got 1-D"),
-    "x-3d": (lambda t: {"x": t["x"].view(2, 4, 6)}, r"expected input to be 2-D \(batch, in_features\), but got 3-D"),
     "weight-1d": (lambda t: {"weight": t["weight"].flatten()}, r"expected weight to be 2-D"),
     "weight-3d": (lambda t: {"weight": t["weight"][None]}, r"expected weight to be 2-D"),
     "in_features": (lambda t: {"x": F.pad(t["x"], (0, 1))},
@@ -45,6 +43,35 @@ def test_bad_input(device, family, path, training, case):
     t.update(change(t))
     with cutlass_fused.use_kernel_family(family), pytest.raises(RuntimeError, match=words):
         run("ours", path, t, training)
+
+
+# -- x not 2-D: the module and the functional as the unfused model (nn.BatchNorm1d takes a 3-D
+# input's dim 1 as its channels: PyTorch's result, or PyTorch's error); the ops take 2-D x only ----
+
+NOT_2D = {
+    "1d": lambda x: x[0],                                   # ValueError: expected 2D or 3D input
+    "3d": lambda x: x.view(2, 4, 6),                        # running_mean should contain 4 elements not 5
+    "3d-channels": lambda x: torch.cat([x, x[:2]]).view(2, 5, 6),  # dim 1 is out_features: a result
+    "4d": lambda x: x.view(2, 2, 2, 6),                     # ValueError: expected 2D or 3D input
+}
+
+
+@pytest.mark.parametrize("device,family", DEVICES)
+@pytest.mark.parametrize("path", PATHS)
+@TRAIN_EVAL
+@pytest.mark.parametrize("scaled", [True, False], ids=["scale", "no_scale"])
+@pytest.mark.parametrize("case", list(NOT_2D))
+def test_input_not_2d(device, family, path, training, scaled, case):
+    t = tensors(device)
+    t["x"] = NOT_2D[case](t["x"])
+    if not scaled:
+        t["scale"] = None
+    with cutlass_fused.use_kernel_family(family):
+        if path != "op":
+            compare(path, t, training)
+            return
+        with pytest.raises(RuntimeError, match=rf"expected input to be 2-D \(batch, in_features\), but got {t['x'].dim()}-D"):
+            run("ours", path, t, training)
 
 
 # -- tensors on different devices, CPU/CUDA mixed: a clear error -------------------------------

@@ -15,10 +15,10 @@ from common import (END_TO_END_BATCH, FAMILIES, FAMILY_IDS, HOPPER, MODES, asser
 SHAPES = [(256, 512, 384), (3, 769, 1000), (1000, 1000, 769), (2, 5125, 40), (5, 1, 1), (1000, 64, 8)]
 
 
-def run_steps(device, family, mode, shape, training, momentum, steps, affine=True, bias=True):
+def run_steps(device, family, mode, shape, training, momentum, steps, affine=True, bias=True, scale=True):
     dtype, _ = MODES[mode]
     m, k, n = shape
-    p = params(k, n, device, dtype, bias=bias, affine=affine, seed=m + k + n)
+    p = params(k, n, device, dtype, bias=bias, affine=affine, seed=m + k + n, scale=scale)
     p64 = {k_: (v.double().cpu() if v is not None else None) for k_, v in p.items()}
     ours = {k_: (v.clone() if v is not None else None) for k_, v in p.items()}
     nbt = torch.zeros((), dtype=torch.long, device=device)
@@ -31,8 +31,10 @@ def run_steps(device, family, mode, shape, training, momentum, steps, affine=Tru
                 x, ours["weight"], ours["bias"], ours["scale"], ours["bn_weight"], ours["bn_bias"],
                 ours["running_mean"], ours["running_var"], training, momentum, 1e-5, nbt)
             h = ops.linear_stats(x, ours["weight"], ours["bias"], family)[0]
-        # y has h * scale's promoted dtype, as in the unfused model (fp32 for a 16-bit h and fp32 scale).
-        assert y.shape == (m, n) and y.dtype == torch.promote_types(dtype, ours["scale"].dtype) and y.is_contiguous()
+        # y has h * scale's promoted dtype, as in the unfused model (fp32 for a 16-bit h and fp32 scale);
+        # without a scale h's, as nn.BatchNorm1d returns it.
+        y_dtype = dtype if not scale else torch.promote_types(dtype, ours["scale"].dtype)
+        assert y.shape == (m, n) and y.dtype == y_dtype and y.is_contiguous()
         mom = momentum if momentum is not None else 1.0 / (step + 1)
         bn = lambda zz, key: batch_norm(zz, p64 if zz.dtype == torch.float64 else p, run[key], training, mom)
         z64 = reference_z(x.double().cpu(), p64)
@@ -43,8 +45,8 @@ def run_steps(device, family, mode, shape, training, momentum, steps, affine=Tru
         if training:
             h64 = reference_h(x.double().cpu(), p64)
             assert_close_rule(h.cpu(), reference_h(x, p, dtype, mode).cpu(), h64, mode, f"h step {step}")
-            ys64, *run["stage64"] = bn(h.double().cpu() * p64["scale"], "stage64")
-            ys_t, *run["stage"] = bn(h * p["scale"].to(dtype), "stage")
+            ys64, *run["stage64"] = bn(h.double().cpu() * (p64["scale"] if scale else 1), "stage64")
+            ys_t, *run["stage"] = bn(h * p["scale"].to(dtype) if scale else h, "stage")
             assert_close_rule(y.cpu(), ys_t.cpu(), ys64, mode, f"batch norm of our h * scale, step {step}")
             for i, name in enumerate(("running_mean", "running_var")):
                 assert_close_rule(ours[name].cpu(), run["stage"][i].cpu(), run["stage64"][i], mode,
@@ -65,6 +67,21 @@ def test_eval(device, family, mode, shape):
     run_steps(device, family, mode, shape, training=False, momentum=0.1, steps=1)
 
 
+# The layer without a scale (LinearBatchNorm1d; scale=None through every op): the kernels read no
+# scale, and y is h's dtype. Odd sizes and batches of 2, 3 and 1000.
+NO_SCALE_SHAPES = [(3, 769, 1000), (1000, 1000, 769), (2, 5125, 40), (256, 512, 384)]
+
+
+@pytest.mark.parametrize("device,family,mode,shape", list(shape_cases(NO_SCALE_SHAPES)))
+def test_training_without_scale(device, family, mode, shape):
+    run_steps(device, family, mode, shape, training=True, momentum=0.1, steps=2, scale=False)
+
+
+@pytest.mark.parametrize("device,family,mode,shape", list(shape_cases(NO_SCALE_SHAPES)))
+def test_eval_without_scale(device, family, mode, shape):
+    run_steps(device, family, mode, shape, training=False, momentum=0.1, steps=1, scale=False)
+
+
 @pytest.mark.parametrize("device,family", FAMILIES, ids=FAMILY_IDS)
 @pytest.mark.parametrize("mode", ["bf16", "f32"])
 def test_cumulative_momentum(device, family, mode):
@@ -73,8 +90,10 @@ def test_cumulative_momentum(device, family, mode):
 
 @pytest.mark.parametrize("device,family", FAMILIES, ids=FAMILY_IDS)
 def test_no_affine_no_bias(device, family):
-    run_steps(device, family, "f32", (33, 40, 24), training=True, momentum=0.1, steps=2, affine=False, bias=False)
-    run_steps(device, family, "f32", (33, 40, 24), training=False, momentum=0.1, steps=1, affine=False, bias=False)
+    for scale in (True, False):  # SimSiam's last layer: no bias, no affine, no scale
+        run_steps(device, family, "f32", (33, 40, 24), True, 0.1, 2, affine=False, bias=False, scale=scale)
+        run_steps(device, family, "f32", (33, 40, 24), False, 0.1, 1, affine=False, bias=False, scale=scale)
+    run_steps(device, family, "bf16", (512, 256, 264), True, None, 3, affine=False, bias=False, scale=False)
 
 
 @pytest.mark.parametrize("device,family", FAMILIES, ids=FAMILY_IDS)

@@ -143,22 +143,27 @@ def add_hook(where):
 # name: (forward, Case arguments, input shape, setup, reason)
 LEFT_ALONE = {
     "relu_between": (lambda m, x: m.bn(torch.relu(m.fc(x)) * m.scale), {}, (9, 8), None,
-                     "its output goes to relu, not to a multiplication"),
+                     "fc (nn.Linear): its output goes to relu, not to a BatchNorm1d or a multiplication by a scale"),
     "output_reused": (lambda m, x: (lambda h: m.bn(h * m.scale) + h)(m.fc(x)), {}, (9, 8), None,
-                      "its output has 2 users (mul, add)"),
+                      "fc (nn.Linear): its output has another user: add; the fused layer would not keep it"),
     "product_reused": (lambda m, x: (lambda z: m.bn(z) + z)(m.fc(x) * m.scale), {}, (9, 8), None,
-                       "the product with scale has 2 users (bn, add)"),
+                       "fc (nn.Linear) -> mul: the BN's input has another user: add"),
+    "no_scale_reused": (lambda m, x: (lambda h: m.bn(h) + h)(m.fc(x)), {}, (9, 8), None,
+                        "fc (nn.Linear): the BN's input has another user: add"),
     "scale_1xN": (FORMS["h*s"], {"scale_shape": (1, 6)}, (9, 8), None, "scale has shape (1, 6), not (6,)"),
     "scale_buffer": (FORMS["h*s"], {"scale_buffer": True}, (9, 8), None, "multiplied by scale, not an nn.Parameter"),
     "times_activation": (lambda m, x: m.bn(m.fc(x) * x[:, :6]), {}, (9, 8), None, "multiplied by getitem"),
     "layer_norm": (lambda m, x: F.layer_norm(m.fc(x) * m.scale, (6,)), {}, (9, 8), None,
-                   "goes to layer_norm, not to an nn.BatchNorm1d"),
+                   "the product with scale goes to F.layer_norm, not to an nn.BatchNorm1d"),
+    "tanh_between": (lambda m, x: m.bn(torch.tanh(m.fc(x))), {}, (9, 8), None,
+                     "its output goes to tanh, not to a BatchNorm1d or a multiplication by a scale"),
     "other_dimension": (FORMS["h*s"], {"bn_features": 5}, (4, 5, 8), None,
                         "bn has num_features=5 but the Linear has out_features=6"),
-    "sync_batch_norm": (FORMS["h*s"], {}, (9, 8), lambda m: setattr(m, "bn", nn.SyncBatchNorm(6)),
-                        "bn is an nn.SyncBatchNorm: fuse before"),
-    "hooked_linear": (FORMS["h*s"], {}, (9, 8), add_hook("fc"), "has hooks"),
-    "hooked_bn": (FORMS["h*s"], {}, (9, 8), add_hook("bn"), "bn has hooks"),
+    "hooked_linear": (FORMS["h*s"], {}, (9, 8), add_hook("fc"), "fc (nn.Linear): has a forward hook, which"),
+    "hooked_bn": (FORMS["h*s"], {}, (9, 8), add_hook("bn"),
+                  "fc (nn.Linear) -> mul -> bn (nn.BatchNorm1d): bn has a forward hook, which"),
+    "hooked_bn_no_scale": (lambda m, x: m.bn(m.fc(x)), {}, (9, 8), add_hook("bn"),
+                           "fc (nn.Linear) -> bn (nn.BatchNorm1d): bn has a forward hook"),
 }
 
 
@@ -180,7 +185,8 @@ def test_linear_called_twice():
     torch.manual_seed(0)
     fused, report = check_matches(Case(lambda m, x: m.bn(m.fc(x) * m.scale) + m.fc(x)), (9, 8))
     assert [f.linear for f in report.fused] == ["fc"]
-    assert [(s.linear, s.reason) for s in report.skipped] == [("fc", "its output goes to add, not to a multiplication")]
+    assert [(s.linear, s.reason) for s in report.skipped] == [
+        ("fc", "fc (nn.Linear): its output goes to add, not to a BatchNorm1d or a multiplication by a scale")]
     assert fused.fc is fused.fc_scale_bn.gemm
 
 
@@ -274,7 +280,8 @@ def test_report_prints_readably():
     model = nn.Sequential(Seed(8, 6), nn.Linear(6, 2))
     _, report = cutlass_fused.fuse(model)
     assert str(report) == (
-        "cutlass_fused.fuse: fused 1, left 1 nn.Linear call(s) alone\n"
-        "  fused  0.gemm -> * 0.scale -> 0.bn  as 0_gemm_scale_bn  (16-bit y under autocast: its users are "
-        "Linears)\n"
-        "  left   1: its output goes to the model's output, not to a multiplication")
+        "cutlass_fused.fuse: fused 1, left 1 Linear call(s) alone\n"
+        "  fused  0.gemm (nn.Linear) -> mul -> 0.bn (nn.BatchNorm1d)  as 0_gemm_scale_bn  (16-bit y under "
+        "autocast: its users are Linears)\n"
+        "  left   1 (nn.Linear): its output goes to the model's output, not to a BatchNorm1d or a multiplication "
+        "by a scale")

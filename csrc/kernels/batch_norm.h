@@ -116,7 +116,7 @@ struct BackwardArgs {
   ColVec scale;
   ColVec weight;                  // or none (1)
   double eps;
-  ColOut dscale, dweight, dbias;  // n each
+  ColOut dscale, dweight, dbias;  // n each; dscale none where there is no per-column scale
   ColOut dlinear_bias;            // n, or none: 0 x dscale as stored (0, or NaN where it is not finite)
   // With an activation, dy is the gradient of act(BN(z)): the kernels recompute BN(z) from h,
   // the saved statistics and the BN bias, as the forward computed it, for act's derivative.

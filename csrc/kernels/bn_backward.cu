@@ -116,7 +116,7 @@ __device__ GradColumn<A> grad_column(BackwardArgs const& g, double sdy, double q
     // sum_i dz_i h_i = w istd q (1 - istd^2 var(z)) = w istd q eps istd^2: BN is
     // invariant to scale but for eps, and this form has no cancellation.
     double dscale = w * istd * q * g.eps * istd * istd;
-    store(g.dscale, c, dscale);
+    if (g.dscale.p != nullptr) store(g.dscale, c, dscale);  // none without a per-column scale
     // The bits of dscale (as stored) times 0.0 in scale's dtype, which the autograd computed before.
     if (g.dlinear_bias.p != nullptr) store(g.dlinear_bias, c, 0.0f * as_stored(g.dscale.dt, dscale));
   }

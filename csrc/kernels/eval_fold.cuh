@@ -18,6 +18,7 @@ namespace cutlass_fused {
 // the warp that makes them).
 __device__ __forceinline__ uint32_t load_bits(ColVec v, int c) {
   if (v.p == nullptr) return 0;
+  if (v.broadcast) c = 0;
   if (v.dt == DType::f32) return static_cast<uint32_t const*>(v.p)[c];
   return static_cast<uint16_t const*>(v.p)[c];
 }

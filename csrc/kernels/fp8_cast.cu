@@ -269,7 +269,7 @@ __device__ __forceinline__ void operand_scales_body(float const* __restrict__ s_
   int64_t stride = int64_t{gridDim.x} * kThreads;
   for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < max(nb, ns); i += stride) {
     if (i < nb) b_out[i] = __float2bfloat16_rn(widen(narrowed<B>(widen(bias[i]) / alpha_b)));
-    if (i < ns) sc_out[i] = narrowed<S>(widen(scale[i]) * alpha_s);
+    if (i < ns) sc_out[i] = narrowed<S>((scale == nullptr ? 1.f : widen(scale[i])) * alpha_s);  // no scale: alpha
   }
 }
 

@@ -70,7 +70,8 @@ void delayed_operands(Fp8Operand const& x, Fp8Operand const& w, float* history, 
 
 // The FP8 ops' bias and scale for x8 = x s_x and W8 = W s_w (fp8_autograd.cpp): alpha = 1 / (s_x
 // s_w), b_out = bias / alpha rounded to bf16 (nb elements; bias and b_out null where nb is 0) and
-// sc_out = scale * alpha in scale's dtype (ns elements), the bits of those torch ops, in one launch.
+// sc_out = scale * alpha in scale's dtype (ns elements), the bits of those torch ops, in one launch;
+// without a scale (null: a layer without one), sc_out = alpha (ns = 1, fp32).
 void fp8_operand_scales(float const* s_x, float const* s_w, void const* bias, DType bias_dtype, int64_t nb,
                         void const* scale, DType scale_dtype, int64_t ns, void* b_out, void* sc_out,
                         cudaStream_t stream);

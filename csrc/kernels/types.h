@@ -11,10 +11,13 @@ enum class DType { bf16, f16, f32 };
 // its own dtype. Kernels read and write these in place, so that no step casts
 // parameters on the host: each cast is a kernel launch plus host time, and a
 // model cast whole to bf16 has seven of them a training step. p == nullptr
-// reads as the vector's neutral value (1 for multipliers, 0 for offsets).
+// reads as the vector's neutral value (1 for multipliers, 0 for offsets): a layer
+// without a scale passes none. `broadcast`: one value for every column, as `h * scale`
+// broadcasts a 0-dim scale (the FP8 ops' alpha beside a layer without a scale).
 struct ColVec {
   void const* p = nullptr;
   DType dt = DType::f32;
+  bool broadcast = false;
 };
 
 // The eval fold's inputs: the layer's scale, BatchNorm weight and bias, running stats and eps,
