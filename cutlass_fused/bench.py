@@ -36,6 +36,7 @@ SHAPES = [(128, 1024, 512), (1024, 8192, 8192), (16384, 4096, 4096), (4096, 4096
 SWEEP = [128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 MODES = ("train", "eval", "fwdbwd")
 IMPLS = ("torch.mm", "eager", "compile", "compile-max-autotune", "cutlass_fused", "cutlass_fused-frozen",
+         "cutlass_fused-noscale",
          "cutlass_fused-fp8", "cutlass_fused-fp8-e5m2", "cutlass_fused-fp8-delayed", "cutlass_fused-fp8-delayed-e5m2",
          "cutlass_fused-fp8-delayed-fast", "cutlass_fused-fp8-delayed-e5m2-fast", "torchao-float8",
          "torchao-float8+compile")
@@ -45,7 +46,8 @@ IMPLS = ("torch.mm", "eager", "compile", "compile-max-autotune", "cutlass_fused"
 # cutlass_fused-fp8: ours with Float8Recipe() (the e4m3 kernels, issue 33); cutlass_fused-fp8-e5m2:
 # with Float8Recipe(backward="e5m2") (FP8 dX and dW GEMMs too); -delayed: with scaling="delayed" (x
 # and W cast under the scales of the calls before, one pass each); -fast: with fast_accum=True (the
-# forward's GEMMs accumulate in the tensor cores alone). Asked for by --impl only.
+# forward's GEMMs accumulate in the tensor cores alone). cutlass_fused-noscale: LinearBatchNorm1d over
+# ours's Linear and BatchNorm1d (the layer without a scale, on the same weights). Asked for by --impl only.
 DEFAULT_IMPLS = IMPLS[:5]
 GEMMS = {"train": 1, "eval": 1, "fwdbwd": 3}
 # Error floor of the correctness check: one output rounding step of an O(1) value.
@@ -84,6 +86,10 @@ class Case:
             return self.ours
         if impl == "cutlass_fused-frozen":
             return self.frozen
+        if impl == "cutlass_fused-noscale":
+            if impl not in self.compiled:
+                self.compiled[impl] = cutlass_fused.LinearBatchNorm1d.from_modules(self.ours.gemm, self.ours.bn)
+            return self.compiled[impl]
         if impl.startswith("cutlass_fused-fp8"):
             if impl not in self.compiled:
                 layer = copy.deepcopy(self.ours)

@@ -1,8 +1,12 @@
-"""python -m cutlass_fused.bench --step: whole training steps of an MLP built of the layer.
+"""python -m cutlass_fused.bench --step: whole training steps of models built of the layer.
 
-The model is BLOCKS x [Linear(width, width) -> * scale -> BatchNorm1d -> activation] (SeedModel and
-an nn activation), then a head Linear(width, 1000); cross-entropy on random targets; AdamW (fused on
-CUDA) steps it and zero_grad(set_to_none=True) ends the step. The rows, each on its own deep copy of
+A case's MODEL (MODELS): "seed", BLOCKS x [Linear(width, width) -> * scale -> BatchNorm1d ->
+activation] (SeedModel and an nn activation), then a head Linear(width, 1000), cross-entropy on random
+targets; "plain", the same MLP as users write it, without the scale and with Linear(bias=False);
+"simsiam", a SimSiam-style projector, BLOCKS x [Linear(width, width, bias=False) -> BatchNorm1d], an
+activation after each but the last, whose BatchNorm has affine=False, called on two views of a batch
+(BATCH rows each) with SimSiam's symmetric negative cosine loss (each view's output against the other's,
+detached). AdamW (fused on CUDA) steps it and zero_grad(set_to_none=True) ends the step. The rows, each on its own deep copy of
 one initial model: eager, compile (torch.compile of the model), fused (cutlass_fused.fuse of the
 model) and fused+compile; the optimizer is never compiled. The compile-ro rows compile with
 mode="reduce-overhead" (REDUCE_OVERHEAD_ROWS). `--step-row` picks rows, also issue 33's
@@ -31,7 +35,8 @@ import cutlass_fused
 from cutlass_fused import bench_rows, report, timing
 from cutlass_fused.seed import SeedModel
 
-Case = collections.namedtuple("Case", "precision batch width blocks activation")
+Case = collections.namedtuple("Case", "precision batch width blocks activation model", defaults=("seed",))
+MODELS = ("seed", "plain", "simsiam")
 PRECISIONS = ("amp-bf16", "bf16", "tf32", "f32")
 ACTIVATIONS = {"none": nn.Identity, "relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU, "leaky_relu": nn.LeakyReLU}
 ROWS = ("eager", "compile", "fused", "fused+compile")
@@ -52,7 +57,9 @@ REDUCE_OVERHEAD_ROWS = ("compile-ro", "fused+compile-ro")
 ALL_ROWS = (ROWS + tuple(r + c for r in FP8_ROWS for c in ("", "+compile")) + GRAPH_ROWS + TORCHAO_ROWS
             + REDUCE_OVERHEAD_ROWS)
 CASES = [Case("amp-bf16", 4096, 4096, 4, "relu"), Case("amp-bf16", 1024, 8192, 4, "relu"),
-         Case("bf16", 4096, 4096, 4, "relu"), Case("amp-bf16", 256, 2048, 6, "relu")]
+         Case("bf16", 4096, 4096, 4, "relu"), Case("amp-bf16", 256, 2048, 6, "relu"),
+         Case("amp-bf16", 4096, 4096, 4, "relu", "plain"), Case("amp-bf16", 512, 2048, 3, "relu", "simsiam"),
+         Case("amp-bf16", 4096, 2048, 3, "relu", "simsiam")]
 # The CPU runs the layer's PyTorch path and has no triton for torch.compile: one tiny case, in
 # seconds, that shows the command and the fused model's training work there.
 CPU_CASE = Case("f32", 64, 64, 2, "relu")
@@ -64,48 +71,79 @@ PEAK = ("timing.peak_extra_mib: torch.cuda.max_memory_allocated during one step 
         "step its graph captured (the graph's pool); null on the CPU and for a compile-ro row (Inductor's "
         "graphs keep a private pool between steps, which these counters do not show)")
 GRAPH_WARMUP = 3
-CASE_HELP = ("PRECISION,BATCH,WIDTH,BLOCKS[,ACTIVATION]: a training-step case (repeatable; implies --step). "
-             f"PRECISION: {', '.join(PRECISIONS)} (amp-bf16: fp32 weights under torch.autocast bf16; bf16: "
+CASE_HELP = ("PRECISION,BATCH,WIDTH,BLOCKS[,ACTIVATION[,MODEL]]: a training-step case (repeatable; implies "
+             f"--step). PRECISION: {', '.join(PRECISIONS)} (amp-bf16: fp32 weights under torch.autocast bf16; bf16: "
              "model and inputs in bf16; tf32: fp32 with TF32 matmuls; f32: TF32 off). ACTIVATION: "
-             f"{', '.join(ACTIVATIONS)} (default relu). Default cases: "
-             + " ".join(",".join(map(str, c[:4])) for c in CASES) + f"; on the CPU {','.join(map(str, CPU_CASE[:4]))}")
+             f"{', '.join(ACTIVATIONS)} (default relu). MODEL: {', '.join(MODELS)} (default seed; the module's "
+             "docstring says what each is). Default cases: "
+             + " ".join(",".join(map(str, c[:4] + ((c.activation, c.model) if c.model != "seed" else ()))) for c in CASES)
+             + f"; on the CPU {','.join(map(str, CPU_CASE[:4]))}")
 
 
 def parse_case(s):
-    parts = s.split(",") + ["relu"]  # the activation is optional
+    parts = s.split(",")
+    parts += ["relu", "seed"][len(parts) - 4:] if 4 <= len(parts) < 6 else []  # the optional fields
     try:
-        case = Case(parts[0], *map(int, parts[1:4]), parts[4]) if len(parts) in (5, 6) else None
+        case = Case(parts[0], *map(int, parts[1:4]), *parts[4:6]) if len(parts) == 6 else None
     except ValueError:
         case = None
     # BatchNorm in training needs two rows to normalize.
     if (case is None or case.precision not in PRECISIONS or case.activation not in ACTIVATIONS or case.batch < 2
-            or min(case.width, case.blocks) < 1):
+            or min(case.width, case.blocks) < 1 or case.model not in MODELS):
         raise argparse.ArgumentTypeError(f"expected --step-case {CASE_HELP.split(':')[0]} (BATCH at least 2, WIDTH "
                                          f"and BLOCKS at least 1), but got {s!r}")
     return case
 
 
 def case_of(row):
-    return Case(*(row[f] for f in Case._fields))
+    return Case(*(row.get(f, Case._field_defaults.get(f)) for f in Case._fields))  # records before `model` too
 
 
 def label(case):
-    return f"{case.precision} {case.batch}x{case.width}x{case.blocks} {case.activation}"
+    model = "" if case.model == "seed" else f" {case.model}"
+    return f"{case.precision} {case.batch}x{case.width}x{case.blocks} {case.activation}{model}"
 
 
 def mlp(case, device, seed=0):
+    """The case's model (MODELS), drawn from seed."""
     torch.manual_seed(seed)
-    layers = [m for _ in range(case.blocks) for m in (SeedModel(case.width, case.width), ACTIVATIONS[case.activation]())]
-    model = nn.Sequential(*layers, nn.Linear(case.width, CLASSES)).to(device)
+    w, act = case.width, ACTIVATIONS[case.activation]
+    if case.model == "seed":
+        layers = [m for _ in range(case.blocks) for m in (SeedModel(w, w), act())] + [nn.Linear(w, CLASSES)]
+    elif case.model == "plain":
+        layers = [m for _ in range(case.blocks) for m in (nn.Linear(w, w, bias=False), nn.BatchNorm1d(w), act())]
+        layers.append(nn.Linear(w, CLASSES))
+    else:  # simsiam's projector
+        layers = [m for i in range(case.blocks) for m in (nn.Linear(w, w, bias=False), nn.BatchNorm1d(w), act())
+                  if i < case.blocks - 1 or not isinstance(m, act)]
+        layers[-1] = nn.BatchNorm1d(w, affine=False)
+    model = nn.Sequential(*layers).to(device)
     return model.to(torch.bfloat16) if case.precision == "bf16" else model
 
 
+def views(case):
+    """How many times a step calls the model: SimSiam's two views, else one batch."""
+    return 2 if case.model == "simsiam" else 1
+
+
 def batch(case, device, i):
-    """The i-th batch of the data stream, the same for every row."""
+    """The i-th batch of the data stream, the same for every row: x (views x batch x width for
+    simsiam: two noisy views of one batch) and the targets."""
     g = torch.Generator(device=device).manual_seed(i)
     x = torch.randn(case.batch, case.width, device=device, generator=g)
     target = torch.randint(0, CLASSES, (case.batch,), device=device, generator=g)
+    if views(case) == 2:
+        x = x + 0.5 * torch.randn(2, case.batch, case.width, device=device, generator=g)
     return x.to(torch.bfloat16) if case.precision == "bf16" else x, target
+
+
+def loss_of(case, model, x, target):
+    """The step's loss: cross-entropy of the head's logits, or SimSiam's symmetric negative cosine
+    similarity of the two views' outputs, each against the other's detached."""
+    if views(case) == 1:
+        return F.cross_entropy(model(x), target)
+    z1, z2 = model(x[0]), model(x[1])
+    return -(F.cosine_similarity(z1, z2.detach()).mean() + F.cosine_similarity(z2, z1.detach()).mean()) / 2
 
 
 @contextlib.contextmanager
@@ -137,7 +175,7 @@ class Row:
         if name.startswith("fused-fp8"):
             recipe = bench_rows.fp8_recipe(name)
             for layer in module.modules():
-                if isinstance(layer, cutlass_fused.LinearScaleBatchNorm1d):
+                if isinstance(layer, cutlass_fused.LinearBatchNorm1d):
                     layer.fp8 = recipe
         mode = compile_mode(name)
         self.call = module if mode is None else torch.compile(module, mode=mode)
@@ -154,7 +192,7 @@ class Row:
         # A graph replays the casts it captured: autocast's cache would keep them past the capture.
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.case.precision == "amp-bf16",
                             cache_enabled=not self.graphed):
-            loss = F.cross_entropy(self.call(x), target)
+            loss = loss_of(self.case, self.call, x, target)
         loss.backward()
         self.opt.step()
         return loss
@@ -216,9 +254,9 @@ class Row:
 
 
 class GemmFloor:
-    """The step's GEMMs alone, as torch.mm runs them: for each Linear, y = x W^T, dX = dy W and
-    dW = dy^T x, in the dtype the step's GEMMs take (bf16 under amp-bf16 and bf16, fp32 otherwise,
-    TF32 as the case's flags say). The floor a step races; timed in the rows' rounds."""
+    """The step's GEMMs alone, as torch.mm runs them: for each Linear and view, y = x W^T,
+    dX = dy W and dW = dy^T x, in the dtype the step's GEMMs take (bf16 under amp-bf16 and bf16, fp32
+    otherwise, TF32 as the case's flags say). The floor a step races; timed in the rows' rounds."""
 
     name = "mm"
 
@@ -226,8 +264,9 @@ class GemmFloor:
         dt = torch.bfloat16 if case.precision in ("amp-bf16", "bf16") else torch.float32
         g = torch.Generator(device=device).manual_seed(0)
         r = lambda *shape: torch.randn(*shape, device=device, generator=g).to(dt)
-        outs = [case.width] * case.blocks + [CLASSES]
-        self.operands = [(r(case.batch, case.width), r(n, case.width), r(case.batch, n)) for n in outs]
+        outs = [case.width] * case.blocks + ([] if case.model == "simsiam" else [CLASSES])
+        self.operands = [(r(case.batch, case.width), r(n, case.width), r(case.batch, n))
+                         for n in outs for _ in range(views(case))]
         self.cuda, self.times = device.type == "cuda", []
 
     def run(self):
@@ -330,15 +369,16 @@ def run(args, argv):
 
 
 def table(result, markdown=False):
-    head = ["precision", "batch", "width", "blocks", "act", "impl", "ms/step", "x mm", "peak MiB", "vs eager",
-            "vs compile", "loss parity", "fused"]
-    # .get: records written before x mm existed render too.
-    lines = [[r["precision"], str(r["batch"]), str(r["width"]), str(r["blocks"]), r["activation"], r["impl"],
+    head = ["precision", "batch", "width", "blocks", "act", "model", "impl", "ms/step", "x mm", "peak MiB",
+            "vs eager", "vs compile", "loss parity", "fused"]
+    # .get: records written before x mm (or the model) existed render too.
+    lines = [[r["precision"], str(r["batch"]), str(r["width"]), str(r["blocks"]), r["activation"],
+              r.get("model", "seed"), r["impl"],
               "failed" if r["ms"] is None else report.fmt(r["ms"], ".3f"), report.fmt(r.get("x_mm"), ".2f"),
               report.fmt(r["peak_extra_mib"], ".0f"),
               report.fmt(r["vs_eager"], ".2f"), report.fmt(r["vs_compile"], ".2f"),
               report.fmt(r["loss_parity"], ".1e"), report.fmt(r["fused_layers"], "d")] for r in result["rows"]]
-    out = report.render(head, lines, 6, markdown, result["meta"])
+    out = report.render(head, lines, 7, markdown, result["meta"])
     notes = [f"{r['impl']} {label(case_of(r))}: {r['error']}"
              for r in result["rows"] if r["error"]]
     return "\n".join([out, *("failed: " + n for n in notes)])

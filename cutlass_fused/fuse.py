@@ -12,6 +12,7 @@ from .module import LinearBatchNorm1d, LinearScaleBatchNorm1d
 _MULS = (operator.mul, torch.mul)
 _LINEARS = (F.linear, torch._C._nn.linear)
 _BATCH_NORMS = (F.batch_norm,)
+_BATCH_NORM_ARGS = ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps")
 # Which users of h (or of h * scale) may stay: they read only what the fused layer's y has too.
 _SHAPE_ATTRS = ("shape", "ndim", "device")
 _SHAPE_METHODS = ("size", "dim")
@@ -42,11 +43,24 @@ class FuseReport:
 
     def __str__(self):
         lines = [f"cutlass_fused.fuse: fused {len(self.fused)}, left {len(self.skipped)} Linear call(s) alone"]
-        lines += [f"  fused  {f.chain}  as {f.name}"
-                  + ("  (16-bit y under autocast: its users are Linears)" if f.autocast_output else "")
-                  for f in self.fused]
-        lines += [f"  left   {s.reason}" for s in self.skipped]
+        # A module called more than once (a head on two views) is one line, with its count.
+        fused = [f"  fused  {f.chain}  as {f.name}"
+                 + ("  (16-bit y under autocast: its users are Linears)" if f.autocast_output else "")
+                 for f in self.fused]
+        for line, count in _counts(fused).items():
+            lines.append(line + (f"  ({count} calls)" if count > 1 else ""))
+        skipped = [f"  left   {s.reason}" for s in self.skipped]
+        for line, count in _counts(skipped).items():
+            lines.append(line + (f"  ({count} calls)" if count > 1 else ""))
         return "\n".join(lines)
+
+
+def _counts(lines):
+    """Each line once, in first-seen order, with how often it came."""
+    out = {}
+    for line in lines:
+        out[line] = out.get(line, 0) + 1
+    return out
 
 
 class _Tracer(fx.Tracer):
@@ -125,11 +139,12 @@ def fuse(model: nn.Module, leaf_modules=()) -> tuple[fx.GraphModule, FuseReport]
             "Pass the classes of the submodules it cannot trace as leaf_modules=(...), or fuse the "
             "traceable submodules one by one.") from err
     gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
+    follows = _follows_mode(model, graph, leaf_modules)
     report, layers, consumed = FuseReport(), {}, set()
     for node in list(gm.graph.nodes):
         if not _is_linear_call(gm, node):
             continue
-        match = _Chain(gm, node).match()
+        match = _Chain(gm, node, follows).match()
         if isinstance(match, Skipped):
             report.skipped.append(match)
         else:
@@ -138,6 +153,34 @@ def fuse(model: nn.Module, leaf_modules=()) -> tuple[fx.GraphModule, FuseReport]
     gm.graph.lint()
     gm.recompile()
     return gm, report
+
+
+def _follows_mode(model, graph, leaf_modules):
+    """The F.batch_norm nodes of `graph` whose `training` argument is the model's mode: traced
+    again in the other mode, the same graph with that argument flipped (`self.training`, as
+    models pass it). The fused layer's batch norm then follows the model's train() and eval();
+    any other constant stays as the trace fixed it."""
+    calls = [n for n in graph.nodes if n.op == "call_function" and n.target in _BATCH_NORMS]
+    if not calls:
+        return set()
+    mode = model.training
+    try:
+        model.train(not mode)
+        other = _Tracer(tuple(leaf_modules)).trace(model)
+    except Exception:
+        return set()
+    finally:
+        model.train(mode)
+    nodes, others = list(graph.nodes), list(other.nodes)
+    if [(n.op, n.target) for n in nodes] != [(n.op, n.target) for n in others]:
+        return set()  # the mode changes the graph itself: no argument to follow
+    out = set()
+    for a, b in zip(nodes, others):
+        if a in calls:
+            ta, tb = ((_bind(n, _BATCH_NORM_ARGS) or {}).get("training", False) for n in (a, b))
+            if ta is mode and tb is (not mode):
+                out.add(a)
+    return out
 
 
 def _is_linear_call(gm, node):
@@ -150,8 +193,8 @@ class _Chain:
     """One Linear call's chain, matched node by node: match() gives the chain (this object, its
     fields set) or a Skipped that names the chain so far and what blocked it."""
 
-    def __init__(self, gm, linear_node):
-        self.gm, self.linear_node = gm, linear_node
+    def __init__(self, gm, linear_node, follows=frozenset()):
+        self.gm, self.linear_node, self.follows = gm, linear_node, follows
         self.nodes = [linear_node]      # the chain's nodes in order, as the report names them
         self.linear = None              # the nn.Linear (a holder for F.linear's tensors)
         self.scale = self.scale_path = None
@@ -317,7 +360,7 @@ class _Chain:
         return ""
 
     def _functional_batch_norm(self, node, bn_input, out_features):
-        args = _bind(node, ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps"))
+        args = _bind(node, _BATCH_NORM_ARGS)
         self.nodes.append(node)
         if args is None or args.get("input") is not bn_input:
             return "F.batch_norm called with arguments it cannot bind"
@@ -329,11 +372,14 @@ class _Chain:
         if not (isinstance(training, bool) and isinstance(momentum, (int, float)) and isinstance(eps, (int, float))):
             return "its training, momentum and eps are not constants of the trace"
         running = tensors["running_mean"] is not None
-        if running != (tensors["running_var"] is not None) or (not training and not running):
-            return "its running stats are one without the other, or absent in eval (PyTorch refuses the call)"
+        if running != (tensors["running_var"] is not None) or (not running and (not training or node in self.follows)):
+            return ("its running stats are one without the other, or absent where it can run in eval (PyTorch "
+                    "refuses that call)")
         if any(t is not None and t.shape != (out_features,) for t in tensors.values()):
             return f"its tensors are not of the Linear's out_features={out_features}"
-        bn = _TracedBatchNorm.__new__(_TracedBatchNorm)
+        # A `training` that is the model's mode (self.training) follows it: a plain BatchNorm1d.
+        kind = nn.BatchNorm1d if node in self.follows else _TracedBatchNorm
+        bn = kind.__new__(kind)
         nn.Module.__init__(bn)
         bn.num_features, bn.eps, bn.momentum = out_features, float(eps), float(momentum)
         bn.affine = tensors["weight"] is not None or tensors["bias"] is not None
@@ -383,13 +429,13 @@ def _replace(gm, chain, layers, consumed):
     for user in chain.shape_users:  # h's shape is y's: (batch, out_features), or (B, T, C) in both forms
         user.replace_input_with(user.args[0], new)
     described = " -> ".join(_describe(gm, n) for n in chain.nodes)
+    linear_path = _path_of(gm, chain.linear_node)
     for n in reversed(chain.nodes):
         gm.graph.erase_node(n)
     for n in list(gm.graph.nodes):  # the get_attr nodes the chain read, now unused
         if n.op == "get_attr" and not n.users and (n.target == chain.scale_path or n.target in chain.attrs):
             gm.graph.erase_node(n)
     consumed.update(chain.attrs + ([chain.scale_path] if chain.scale_path else []))
-    linear_path = _path_of(gm, chain.linear_node)
     bn_path = chain.bn_node.target if chain.bn_node.op == "call_module" else "F.batch_norm"
     return Fused(name, linear_path, chain.scale_path or "", bn_path,
                  _describe(gm, chain.act_node) if chain.act_node is not None else "", autocast_output, described)

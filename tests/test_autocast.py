@@ -15,20 +15,36 @@ CASES = [pytest.param(d, f, dt, id=f"{i}-{dt}") for (d, f), i in zip(FAMILIES, F
 DT = {"bf16": torch.bfloat16, "f16": torch.float16}
 
 
-def models(device, k=96, n=72):
+class Unscaled(torch.nn.Module):
+    """bn(gemm(x)): LinearBatchNorm1d's unfused model."""
+
+    def __init__(self, k, n):
+        super().__init__()
+        self.gemm, self.bn = torch.nn.Linear(k, n), torch.nn.BatchNorm1d(n)
+
+    def forward(self, x):
+        return self.bn(self.gemm(x))
+
+
+def models(device, k=96, n=72, scaled=True):
     torch.manual_seed(0)
-    seed = Seed(k, n).to(device)
-    ours = cutlass_fused.LinearScaleBatchNorm1d(k, n, device=device)
+    unfused, layer = (Seed, cutlass_fused.LinearScaleBatchNorm1d) if scaled else (Unscaled,
+                                                                                   cutlass_fused.LinearBatchNorm1d)
+    seed = unfused(k, n).to(device)
+    ours = layer(k, n, device=device)
     ours.load_state_dict(seed.state_dict())
-    ref = Seed(k, n).double()
+    ref = unfused(k, n).double()
     ref.load_state_dict(seed.state_dict())
     return seed, ours, ref
 
 
 @pytest.mark.parametrize("device,family,dt", CASES)
 @pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
-def test_forward_and_backward_match_unfused_autocast(device, family, dt, train):
-    seed, ours, ref = models(device)
+@pytest.mark.parametrize("scaled", [True, False], ids=["scale", "no_scale"])
+def test_forward_and_backward_match_unfused_autocast(device, family, dt, train, scaled):
+    """With a scale, y is fp32 (h * scale promotes); without one, y is the autocast dtype, as
+    nn.BatchNorm1d returns a 16-bit h's."""
+    seed, ours, ref = models(device, scaled=scaled)
     for mod in (seed, ours, ref):
         mod.train(train)
     x = torch.randn(128, 96)
@@ -42,7 +58,7 @@ def test_forward_and_backward_match_unfused_autocast(device, family, dt, train):
         (y_ours.float() * dy.to(device)).sum().backward()
     y64 = ref(x64)
     (y64 * dy.double()).sum().backward()
-    assert y_ours.dtype == y_seed.dtype == torch.float32
+    assert y_ours.dtype == y_seed.dtype == (torch.float32 if scaled else DT[dt])
     assert_close_rule(y_ours.cpu(), y_seed.cpu(), y64.detach(), dt, "y")
     if train:
         for name in ("running_mean", "running_var"):

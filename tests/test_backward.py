@@ -462,3 +462,32 @@ def test_forced_backward_that_cannot_run(override):
     with pytest.raises(RuntimeError, match="cooperative backward needs dy in h's dtype"):
         ops.batch_norm_backward(*args)
 
+
+
+@pytest.mark.parametrize("device,family", FAMILIES, ids=FAMILY_IDS)
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+def test_zero_dim_scale(device, family, training):
+    """A 0-dim scale is one value for every column, as h * scale broadcasts it; its gradient is the
+    sum of the columns', in its own shape."""
+    torch.manual_seed(0)
+    m, k, n = 65, 40, 24
+    p = params(k, n, "cpu", torch.float32, seed=5)
+    p["scale"] = torch.tensor(-1.7)
+    x, dy = torch.randn(m, k), torch.randn(m, n)
+    running = (p["running_mean"], p["running_var"])
+    outs = {}
+    for name, dtype, dev in (("ours", torch.float32, device), ("same", torch.float32, "cpu"),
+                             ("ref", torch.float64, "cpu")):
+        inp = leaves(p, x, dtype, dev)
+        rm, rv = (t.to(dev, dtype).clone() for t in running)
+        with precision(dev, family, "f32"):
+            if name == "ours":
+                y = cutlass_fused.linear_scale_batch_norm(inp["x"], inp["weight"], inp["bias"], inp["scale"],
+                                                          inp["bn_weight"], inp["bn_bias"], rm, rv, training)
+            else:
+                y = unfused(inp, training, (rm, rv))
+        outs[name] = (y.detach(), grads(inp, y, dy.to(dev, dtype)))
+    for key in NAMES:
+        ours, same, ref = (outs[n][1][key] for n in ("ours", "same", "ref"))
+        assert ours.shape == ref.shape, key
+        assert_close_rule_scaled(ours, same, ref, "f32", f"d{key}")

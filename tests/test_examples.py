@@ -121,3 +121,33 @@ def test_readme_example_runs_as_written():
     exec(compile(code, "README.md", "exec"), scope)
     layer = scope["layer"]
     assert scope["y"].shape == (256, 512) and layer.gemm.weight.grad is not None
+
+
+def load_example(name):
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_ssl_projector_example(capsys):
+    """The SimSiam head: every Linear -> BatchNorm1d fused (the projector's three and the predictor's
+    first, each called on both views), the predictor's last Linear left, and the fused model's
+    losses those of eager training from the same weights and data."""
+    results, report = load_example("ssl_projector").main(["--width", "48", "--batch", "16", "--steps", "4"])
+    assert len(report.fused) == 8 and len({f.name for f in report.fused}) == 4
+    assert [s.linear for s in report.skipped] == ["predictor.3"] * 2
+    (eager, _), (fused, _) = results["eager"], results["fused"]
+    assert len(eager) == len(fused) == 4 and eager[0] != eager[-1]
+    tol = 1e-5 if not torch.cuda.is_available() else 5e-2  # bf16 autocast on a GPU
+    assert max(abs(a - b) for a, b in zip(eager, fused)) < tol
+    assert "largest loss difference" in capsys.readouterr().out
+
+
+def test_tabular_mlp_example():
+    """The tabular MLP with Dropout: its three blocks fused, the head left, and the fused model as
+    accurate as the unfused one on the held-out rows (both well above chance)."""
+    pytest.importorskip("sklearn")
+    out, report = load_example("tabular_mlp").main(["--width", "64", "--epochs", "3"])
+    assert len(report.fused) == 3 and [s.linear for s in report.skipped] == ["12"]
+    assert out["unfused"] > 0.85 and abs(out["fused"] - out["unfused"]) < 0.05

@@ -1338,3 +1338,74 @@ def test_e4m3_ops_stay_with_the_sm90_family():
         assert torch.equal(got, want)
     with torch.no_grad():
         assert layers[False]._runs_e4m3_eval(x, False)  # the sm90 family again
+
+
+class _Unscaled(torch.nn.Module):
+    """bn(gemm(x)), LinearBatchNorm1d's unfused model."""
+
+    def __init__(self, k, n, bias=True):
+        super().__init__()
+        self.gemm = torch.nn.Linear(k, n, bias=bias)
+        self.bn = torch.nn.BatchNorm1d(n)
+
+    def forward(self, x):
+        return self.bn(self.gemm(x))
+
+
+NO_SCALE_RECIPES = {
+    "emulated": cutlass_fused.Float8Recipe(emulate=True),
+    "current": cutlass_fused.Float8Recipe(),
+    "current-e5m2": cutlass_fused.Float8Recipe(backward="e5m2"),
+    "delayed": cutlass_fused.Float8Recipe(scaling="delayed"),
+}
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA else []))
+@pytest.mark.parametrize("recipe", NO_SCALE_RECIPES)
+@pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+def test_layer_without_scale(device, recipe, train, bias):
+    """LinearBatchNorm1d under FP8 (the e4m3 ops pass alpha as a 0-dim scale, reading no per-column
+    one): y in bf16, the running stats and the gradients against float64 of the unfused model on the
+    same quantized operands (the first step's: current scaling, or a delayed state's scales of 1)."""
+    r = NO_SCALE_RECIPES[recipe]
+    if not r.emulate:
+        skip_without_e4m3(device)
+    torch.manual_seed(0)
+    k, n, m = 96, 72, 200
+    ref = _Unscaled(k, n, bias)
+    ours = cutlass_fused.LinearBatchNorm1d(k, n, bias=bias, device=device, dtype=torch.bfloat16, fp8=r)
+    ours.load_state_dict({key: v.bfloat16() if v.is_floating_point() else v for key, v in ref.state_dict().items()},
+                         strict=False)
+    ours.train(train)
+    x = (3 * torch.randn(m, k)).bfloat16()
+    dy = torch.randn(m, n)
+    xo = x.to(device).requires_grad_()
+    y = ours(xo)
+    assert y.dtype == torch.bfloat16  # h's dtype, as nn.BatchNorm1d returns it without a scale
+    (y.float() * dy.to(device)).sum().backward()
+    delayed = r.delayed
+    quantize = (lambda t: fp8.round_with_scale(t, torch.ones(()))) if delayed else fp8.round_to_e4m3
+    outs = {}
+    for dtype in (torch.bfloat16, torch.float64):
+        model = _Unscaled(k, n, bias)
+        model.load_state_dict(ref.state_dict())
+        model = model.to(dtype).train(train)
+        with torch.no_grad():
+            model.gemm.weight.copy_(quantize(ref.gemm.weight.bfloat16()).to(dtype))
+        xr = x.detach().to(dtype, copy=True).requires_grad_()
+        yr = model(xr + (quantize(x).to(dtype) - xr).detach())
+        (yr * dy.to(dtype)).sum().backward()
+        outs[dtype] = (model, xr, yr)
+    (same, x_same, y_same), (ref64, x64, y64) = outs[torch.bfloat16], outs[torch.float64]
+    assert_close_rule(y.cpu(), y_same.detach(), y64.detach(), "bf16", "y")
+    if train:
+        for name in ("running_mean", "running_var"):
+            assert_close_rule(getattr(ours.bn, name).cpu(), getattr(same.bn, name), getattr(ref64.bn, name), "bf16",
+                              name)
+    if recipe != "current-e5m2":  # e5m2's dX and dW are FP8 GEMMs: test_e5m2_backward_in_the_layer
+        assert_close_rule_scaled(xo.grad.cpu(), x_same.grad, x64.grad, "bf16", "dx")
+    for (name, p), q, r64 in zip(ours.named_parameters(), same.parameters(), ref64.parameters()):
+        if recipe == "current-e5m2" and name == "gemm.weight":
+            continue
+        assert_close_rule_scaled(p.grad.cpu(), q.grad, r64.grad, "bf16", f"d{name}")

@@ -75,3 +75,66 @@ def test_module_matches_seed(device, family, bn):
         torch.backends.cuda.matmul.allow_tf32 = old_tf32
     for k, v in seed.state_dict().items():
         assert max_err(ours.state_dict()[k], v) < 1e-5, k
+
+
+class Unscaled(nn.Module):
+    """bn(gemm(x)): LinearBatchNorm1d's unfused model."""
+
+    def __init__(self, in_features, out_features, bias=True, **bn):
+        super().__init__()
+        self.gemm = nn.Linear(in_features, out_features, bias=bias)
+        self.bn = nn.BatchNorm1d(out_features, **bn)
+
+    def forward(self, x):
+        return self.bn(self.gemm(x))
+
+
+def test_layer_without_scale_takes_the_same_arguments():
+    import inspect
+    sig = lambda cls: list(inspect.signature(cls.__init__).parameters.items())
+    assert sig(cutlass_fused.LinearBatchNorm1d) == sig(cutlass_fused.LinearScaleBatchNorm1d)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("bn", [{}, {"affine": False}, {"track_running_stats": False}])
+def test_layer_without_scale_state_dict(bias, bn):
+    """Its state_dict is the scaled layer's without `scale`, the unfused model's; construction
+    draws as the unfused model does, so one seed gives both the same tensors."""
+    torch.manual_seed(3)
+    ours = cutlass_fused.LinearBatchNorm1d(24, 16, bias=bias, **bn)
+    torch.manual_seed(3)
+    ref = Unscaled(24, 16, bias=bias, **bn)
+    scaled = cutlass_fused.LinearScaleBatchNorm1d(24, 16, bias=bias, **bn)
+    assert list(ours.state_dict()) == list(ref.state_dict()) == [k for k in scaled.state_dict() if k != "scale"]
+    for k, v in ref.state_dict().items():
+        assert torch.equal(ours.state_dict()[k], v), k
+    assert ours.scale is None and "scale" not in dict(ours.named_parameters())
+    ref.bn.running_mean.normal_() if bn.get("track_running_stats", True) else None
+    ours.load_state_dict(ref.state_dict())
+    torch.manual_seed(4)
+    ours.reset_parameters()
+    torch.manual_seed(4)
+    fresh = cutlass_fused.LinearBatchNorm1d(24, 16, bias=bias, **bn)
+    for k, v in fresh.state_dict().items():
+        assert torch.equal(ours.state_dict()[k], v), k
+
+
+@pytest.mark.parametrize("device,family", FAMILIES, ids=FAMILY_IDS)
+def test_layer_without_scale_from_modules(device, family):
+    torch.manual_seed(0)
+    ref = Unscaled(40, 24, bias=False).to(device)
+    ours = cutlass_fused.LinearBatchNorm1d.from_modules(ref.gemm, ref.bn, activation="relu")
+    assert ours.gemm is ref.gemm and ours.bn is ref.bn and ours.scale is None
+    with cutlass_fused.use_kernel_family(family):
+        x = torch.randn(33, 40, device=device)
+        before = ref.bn.running_mean.clone()
+        y = ours(x)
+        assert not torch.equal(ref.bn.running_mean, before) and ref.bn.num_batches_tracked.item() == 1
+        ref.eval()
+        ours.eval()
+        assert max_err(ours(x), torch.relu(ref(x))) < 1e-4
+    with pytest.raises(ValueError, match="expected bn of size 24, but got 5"):
+        cutlass_fused.LinearBatchNorm1d.from_modules(ref.gemm, nn.BatchNorm1d(5))
+    with pytest.raises(TypeError, match="expects an nn.Linear and an nn.BatchNorm1d"):
+        cutlass_fused.LinearBatchNorm1d.from_modules(ref.gemm, nn.LayerNorm(24))
+    assert y.shape == (33, 24)

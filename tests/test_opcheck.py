@@ -312,3 +312,44 @@ def test_linear_scale_batch_norm_train_e4m3(device, backward, scaling, fast_accu
     ops.linear_scale_batch_norm_train_e4m3(*args, fast_accum=fast_accum)
     for t, version, b in zip(written, versions, before):
         assert t._version > version and not torch.equal(t, b)
+
+
+# The layer without a scale (scale None: no kernel reads one), and a 0-dim scale (one value for
+# every column, as `h * scale` broadcasts it: the FP8 ops' alpha beside a layer without a scale),
+# through every op that takes a scale.
+SCALES = {"none": lambda device: None, "0-dim": lambda device: torch.tensor(1.5, device=device, requires_grad=True)}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("scale", SCALES)
+def test_ops_without_a_per_column_scale(device, dtype, scale):
+    x, w, b, _, bn, v = grad_inputs(device, dtype)
+    s = SCALES[scale](device)
+    args = (x, w, b, s, *bn, *running(device, v, True, 0.1), 1e-5, "auto")
+    torch.library.opcheck(ops.linear_scale_batch_norm_train, args, {"activation": "relu"})
+    torch.library.opcheck(ops.linear_scale_batch_norm_eval, (x, w, b, s, *bn, v(), v().abs() + 1, 1e-5, "auto"))
+    s = None if s is None else s.detach()
+    xd, wd = x.detach(), w.detach()
+    h, stats = ops.linear_stats(xd, wd, v(), "auto")
+    torch.library.opcheck(ops.batch_norm_finalize, (h, stats, s, xd.shape[0], v(), v(), 1e-5))
+    torch.library.opcheck(ops.update_running_stats, (stats, s, xd.shape[0], v(), v().abs() + 1, None, 0.1))
+    _, h, _, mean, invstd = ops.linear_scale_batch_norm_train(xd, wd, v(), s, v(), v(), None, None, None, 0.1, 1e-5,
+                                                              "auto")
+    common = (torch.randn_like(h), h, mean, invstd, s, v())
+    torch.library.opcheck(ops.batch_norm_backward, (*common, 1e-5), {"linear_bias_dtype": dtype})
+    sums = ops.batch_norm_backward_reduce(*common, 1e-5)
+    torch.library.opcheck(ops.batch_norm_backward_reduce, (*common, 1e-5))
+    count = torch.tensor([float(xd.shape[0])], device=device, dtype=torch.float64)
+    torch.library.opcheck(ops.batch_norm_backward_elemt, (*common, sums, count, 1e-5))
+    row = ops.sync_batch_norm_row(stats, xd.shape[0])
+    torch.library.opcheck(ops.sync_batch_norm_grads, (sums / 2, sums, row, count, mean, invstd, s, v()))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fp8_operand_scales_without_a_scale(device):
+    """Without a scale, sc is alpha itself: a 0-dim fp32 tensor, 1 / (s_x s_w)."""
+    s = lambda e: torch.tensor(2.0 ** e, device=device)
+    torch.library.opcheck(ops.fp8_operand_scales, (s(3), s(-5), torch.randn(10, device=device), None))
+    b, sc = ops.fp8_operand_scales(s(3), s(-5), None, None)
+    assert sc.shape == () and sc.dtype == torch.float32 and sc.item() == 4.0 and b.shape == (0,)

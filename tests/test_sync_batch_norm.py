@@ -104,10 +104,11 @@ class Reference:
 
     def step(self, x, dy, sizes):
         """Each rank's y and local gradients; updates the running stats as nn.BatchNorm1d."""
-        dtype = self.p["scale"].dtype
+        dtype = self.p["gemm.weight"].dtype
         copies = [{k: v.clone().requires_grad_() for k, v in self.p.items()} for _ in sizes]
         xs = [t.to(dtype).requires_grad_() for t in x.split(sizes)]
-        z = torch.cat([F.linear(t, c["gemm.weight"], c["gemm.bias"]) * c["scale"] for t, c in zip(xs, copies)])
+        scaled = lambda h, c: h * c["scale"] if "scale" in c else h  # the layer without a scale: none
+        z = torch.cat([scaled(F.linear(t, c["gemm.weight"], c.get("gemm.bias")), c) for t, c in zip(xs, copies)])
         var, mean = torch.var_mean(z, 0, correction=0)
         zhat = ((z - mean) * (var + self.eps).rsqrt()).split(sizes)
         ys = [self.act(t * c["bn.weight"] + c["bn.bias"] if "bn.weight" in c else t) for t, c in zip(zhat, copies)]
@@ -143,17 +144,34 @@ def same_on_all_ranks(t):
     return all(torch.equal(o, out[0]) for o in out)
 
 
-def _layer_worker(rank, device, sizes, robust, bn, act=None):
+def _layer_worker(rank, device, sizes, robust, bn, act=None, form="scaled"):
+    """form: "scaled" (LinearScaleBatchNorm1d), "plain" (LinearBatchNorm1d, bias=False with
+    "plain_no_bias"), or "fused_module": fuse() of Linear -> nn.SyncBatchNorm -> activation as
+    nn.SyncBatchNorm.convert_sync_batchnorm leaves it, whose fused layer syncs over the module's
+    group (None: the whole world)."""
     k, n = 12, 10
     state = seed_state(k, n, robust, **bn)
-    ours = cutlass_fused.LinearScaleBatchNorm1d(k, n, device=device, process_group=dist.group.WORLD,
-                                                activation=act, **bn)
+    if form != "scaled":
+        state = {key: v for key, v in state.items() if key != "scale" and not (form.endswith("no_bias") and key ==
+                                                                                  "gemm.bias")}
+    if form == "fused_module":
+        acts = {None: nn.Identity, "relu": nn.ReLU}
+        model = nn.Sequential(nn.Linear(k, n), nn.BatchNorm1d(n, **bn), acts[act]())
+        fused, report = cutlass_fused.fuse(nn.SyncBatchNorm.convert_sync_batchnorm(model).to(device))
+        ours = fused.get_submodule(report.fused[0].name)
+        assert isinstance(ours.bn, nn.SyncBatchNorm) and ours.process_group is None
+    elif form == "scaled":
+        ours = cutlass_fused.LinearScaleBatchNorm1d(k, n, device=device, process_group=dist.group.WORLD,
+                                                    activation=act, **bn)
+    else:
+        ours = cutlass_fused.LinearBatchNorm1d(k, n, bias=not form.endswith("no_bias"), device=device,
+                                               process_group=dist.group.WORLD, activation=act, **bn)
     ours.load_state_dict(state)
     momentum = bn.get("momentum", 0.1)
     ref64, ref32 = (Reference(state, dt, momentum, activation=act) for dt in (torch.float64, torch.float32))
     # nn.SyncBatchNorm on the unfused model: PyTorch's fp32 error (with an activation, the fp32
     # reference's, whose activation is PyTorch's op too).
-    nccl_ref = device.type == "cuda" and act is None
+    nccl_ref = device.type == "cuda" and act is None and form == "scaled"
     if nccl_ref:
         same = nn.SyncBatchNorm.convert_sync_batchnorm(Seed(k, n, **bn)).to(device)
         same.load_state_dict(state)
@@ -192,7 +210,13 @@ CASES = {"even": ([4, 4], False, {}), "uneven": ([5, 3], False, {}), "single_sam
          # The activation fused into finalize and its derivative into the backward's two passes.
          "relu": ([5, 3], False, {}, "relu"), "gelu_uneven": ([6, 1], False, {}, "gelu"),
          "leaky_relu_affine_false": ([4, 4], False, {"affine": False}, "leaky_relu"),
-         "silu": ([5, 3], True, {}, "silu")}
+         "silu": ([5, 3], True, {}, "silu"),
+         # The layer without a scale (SimSiam's and MoCo v3's heads), and fuse() of nn.SyncBatchNorm.
+         "no_scale": ([5, 3], False, {}, "relu", "plain"),
+         "no_scale_no_bias_affine_false": ([4, 4], False, {"affine": False}, None, "plain_no_bias"),
+         "no_scale_empty_rank": ([0, 6], False, {}, None, "plain"),
+         "fused_sync_module": ([5, 3], False, {}, "relu", "fused_module"),
+         "fused_sync_module_uneven": ([7, 1], False, {"momentum": None}, None, "fused_module")}
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
