@@ -25,7 +25,6 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from cutlass_fused import bench_step
-from cutlass_fused.seed import SeedModel
 
 
 class Float64BatchNorm(nn.Module):
@@ -37,11 +36,11 @@ class Float64BatchNorm(nn.Module):
 
     def forward(self, z):
         bn = self.bn
-        rm, rv = bn.running_mean.double(), bn.running_var.double()
+        wide = lambda t: None if t is None else t.double()
+        rm, rv = wide(bn.running_mean), wide(bn.running_var)
         with torch.autocast(z.device.type, enabled=False):
-            y = F.batch_norm(z.double(), rm, rv, bn.weight.double(), bn.bias.double(), self.training, bn.momentum,
-                             bn.eps)
-        if self.training:
+            y = F.batch_norm(z.double(), rm, rv, wide(bn.weight), wide(bn.bias), self.training, bn.momentum, bn.eps)
+        if self.training and rm is not None:
             with torch.no_grad():
                 bn.running_mean.copy_(rm)
                 bn.running_var.copy_(rv)
@@ -50,10 +49,12 @@ class Float64BatchNorm(nn.Module):
 
 
 def float64_bn(model):
+    """The model with each nn.BatchNorm1d (SeedModel's too) computing in float64."""
     model = copy.deepcopy(model)
-    for m in model.modules():
-        if isinstance(m, SeedModel):
-            m.bn = Float64BatchNorm(m.bn)
+    for m in list(model.modules()):
+        for name, child in m.named_children():
+            if type(child) is nn.BatchNorm1d:
+                setattr(m, name, Float64BatchNorm(child))
     return model
 
 

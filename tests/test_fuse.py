@@ -53,12 +53,14 @@ class Net(nn.Module):
         return self.head(self.seq(self.block(x)))
 
 
-def check_matches(model, shape, device="cpu", family="auto", steps=(True, True, False), **fuse_kwargs):
+def check_matches(model, shape, device="cpu", family="auto", steps=(True, True, False), wrap=None, **fuse_kwargs):
     """fuse(model) against fp32 and float64 copies of the unfused model over train/eval steps on
-    fresh data: outputs, every gradient and every buffer, within 2x PyTorch's fp32 error plus a floor."""
+    fresh data: outputs, every gradient and every buffer, within 2x PyTorch's fp32 error plus a floor.
+    wrap: what calls the fused model (torch.compile, say)."""
     model = model.to(device)
     same, ref = copy.deepcopy(model), copy.deepcopy(model).double()
     fused, report = cutlass_fused.fuse(model, **fuse_kwargs)
+    call = fused if wrap is None else wrap(fused)
     with precision(device, family, "f32"):
         for i, training in enumerate(steps):
             for m in (fused, same, ref):
@@ -66,7 +68,7 @@ def check_matches(model, shape, device="cpu", family="auto", steps=(True, True, 
                 m.zero_grad()
             x, dy = torch.randn(shape, device=device), None
             ys = []
-            for m, dtype in ((fused, torch.float32), (same, torch.float32), (ref, torch.float64)):
+            for m, dtype in ((call, torch.float32), (same, torch.float32), (ref, torch.float64)):
                 y = m(x.to(dtype))
                 dy = torch.randn_like(y) if dy is None else dy
                 y.backward(dy.to(dtype))
