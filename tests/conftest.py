@@ -30,6 +30,17 @@ def override():
         yield lambda **choices: stack.enter_context(cutlass_fused.overrides(**choices))
 
 
+@pytest.fixture
+def fresh_dynamo():
+    """Dynamo reset, and its counters zeroed, before and after the test: each test counts its own
+    compilations and graph breaks from zero (the torch.compile tests' pytestmark)."""
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "uses_gpu0: allocates on cuda:0 on purpose (exempt from the cuda:1 check)")
 

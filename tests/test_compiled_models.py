@@ -20,12 +20,7 @@ def mlp(width=48, blocks=2, classes=5):
     return nn.Sequential(*layers, nn.Linear(width, classes))
 
 
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    counters.clear()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # conftest.py
 
 
 @pytest.mark.parametrize("device,family", FAMILIES, ids=FAMILY_IDS)

@@ -35,13 +35,8 @@ from common import (END_TO_END_BATCH, FAMILIES, FAMILY_IDS, MODES, assert_close_
 CUDA_FAMILIES = [f for d, f in FAMILIES if d == "cuda"]
 
 
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    # Each test counts its own compilations and graph breaks from zero.
-    torch._dynamo.reset()
-    counters.clear()
-    yield
-    torch._dynamo.reset()
+# Each test counts its own compilations and graph breaks from zero (conftest.py).
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def make_layer(device, n_in, n_out, dtype=torch.float32, seed=0):
