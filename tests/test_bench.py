@@ -166,8 +166,9 @@ def test_bench_step_cpu_end_to_end(tmp_path, capsys):
     assert (tmp_path / "step.png").exists() == (importlib.util.find_spec("matplotlib") is not None)
     assert bench.main(["--report", str(tmp_path / "step.json")]) == 0
     report = capsys.readouterr().out
-    assert report.startswith("| precision | batch | width | blocks | act | impl | ms/step | x mm |")
-    assert report.count("| f32 | 32 | 48 | 2 | relu | ") == 2 and "| amp-bf16 | 32 | 48 | 1 | gelu | fused |" in report
+    assert report.startswith("| precision | batch | width | blocks | act | model | impl | ms/step | x mm |")
+    assert report.count("| f32 | 32 | 48 | 2 | relu | seed | ") == 2
+    assert "| amp-bf16 | 32 | 48 | 1 | gelu | seed | fused |" in report
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
@@ -179,7 +180,7 @@ def test_bench_step_gpu_all_rows(tmp_path, capsys):
     assert all(r["vs_compile"] == pytest.approx(ms["compile"] / r["ms"]) for r in res["rows"])
     assert all(r["peak_extra_mib"] > 0 for r in res["rows"])
     assert bench.main(["--report", str(tmp_path / "step.json")]) == 0
-    assert capsys.readouterr().out.count("| amp-bf16 | 64 | 128 | 2 | relu | ") == len(ROWS)
+    assert capsys.readouterr().out.count("| amp-bf16 | 64 | 128 | 2 | relu | seed | ") == len(ROWS)
 
 
 def test_bench_step_records_a_failed_row(tmp_path, monkeypatch):
@@ -328,17 +329,18 @@ def test_bench_step_graph_row_is_the_eager_step(row, precision):
 
 
 @pytest.mark.parametrize("bad", ["f32,64,64", "f16,64,64,2", "f32,64,64,2,tanh", "f32,1,64,2", "f32,64,0,2",
-                                 "f32,64,64,x"])
+                                 "f32,64,64,x", "f32,64,64,2,relu,resnet", "f32,64,64,2,relu,plain,7"])
 def test_bench_step_rejects_bad_cases(bad, capsys):
     with pytest.raises(SystemExit):
         bench.main(["--step-case", bad])
-    assert "expected --step-case PRECISION,BATCH,WIDTH,BLOCKS[,ACTIVATION]" in capsys.readouterr().err
+    assert "expected --step-case PRECISION,BATCH,WIDTH,BLOCKS[,ACTIVATION[,MODEL]]" in capsys.readouterr().err
 
 
 def test_bench_step_parses_cases():
     from cutlass_fused.bench_step import Case, parse_case
     assert parse_case("amp-bf16,4096,4096,4") == Case("amp-bf16", 4096, 4096, 4, "relu")
-    assert parse_case("tf32,8,16,3,leaky_relu") == Case("tf32", 8, 16, 3, "leaky_relu")
+    assert parse_case("tf32,8,16,3,leaky_relu") == Case("tf32", 8, 16, 3, "leaky_relu", "seed")
+    assert parse_case("amp-bf16,512,2048,3,relu,simsiam") == Case("amp-bf16", 512, 2048, 3, "relu", "simsiam")
 
 
 @pytest.mark.skipif(CUDA, reason="the CPU refusal of tf32")
