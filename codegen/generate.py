@@ -4,7 +4,7 @@
     python -m codegen.generate --check    # exit 1 if csrc/generated is stale
 
 What it writes: kernels.inc, the registry (an X-macro over the rows, which
-csrc/kernels/gemm_evt.h and registry.cpp expand), and per row a small <name>.cu
+csrc/kernels/table.h and types.h expand), and per row a small <name>.cu
 (the name CMake globs) that instantiates the hand-written class template of the
 row's family and mode (csrc/kernels/gemm/<family>_<mode>.cuh) with the row's
 dtype, tile, cluster, epilogue tile and schedule (sm80: tile, warp tile, stages),

@@ -92,18 +92,18 @@ class Kernel:
 
 
 # sm90: cooperative, cluster 1x2. CTA 128x256 was the best statistics-EVT tile
-# in the 2026-11-21 probe (notes/cutlass-evt-facts.md). TF32 halves the K tile
+# in the 2026-11-21 probe (docs/decisions.md, "Kernel table"). TF32 halves the K tile
 # so a stage costs the same shared memory as the 16-bit one.
 #
-# Training uses the "stats" kernels below (tile sums of the swapped GEMM, NOTES.md v0.10).
+# Training uses the "stats" kernels below (tile sums of the swapped GEMM, docs/decisions.md, "Statistics route").
 # A row reduction of fp64 statistics in the unswapped eval GEMM (the former mode "train")
 # measured slower than our ordered column pass over h on an H100 at every large shape
-# (3-11%; NOTES.md, v0.7), and is no longer generated.
+# (3-11%; docs/decisions.md, "Statistics route"), and is no longer generated.
 _SM90 = [
     # 16-bit: 256x128, cluster 1x2 (cuBLAS's own choice here) measured best or level
     # on an H100 at 1024x8192^2, 16384x4096^2 and 4096^3 (python -m cutlass_fused.tune;
-    # bf16: benchmarks/NOTES.md v0.7; f16, eval x torch.mm against 128x256 c1x2: 1.024 / 1.038 /
-    # 1.031 against 1.073 / 1.038 / 1.053, v0.19); tf32 keeps the 128x256 tile, untuned.
+    # bf16: docs/decisions.md, "Kernel table"; f16, eval x torch.mm against 128x256 c1x2: 1.024 / 1.038 /
+    # 1.031 against 1.073 / 1.038 / 1.053); tf32 keeps the 128x256 tile, untuned.
     Kernel("sm90", "bf16", "eval", (256, 128, 64), (1, 2, 1)),
     Kernel("sm90", "f16", "eval", (256, 128, 64), (1, 2, 1)),
     Kernel("sm90", "tf32", "eval", (128, 256, 32), (1, 2, 1)),
@@ -124,7 +124,7 @@ _SM90 += [Kernel("sm90", "bf16", "stats", (128, 256, 64), (2, 1, 1))]
 # tile that find_kernel takes for batches too small for 128x256 to fill the GPU.
 # That one has no cluster: train x torch.mm at 256 x 8192^2 1.224 against 1.267 for
 # its 2x1 cluster, and at 512 x 8192^2 1.216 against 1.331 (H100, one tune run of 3 rounds;
-# NOTES.md v0.17). K tiles of 128 (3 stages) were slower or level (1.320, 1.374).
+# docs/decisions.md, "Small batches"). K tiles of 128 (3 stages) were slower or level (1.320, 1.374).
 _SM90 += [Kernel("sm90", "bf16", "stats", (128, 256, 64), c) for c in ((1, 1, 1), (1, 2, 1))]
 _SM90 += [Kernel("sm90", "bf16", "stats", (256, 128, 64), c) for c in ((2, 1, 1), (1, 2, 1))]
 _SM90 += [Kernel("sm90", "bf16", "stats", (128, 128, 64), (1, 1, 1))]
@@ -138,10 +138,10 @@ _SM90 += [Kernel("sm90", "tf32", "stats", (128, 256, 32), (2, 1, 1))]
 # fp16: bf16's default statistics tile and its small-batch one. Its tile sums are of the rounded
 # fp16 h, as bf16's are; where h overflows they are infinite, and where z = h * scale could
 # overflow (the tail bounds every |z| by sqrt(sum h^2) |scale|) the column takes the exact pass,
-# which emulates that overflow (csrc/kernels/batch_norm.cu, gemm_sums_trusted).
+# which emulates that overflow (csrc/kernels/bn_train.cu, gemm_sums_trusted).
 _SM90 += [Kernel("sm90", "f16", "stats", (128, 256, 64), (2, 1, 1)),
           Kernel("sm90", "f16", "stats", (128, 128, 64), (1, 1, 1))]
-# fp16 tuner candidates: the statistics tile without a cluster (registry.cpp's kTunedKernels
+# fp16 tuner candidates: the statistics tile without a cluster (plan.cpp's kTunedKernels
 # takes it at 1024 x 8192^2), bf16's 256x128 statistics tile, and the previous eval default.
 _SM90 += [Kernel("sm90", "f16", "stats", (128, 256, 64), (1, 1, 1)),
           Kernel("sm90", "f16", "stats", (256, 128, 64), (1, 2, 1)),
@@ -149,13 +149,13 @@ _SM90 += [Kernel("sm90", "f16", "stats", (128, 256, 64), (1, 1, 1)),
 
 # Smaller 16-bit tiles for problems too small to fill the GPU with the default's
 # tiles (batch <= 256 at 8192 features: 64 CTAs of 256x128 on 132 SMs).
-# find_kernel switches to them by tile count (csrc/kernels/registry.cpp).
+# find_kernel switches to them by tile count (csrc/kernels/plan.cpp).
 _SM90 += [Kernel("sm90", dt, "eval", tile, (1, 2, 1))
           for dt in ("bf16", "f16") for tile in ((128, 128, 64), (128, 64, 64))]
 # At 256 rows of 8192 -> 8192 the pair of CTAs along the batch shares W's tile (the operand
 # that streams from memory there) instead of x's: eval x torch.mm 1.043 against 1.080 for
-# c1x2 (registry.cpp's kTunedKernels). It lost at 128, 384 and 512 rows and at 256 x 4096^2,
-# and a 1x4 cluster of 128x64 tiles lost everywhere (benchmarks/NOTES.md, v0.20).
+# c1x2 (plan.cpp's kTunedKernels). It lost at 128, 384 and 512 rows and at 256 x 4096^2,
+# and a 1x4 cluster of 128x64 tiles lost everywhere (docs/decisions.md, "Kernel table").
 _SM90 += [Kernel("sm90", "bf16", "eval", (128, 128, 64), (2, 1, 1))]
 # 128x256 without a cluster: kTunedKernels takes it for bf16 eval at 512 rows of 8192^2
 # (plan.cpp). 256x128 without one was level at 512 rows (1.062 against 1.057 x mm in graphs).
@@ -177,13 +177,13 @@ _SM90 += [Kernel("sm90", dt, mode, (128, 192, 64), (1, 1, 1)) for dt in ("bf16",
 # kernel (fp64 statistics in a row reduction) spilled 1.6 KB and ran 18% slower
 # than the eval kernel plus a separate column-statistics pass (H100).
 _SM90 += [Kernel("sm90", "f32x3", "eval", (128, 128, 32), (1, 2, 1), promote=p) for p in (8, 4)]
-# Tuned on an H100 (benchmarks/NOTES.md, v0.9, v0.11): clusters 2x1, 1x1 and 2x2
+# Tuned on an H100 (docs/decisions.md, "fp32 on sm90"): clusters 2x1, 1x1 and 2x2
 # were level with 1x2 or slower, tiles 128x192 slower, ping-pong 64x128 1.4-2.1x
 # slower. A 64-deep fp32 K tile (128 KiB of operands a stage) leaves no room for
 # two stages. Promoting every 8 MMAs instead of 4 ran the GEMM ~4% faster at
 # 16384x4096^2 (level at 1024x8192^2). With the small products first along K
 # (csrc/kernels/tf32x3.h) its error is 0.24-0.97 of SGEMM's at K = 48 to 16384,
-# promoting every 4: 0.23-1.21 (NOTES.md v0.13); 4 stays as a candidate.
+# promoting every 4: 0.23-1.21 (docs/decisions.md, "fp32 on sm90"); 4 stays as a candidate.
 # Its training GEMM with the statistics in the epilogue (mode "stats", swapped
 # operands: the eval tile turned around). Its tile sums are fp64 (a column
 # reduction keeps two rows a thread, which the row reduction above could not
@@ -191,7 +191,7 @@ _SM90 += [Kernel("sm90", "f32x3", "eval", (128, 128, 32), (1, 2, 1), promote=p) 
 # that pass. The cluster pairs CTAs along the batch, which share the W tile:
 # GEMM 1109 / 5031 us at 1024x8192^2 / 16384x4096^2 against 1290 / 5413 for
 # the pair sharing the x tile (kept as a candidate) and 1293 / 8645 for no
-# cluster (H100, benchmarks/stats_ab.py; NOTES.md v0.12).
+# cluster (H100, benchmarks/stats_ab.py; docs/decisions.md, "fp32 on sm90").
 _SM90 += [Kernel("sm90", "f32x3", "stats", (128, 128, 32), c, promote=8) for c in ((1, 2, 1), (2, 1, 1))]
 
 # FP8 (issue 33): the training GEMM over e4m3 x and W. The promoted mainloop keeps a second

@@ -61,8 +61,10 @@ def main():
     ref.load_state_dict(seed.state_dict())
     x = torch.randn(m, k, device=device, dtype=dtype)
     name = torch.cuda.get_device_name() if cuda else "CPU"
-    print(f"cutlass_fused on {name}: batch={m} in={k} out={n} {args.dtype}, "
-          f"kernels built: {len(cutlass_fused.built_kernels())}")
+    built = len(cutlass_fused.built_kernels())
+    why = "" if built else (" (a CPU build: no CUDA kernels; the layer runs PyTorch ops here)" if not cuda
+                            else " (this build has no CUDA kernels: rebuild with CUDA torch and nvcc)")
+    print(f"cutlass_fused on {name}: batch={m} in={k} out={n} {args.dtype}, kernels built: {built}{why}")
 
     with cutlass_fused.use_kernel_family(args.family):
         for mode, train in (("train", True), ("eval", False)):

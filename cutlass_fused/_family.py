@@ -3,8 +3,8 @@
 "auto" picks sm90 on compute capability 9.0 and sm80 elsewhere (sm80-sm89,
 and newer GPUs through its compute_80 PTX). "sm80" forces the Ampere family,
 also on Hopper: that is how the Ampere kernels are tested without an Ampere
-GPU. fp32 without TF32 (3xTF32) exists in the sm80 family only and always
-uses it.
+GPU. fp32 without TF32 is 3xTF32 in both: CUTLASS's in-kernel split on sm80,
+operands split for the TF32 kernel on sm90.
 """
 import contextlib
 import os
@@ -19,7 +19,7 @@ def _check(family: str) -> str:
     return family
 
 
-# Read once, at import (as the other overrides are: cutlass_fused/overrides.py).
+# Read once, at import (as the other overrides are: cutlass_fused/_overrides.py).
 _from_environment = _check(os.environ.get("CUTLASS_FUSED_FAMILY", "") or "auto")
 
 

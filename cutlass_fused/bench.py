@@ -20,7 +20,6 @@ import argparse
 import contextlib
 import copy
 import json
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -408,9 +407,18 @@ def plot(result, path, rows, sweep=False):
     report.save_figure(plt, fig, result["meta"], path)
 
 
+class _Help(argparse.HelpFormatter):
+    """argparse's help, with lines broken at spaces only: the cases and row names hold hyphens."""
+
+    def _split_lines(self, text, width):
+        import textwrap
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    ap = argparse.ArgumentParser(prog="python -m cutlass_fused.bench", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m cutlass_fused.bench", description=__doc__.split("\n")[0],
+                                 formatter_class=_Help)
     ap.add_argument("--shape", type=parse_shape, action="append",
                     help="B,IN,OUT (repeatable; default: " + " ".join(",".join(map(str, s)) for s in SHAPES)
                     + " on a GPU, 128,1024,512 on the CPU)")
@@ -420,9 +428,9 @@ def main(argv=None):
                     help="CUDA kernel family: auto picks sm90 on Hopper, sm80 elsewhere (default: auto)")
     ap.add_argument("--autocast", action="store_true",
                     help="fp32 models and inputs under torch.autocast(dtype=--dtype), which must be bf16 or f16")
-    ap.add_argument("--impl", choices=IMPLS, action="append",
-                    help="repeatable; default: all but cutlass_fused-frozen (ours inside frozen_weights()) on a "
-                         "GPU, torch.mm, eager and cutlass_fused on the CPU")
+    ap.add_argument("--impl", choices=IMPLS, action="append", metavar="IMPL",
+                    help="repeatable; one of " + ", ".join(IMPLS) + ". Default: " + ", ".join(DEFAULT_IMPLS)
+                         + " on a GPU; torch.mm, eager and cutlass_fused on the CPU")
     ap.add_argument("--graphs", action="store_true",
                     help="add rows with each call captured in a CUDA graph (GPU only; ignored on the CPU)")
     ap.add_argument("--sweep", action="store_true",
@@ -436,13 +444,12 @@ def main(argv=None):
                          "eager and fused on the CPU) instead of the layer alone; writes step.json and step.png")
     ap.add_argument("--step-case", type=bench_step.parse_case, action="append", metavar="CASE",
                     help=bench_step.CASE_HELP)
-    ap.add_argument("--step-row", choices=bench_step.ALL_ROWS, action="append",
-                    help="a training-step row (repeatable; implies --step); default: the first four on a GPU, "
-                         "eager and fused on the CPU. The torchao rows (issue 33's anchors) need torchao; the "
-                         "compile rows a GPU")
-    ap.add_argument("--out", default=os.environ.get("OUT", "bench_out"),
-                    help="output folder for results.json (sweep.json, step.json) and the PNGs (default: $OUT, "
-                         "else bench_out)")
+    ap.add_argument("--step-row", choices=bench_step.ALL_ROWS, action="append", metavar="ROW",
+                    help="a training-step row (repeatable; implies --step): one of " + ", ".join(bench_step.ALL_ROWS)
+                         + ". Default: the first four on a GPU, eager and fused on the CPU. The torchao rows "
+                         "(issue 33's anchors) need torchao; the compile rows a GPU")
+    ap.add_argument("--out", default="bench_out",
+                    help="output folder for results.json (sweep.json, step.json) and the PNGs (default: bench_out)")
     ap.add_argument("--report", metavar="RESULTS_JSON", help="print a results file (any of the three) as a markdown "
                     "table and exit")
     args = ap.parse_args(argv)

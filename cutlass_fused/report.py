@@ -34,7 +34,11 @@ def pyplot():
 
 
 def save_figure(plt, fig, meta, path):
-    fig.suptitle(f"cutlass_fused on {meta['gpu']}, {meta['date']}, commit {meta['commit']}", fontsize=9)
+    title = f"cutlass_fused on {meta['gpu']}, {meta['date']}, commit {meta['commit']}"
+    if meta["gpu"] == "cpu":  # said on the image itself: a plot travels without its log
+        title += ("\nCPU: the layer runs PyTorch ops, not the CUDA kernels; these times are a check that it "
+                  "runs, not a speed measure")
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

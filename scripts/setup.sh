@@ -21,4 +21,12 @@ $py -c "import sklearn" 2>/dev/null || $py -m pip install -q scikit-learn
 # The benchmark CLI's progress bar and plots (the [bench] extra).
 $py -c "import tqdm, matplotlib" 2>/dev/null || $py -m pip install -q tqdm matplotlib
 source scripts/pick_cxx.sh
+echo "setup: building cutlass_fused (the CUDA kernels take minutes where nvcc and CUDA torch are here)"
 $py -m pip install -q --no-build-isolation --no-deps -e .
+$py - <<'PY'
+import torch
+import cutlass_fused
+n = len(cutlass_fused.built_kernels())
+print(f"setup: built cutlass_fused {cutlass_fused.__version__} against torch {torch.__version__}: {n} CUDA kernels"
+      + ("" if n else " (a CPU build: the ops run in PyTorch)"))
+PY

@@ -6,7 +6,7 @@
 // registers and warp shuffles with no shared-memory pass (a row reduction, the
 // unswapped form, needs one). Besides h it leaves, per CTA and feature, the sums of
 // u = h - shift and u^2 over the CTA's batch rows; the training tail
-// (batch_norm.cu) adds them up in a fixed order.
+// (bn_train.cu) adds them up in a fixed order.
 //
 // A row of the kernel table instantiates Gemm with its dtype (dtype.cuh), CTA tile
 // (features, batch, K), cluster, epilogue tile and schedule
