@@ -65,10 +65,94 @@ def _entry(rank, fn, backend, store, args):
     os._exit(0)
 
 
+def _serve(rank, store, tasks, results):
+    """A gloo rank of the module's pool (_Pool): runs each task it is given, fn(rank, cpu, *args),
+    in one process group kept up between tasks, and reports None or the traceback. After a failure
+    the group may be left mid-collective, so the rank leaves (and the pool is made anew)."""
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD,
+                            timeout=datetime.timedelta(seconds=30))
+    while True:
+        task = tasks.get()
+        if task is None:
+            break
+        fn, args = task
+        try:
+            fn(rank, torch.device("cpu"), *args)
+            dist.barrier()  # every rank past the task's last collective before the next task
+            results.put((rank, None))
+        except BaseException:
+            results.put((rank, traceback.format_exc()))
+            break
+    results.close()
+    results.join_thread()  # the queue's feeder thread has sent every report: os._exit would drop them
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # as _entry: no teardown that could hang or abort
+
+
+class _Pool:
+    """Two gloo ranks kept for the module's tests: spawning a pair and bringing torch up took ~6 s of
+    each test's ~7 on a 2-core CPU, the suite's largest cost; the tasks themselves take a second.
+    A task that fails or hangs retires the pool (its group may be mid-collective); the next test
+    starts a new one."""
+
+    def __init__(self):
+        ctx = mp.get_context("spawn")
+        self.dir = tempfile.TemporaryDirectory()
+        self.tasks = [ctx.Queue() for _ in range(WORLD)]
+        self.results = ctx.Queue()
+        self.procs = [ctx.Process(target=_serve, args=(r, os.path.join(self.dir.name, "store"), self.tasks[r],
+                                                       self.results), daemon=True) for r in range(WORLD)]
+        for proc in self.procs:
+            proc.start()
+
+    def run(self, fn, args, limit):
+        """None, or why fn failed (every failing rank's traceback, or the hang)."""
+        for q in self.tasks:
+            q.put((fn, args))
+        deadline, failures = time.monotonic() + limit, []
+        for _ in range(WORLD):
+            try:
+                rank, err = self.results.get(timeout=max(1.0, deadline - time.monotonic()))
+            except Exception:  # queue.Empty: a hang, or a rank that died without a word
+                return f"{fn.__name__} did not finish in {limit} s" + "".join(f"\nrank {r}: {e}" for r, e in failures)
+            if err is not None:
+                failures.append((rank, err))
+        return "".join(f"rank {r}: {e}" for r, e in failures) or None
+
+    def close(self):
+        for q in self.tasks:
+            q.put(None)
+        for proc in self.procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+        self.dir.cleanup()
+
+
+_POOL = []  # the module's gloo pool, made on first use
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _gloo_pool():
+    yield
+    while _POOL:
+        _POOL.pop().close()
+
+
 def run(fn, backend, *args, limit=300):
     """fn(rank, device, *args) on WORLD processes; a failure in any fails the test, as does a hang.
-    The limit only catches hangs: gloo's DDP test took ~9 s alone and over 90 s under 16 pytest
-    workers on a 16-core GPU host."""
+    gloo runs in the module's pool of two ranks (_Pool); NCCL spawns its two GPU ranks for each
+    test. The limit only catches hangs: gloo's DDP test took ~9 s alone and over 90 s under 16
+    pytest workers on a 16-core GPU host."""
+    if backend == "gloo":
+        if not _POOL:
+            _POOL.append(_Pool())
+        why = _POOL[0].run(fn, args, limit)
+        if why is not None:
+            _POOL.pop().close()
+            pytest.fail(why)
+        return
     with tempfile.TemporaryDirectory() as d:
         procs = mp.start_processes(_entry, args=(fn, backend, os.path.join(d, "store"), args), nprocs=WORLD,
                                    join=False, start_method="spawn")
