@@ -36,8 +36,7 @@ def pyplot():
 def save_figure(plt, fig, meta, path):
     title = f"cutlass_fused on {meta['gpu']}, {meta['date']}, commit {meta['commit']}"
     if meta["gpu"] == "cpu":  # said on the image itself: a plot travels without its log
-        title += ("\nCPU: the layer runs PyTorch ops, not the CUDA kernels; these times are a check that it "
-                  "runs, not a speed measure")
+        title += "\nCPU: PyTorch ops, not the CUDA kernels.\nThese times check that it runs; they are no speed measure."
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
