@@ -113,10 +113,11 @@ def mlp(case, device, seed=0):
     elif case.model == "plain":
         layers = [m for _ in range(case.blocks) for m in (nn.Linear(w, w, bias=False), nn.BatchNorm1d(w), act())]
         layers.append(nn.Linear(w, CLASSES))
-    else:  # simsiam's projector
-        layers = [m for i in range(case.blocks) for m in (nn.Linear(w, w, bias=False), nn.BatchNorm1d(w), act())
-                  if i < case.blocks - 1 or not isinstance(m, act)]
-        layers[-1] = nn.BatchNorm1d(w, affine=False)
+    else:  # simsiam's projector: the last block without the activation, its BatchNorm without affine
+        layers = []
+        for i in range(case.blocks):
+            last = i == case.blocks - 1
+            layers += [nn.Linear(w, w, bias=False), nn.BatchNorm1d(w, affine=not last)] + ([] if last else [act()])
     model = nn.Sequential(*layers).to(device)
     return model.to(torch.bfloat16) if case.precision == "bf16" else model
 
