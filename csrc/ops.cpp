@@ -97,6 +97,11 @@ void check_family(c10::string_view family) {
   }
 }
 
+void ask_y(Problem& p, at::ScalarType y) {
+  p.y_other = y != at::kBFloat16 && y != at::kHalf && y != at::kFloat;
+  if (!p.y_other) p.y = dtype_of(y, "output_dtype");
+}
+
 DType dtype_of(at::ScalarType t, char const* name) {
   switch (t) {
     case at::kBFloat16: return DType::bf16;
@@ -174,7 +179,8 @@ void set_overrides(std::string const& kernel, std::string const& tail, std::stri
 // compute capability and SM count, with the overrides in force; "key=value" lines.
 std::string plan_op(std::string const& op, int64_t m, int64_t n, int64_t k, at::ScalarType dtype, bool y_wider,
                     bool allow_tf32, std::string const& family, int64_t capability, int64_t sm_count,
-                    bool cumulative, bool groups16, c10::string_view activation, c10::string_view fp8) {
+                    bool cumulative, bool aligned, c10::string_view activation, c10::string_view fp8,
+                    c10::optional<at::ScalarType> output_dtype) {
   TORCH_CHECK_VALUE(fp8 == "none" || fp8 == "e4m3" || fp8 == "e4m3_fast",
                     "cutlass_fused: expected fp8 to be 'none', 'e4m3' or 'e4m3_fast', but got '", fp8, "'");
   Problem p;
@@ -189,12 +195,13 @@ std::string plan_op(std::string const& op, int64_t m, int64_t n, int64_t k, at::
   p.k = k;
   p.x = dtype_of(dtype, "dtype");
   p.y_wider = y_wider;
+  ask_y(p, output_dtype.value_or(y_wider ? at::kFloat : dtype));
   p.allow_tf32 = allow_tf32;
   p.family = family;
   p.capability = static_cast<int>(capability);
   p.sm_count = static_cast<int>(sm_count);
   p.cumulative = cumulative;
-  p.groups16 = groups16;
+  p.aligned = aligned;
   p.act = activation_of(activation);
   p.fp8 = fp8 != "none";
   p.fast_accum = fp8 == "e4m3_fast";
@@ -560,8 +567,8 @@ TORCH_LIBRARY(cutlass_fused, m) {
         &set_overrides);
   // What the plan chooses for a problem (cutlass_fused.plan()), on any device.
   m.def("plan(str op, int m, int n, int k, ScalarType dtype, bool y_wider, bool allow_tf32, str family,"
-        " int capability, int sm_count, bool cumulative, bool groups16, str activation=\"none\","
-        " str fp8=\"none\") -> str",
+        " int capability, int sm_count, bool cumulative, bool aligned, str activation=\"none\","
+        " str fp8=\"none\", ScalarType? output_dtype=None) -> str",
         &plan_op);
   // Drops every value kept under `cache` (frozen_weights' exit).
   m.def("clear_cache() -> ()", &clear_cache);

@@ -63,6 +63,9 @@ void check_running_stats(at::Tensor const& running_mean, at::Tensor const& runni
 // The kernels' element type for t; `name` names the argument in the error for any other dtype.
 DType dtype_of(at::ScalarType t, char const* name);
 
+// Tells the plan the dtype y is asked in: one the kernels know, or y_other (a cast after them).
+void ask_y(Problem& p, at::ScalarType y);
+
 // The overrides of the plan's choices in force (cutlass_fused.overrides()), and whether outputs
 // start as NaN (tests).
 Overrides current_overrides();

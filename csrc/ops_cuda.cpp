@@ -410,14 +410,12 @@ TrainOut train_cuda(at::Tensor const& x, at::Tensor const& weight, c10::optional
   pr.cumulative = !momentum.has_value();
   pr.fp8 = fp8;
   pr.fast_accum = fast_accum;
-  // h (padded rows) and y (contiguous) are fresh: 16-byte groups wherever n allows them.
-  pr.groups16 = n % (16 / static_cast<int64_t>(c10::elementSize(xt))) == 0;
+  pr.aligned = true;  // h (padded rows) and y (contiguous) are fresh allocations
+  ask_y(pr, y_dt);
   Plan plan = planned(pr);
   auto [h, ws] = linear_h(plan, x, weight, bias, cache, xt);
   auto scale_d = dense(scale), bn_weight_d = dense(bn_weight), bn_bias_d = dense(bn_bias);  // alive until the launch
-  // The kernels write y in h's dtype or fp32; another requested dtype is a cast of h * scale's.
-  bool direct = y_dt == xt || y_dt == at::kFloat;
-  auto out = normalized(h, scale_d, m, bn_weight_d, bn_bias_d, eps, direct ? y_dt : out_dtype);
+  auto out = normalized(h, scale_d, m, bn_weight_d, bn_bias_d, eps, plan.y_cast ? out_dtype : y_dt);
   out.a.act = act;
   out.a.slope = static_cast<float>(negative_slope);
   auto stats = at::empty({2, n}, x.options().dtype(at::kDouble));
@@ -442,7 +440,7 @@ TrainOut train_cuda(at::Tensor const& x, at::Tensor const& weight, c10::optional
   batch_norm_train(t, at::cuda::getCurrentCUDAStream().stream());
   write_back(running_mean, rm_d);
   write_back(running_var, rv_d);
-  return {direct ? out.y : out.y.to(y_dt), h, stats, out.mean, out.invstd};
+  return {plan.y_cast ? out.y.to(y_dt) : out.y, h, stats, out.mean, out.invstd};
 }
 
 TrainOut linear_scale_batch_norm_train_cuda(at::Tensor const& x, at::Tensor const& weight,
@@ -541,7 +539,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_nor
   at::Tensor dweight = grad_vector(weight, h), dbias = grad_vector(weight, h);
   Problem pr = problem(Op::backward, m, n, 0, h.scalar_type(), b.dy.scalar_type() != h.scalar_type(), "auto",
                        h.device());
-  pr.groups16 = limits::groups16(static_cast<int>(c10::elementSize(h.scalar_type())), n, h.stride(0),
+  pr.aligned = limits::aligned16(static_cast<int>(c10::elementSize(h.scalar_type())), h.stride(0),
                                  {b.dy.data_ptr(), h.data_ptr(), b.dh.data_ptr()});
   pr.act = g.act;
   Plan plan = planned(pr);
@@ -655,10 +653,6 @@ at::Tensor eval_cuda(at::Tensor const& x, at::Tensor const& weight, c10::optiona
   auto z = output_dtype(xt, scale_in);
   auto y_dt = y_dtype(xt, scale_in, output_dtype_);
   check_running_stats(running_mean_in, running_var_in, n, z);
-  // The epilogue writes y in x's dtype (from its fp32 value) or in z's. fp16 with an fp32 z is
-  // not x's route: its fold rounds z to fp16 (fold_scale_apart), which an fp32 z never is.
-  bool narrow = y_dt == xt && !(y_dt == at::kHalf && z != at::kHalf);
-  auto out = narrow ? xt : z;
   // After the epilogue: the activation where the epilogue did not apply it (on y in its dtype, as
   // the unfused model applies it), then a requested dtype the epilogue does not write.
   auto finish = [&](at::Tensor y, bool activation_done) {
@@ -675,10 +669,12 @@ at::Tensor eval_cuda(at::Tensor const& x, at::Tensor const& weight, c10::optiona
   col_vec(running_var, "running_var", n, dev);
   if (m == 0) return at::empty({0, n}, x.options().dtype(y_dt));
   c10::cuda::CUDAGuard guard(dev);
-  Problem pr = problem(Op::eval, m, n, k, xt, out != xt, family, dev);
+  Problem pr = problem(Op::eval, m, n, k, xt, z != xt, family, dev);
   pr.fp8 = fp8;
   pr.fast_accum = fast_accum;
+  ask_y(pr, y_dt);
   Plan plan = planned(pr);
+  auto out = plan.y_in_x ? xt : z;  // the dtype the epilogue writes y in
   // Where the plan says, the sm90 eval kernel makes the fold in its epilogue (gemm/sm90_fold.cuh):
   // one launch. Else, and where frozen_weights() keeps the vectors for the next call (cache,
   // outside graph capture), the fold kernel's, as on sm80 and the fp32 route; both give y the
@@ -701,10 +697,7 @@ at::Tensor eval_cuda(at::Tensor const& x, at::Tensor const& weight, c10::optiona
   }
   auto y = empty_padded(m, n, x.options().dtype(xt));
   poison(y);
-  // The epilogue applies the activation before y's one rounding, as the training tails do,
-  // except where sm80's 3xTF32 infinity fix rewrites outputs after it (inf_fix.h: it knows no
-  // activation; a rare family, whose y then takes the ATen op).
-  bool in_epilogue = !plan.gemm.inf_fix;
+  bool in_epilogue = plan.act_in_epilogue;
   Epilogue e{nullptr, nullptr, nullptr, in_epilogue ? act : Activation::none, static_cast<float>(negative_slope)};
   if (fold_in_epilogue) {
     e.fold = eval_fold_inputs(scale, bn_weight, bn_bias, running_mean, running_var, eps);

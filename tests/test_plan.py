@@ -338,3 +338,59 @@ def test_fp8_math_and_rows():
     # A fast row forced where the recipe asks for promotion serves nothing: the plan keeps promotion.
     with cutlass_fused.overrides(kernel="sm90_e4m3_stats_128x256x128_c2x1x1_fastacc"):
         assert plan(4096, 4096, 4096, fp8="e4m3", **H100)["kernel"] == "sm90_e4m3_stats_128x128x128_c1x1x1"
+
+
+@pytest.mark.parametrize("family", ["sm90", "sm80"])
+def test_training_y_is_written_in_x_dtype_or_fp32_and_cast_to_any_other(family):
+    """The training kernels write y in x's dtype or fp32; a y asked in another dtype is written in
+    z's and cast (y_cast), the binding's only say being the cast the plan names."""
+    for x, asked, cast in [(torch.bfloat16, None, False), (torch.bfloat16, torch.float32, False),
+                           (torch.bfloat16, torch.float16, True), (torch.bfloat16, torch.float64, True),
+                           (torch.float16, torch.float16, False), (torch.float32, torch.bfloat16, True),
+                           (torch.float32, torch.float64, True)]:
+        got = plan(1000, 769, 512, dtype=x, family=family, output_dtype=asked, **H100)
+        assert got["y_cast"] == cast, (x, asked)
+    # under autocast (an fp32 z of a 16-bit x) y in fp32 is the kernels' own
+    assert not plan(1000, 769, 512, y_dtype=torch.float32, family=family, **H100)["y_cast"]
+
+
+@pytest.mark.parametrize("family", ["sm90", "sm80"])
+def test_eval_y_route_by_the_dtype_asked(family):
+    """Eval's epilogue writes y in x's dtype where it is asked in it (y_in_x), except fp16 with an
+    fp32 z, whose fold rounds z to fp16 only without one; a wider y of a 16-bit x is formed in fp32
+    (eval_in_fp32), and fp16's fold keeps the scale apart exactly where it is not."""
+    def route(x, z=None, asked=None):
+        got = plan(1000, 769, 512, dtype=x, mode="eval", family=family, y_dtype=z, output_dtype=asked, **H100)
+        return got["y_in_x"], got["eval_in_fp32"], got["fold_scale_apart"]
+
+    assert route(torch.bfloat16) == (True, False, False)
+    assert route(torch.float16) == (True, False, True)
+    assert route(torch.float32) == (True, False, False)
+    assert route(torch.bfloat16, torch.float32) == (False, True, False)  # autocast: y in fp32
+    assert route(torch.bfloat16, torch.float32, torch.bfloat16) == (True, False, False)
+    assert route(torch.float16, torch.float32, torch.float16) == (False, True, False)
+    assert route(torch.bfloat16, asked=torch.float32) == (False, False, False)  # z's dtype, then a cast
+    assert route(torch.bfloat16, torch.float32, torch.float64) == (False, True, False)
+
+
+def test_eval_activation_leaves_the_epilogue_only_for_the_inf_fix():
+    """The eval epilogue applies the activation, except on sm80's 3xTF32 (fp32 without TF32),
+    whose infinity fix rewrites outputs after it."""
+    for family in ("sm90", "sm80"):
+        for dtype, tf32 in [(torch.bfloat16, False), (torch.float16, False), (torch.float32, True),
+                            (torch.float32, False)]:
+            got = plan(1000, 769, 512, dtype=dtype, mode="eval", family=family, allow_tf32=tf32,
+                       activation="relu", **H100)
+            assert got["act_in_epilogue"] == (not got["inf_fix"])
+            assert got["inf_fix"] == (family == "sm80" and dtype == torch.float32 and not tf32)
+
+
+def test_sixteen_byte_groups_need_aligned_data_and_whole_groups_of_columns():
+    """The slab kernels read 16-byte groups: the binding says whether the data is aligned, and the
+    plan asks n for whole groups (8 bf16 or 4 fp32 columns) itself."""
+    assert plan(256, 8192, 0, mode="backward", **H100)["backward"] == "slab"
+    assert plan(256, 8192 - 4, 0, mode="backward", **H100)["backward"] == "passes"  # 4 bf16 columns short
+    assert plan(256, 8192, 1024, **H100)["tail"] == "slab"
+    for kw in (dict(aligned=False), dict(n=8192 - 4)):
+        got = plan(**{"m": 256, "n": 8192, "k": 1024, **kw}, **H100)
+        assert (got["tail"], got["pieces"]) == ("cooperative", 0), kw

@@ -13,14 +13,19 @@ constexpr unsigned blocks(int64_t work, int per_block) {
   return static_cast<unsigned>((work + per_block - 1) / per_block);
 }
 
-// Whether m x n data of `bytes`-byte elements can be read in 16-byte groups: n, the row stride
-// ld and every pointer allow it (not unaligned sizes such as 769 columns). The launchers pick
-// their vector width by it, and the binding tells the plan (Problem::groups16).
-inline bool groups16(int bytes, int64_t n, int64_t ld, std::initializer_list<void const*> ptrs) {
-  int v = 16 / bytes;
-  bool ok = n % v == 0 && ld % v == 0;
+// Whether data of `bytes`-byte elements with row stride ld at these pointers is 16-byte aligned:
+// every row start is. The binding tells the plan (Problem::aligned).
+inline bool aligned16(int bytes, int64_t ld, std::initializer_list<void const*> ptrs) {
+  bool ok = ld % (16 / bytes) == 0;
   for (void const* p : ptrs) ok = ok && reinterpret_cast<uintptr_t>(p) % 16 == 0;
   return ok;
+}
+
+// Whether m x n data of `bytes`-byte elements can be read in 16-byte groups: aligned, and n a
+// whole number of groups (not unaligned sizes such as 769 columns). The launchers pick their
+// vector width by it; the plan asks the same of its problem (groups16 in plan.cpp).
+inline bool groups16(int bytes, int64_t n, int64_t ld, std::initializer_list<void const*> ptrs) {
+  return n % (16 / bytes) == 0 && aligned16(bytes, ld, ptrs);
 }
 
 // Column reductions: chunks of rows, 32 column groups x 8 row lanes a block; each lane walks
@@ -32,24 +37,20 @@ constexpr int stat_rows(int m) { return std::max(m <= 256 ? 16 : 64, (m + 32 * 8
 constexpr int stat_chunks(int m) { return (m + stat_rows(m) - 1) / stat_rows(m); }
 
 // The small tail where it measured faster: 16-bit h, at most 128 rows (8 chunks of 16: 4
-// column groups a block, 64 bytes of a row; 2 rows a thread). Tail us, cooperative -> small,
-// H100: bf16 128 x 8192 11.7 -> 9.5 (train in graphs 0.0761 -> 0.0739 ms); 256 x 8192 (2
-// groups a block) 11.4 -> 16.0; TF32 128 x 8192 10.4 -> 11.1, 256 x 8192 17.4 -> 21.0; sm80
-// bf16 1024 x 8192 (8 rows a thread) ~24.6 -> 34.2. Its row pieces are 32-64 bytes where the
-// cooperative kernel's are 512. With 2 rows a thread it holds at most 256 rows (16 a chunk).
+// column groups a block, 64 bytes of a row; 2 rows a thread). The cooperative kernel was faster
+// at 256 rows (2 groups a block), with TF32 h, and on sm80 at 8 rows a thread
+// (docs/decisions.md, "Training tails"). Its row pieces are 32-64 bytes where the cooperative
+// kernel's are 512. With 2 rows a thread it holds at most 256 rows (16 a chunk).
 constexpr int kSmallRows = 128, kSmallRowsPerThread = 2, kSmallRowsMax = 256;
 
 // Slabs of at most 64 KiB, so that three blocks fit an SM (227 KiB on Hopper, 163 on A100).
 constexpr int kSlabBytes = 64 * 1024;
 
 // The slab kernels where they measured faster: 16-bit h, more rows than the small kernel takes
-// and at most 512, rows of at least 64 bytes (4 pieces) in a grid that fills the GPU. Tail us,
-// cooperative -> slab (H100, 3 rounds): bf16 with the GEMM's sums, 8192 columns (256 slabs of
-// 32 columns): 256 rows 11.5 -> 8.2, 512 rows 11.1 -> 9.8; fp16 (exact sums) 256 x 8192 20.8 ->
-// 17.9, 512 x 8192 18.0 -> 18.2. Not taken: 32-byte rows (4096 columns: bf16 256 rows 12.2 ->
-// 16.6, fp16 13.4 -> 16.3), 1024 rows (bf16 16.3 -> 16.8, both at the speed of a copy of h),
-// 2048 rows (30.0 -> 40.5), 128 rows (the small kernel: 8.8 -> 11.7) and fp32 h (TF32
-// 512 x 4096^2 11.1 -> 15.2, 1024 x 8192^2 29.1 -> 32.5).
+// and at most 512, rows of at least 64 bytes (4 pieces) in a grid that fills the GPU. Not taken,
+// slower than the cooperative kernel (or the small one at 128 rows): 32-byte rows (4096 columns),
+// 1024 rows (both at the speed of a copy of h), 2048 rows, 128 rows and fp32 h
+// (docs/decisions.md, "Training tails").
 constexpr int kSlabRows = 512;
 
 // Blocks a multiprocessor the backward's chunks fill in one wave (grad_rows): its column partials
@@ -59,10 +60,9 @@ constexpr int kGradBlocksPerSm = 2;
 // The backward's chunks (its column sums of g and g h, g the BN output's gradient)
 // over `groups` column groups: past the slab kernel's rows, as many as give one wave of
 // kGradBlocksPerSm blocks a multiprocessor, where stat_chunks' 32 left each lane 16 rows of a 4096-row batch and
-// the grid two waves. The column sums, bf16, by chunks (H200, a probe with the chunks a knob):
-// 4096^2 32 -> 16 (this rule) 27.2 -> 23.5 us, relu 36.0 -> 27.8; 16384 x 4096 32 -> 16 74.0 ->
-// 70.6; 1024 x 8192 16 -> 4 15.5 -> 12.9, relu 25.3 -> 17.4 (the rule's 8 not probed); 2048^2
-// (8 groups) keeps its 32, where 8 took 10.4 against 8.3. Never more chunks than stat_chunks (the
+// the grid two waves: the column sums measured faster in fewer chunks at 4096^2, 16384 x 4096 and
+// 1024 x 8192, with and without relu, and 2048^2 (8 groups) keeps its 32, faster there than 8
+// (docs/decisions.md, "Backward"). Never more chunks than stat_chunks (the
 // workspace's bound), and stat_rows up to kSlabRows rows. Every backward kernel sums in these
 // chunks, so all share their bits, which follow the SM count past 512 rows: one GPU model's.
 constexpr int grad_rows(int m, int groups, int sm_count) {

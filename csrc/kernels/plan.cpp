@@ -41,27 +41,21 @@ struct TunedKernel {
   KernelId kernel;
   int64_t m, n, k;
 };
+// Each row measured faster than the rule's kernel at its one problem, and lost elsewhere, so no rule
+// (decisions.md, "Tuned exceptions").
 constexpr TunedKernel kTunedKernels[] = {
-    // The 1024 x 8192^2 training forward without the cluster, train x torch.mm, c2x1 -> c1x1:
-    // bf16 1.099 -> 1.079; fp16 1.113 -> 1.067 (and 1.113 -> 1.088 in an earlier run). It lost
-    // at 16384 x 4096^2 and 4096^3 in both dtypes (1-3%) and was mixed at 2048 x 8192^2.
+    // The 16-bit training GEMM at 1024 and 512 x 8192^2: no cluster.
     {KernelId::sm90_bf16_stats_128x256x64_c1x1x1, 8192, 1024, 8192},
     {KernelId::sm90_f16_stats_128x256x64_c1x1x1, 8192, 1024, 8192},
-    // The same at 512 x 8192^2 (H100, 2026-11-27), c2x1 -> c1x1 in CUDA graphs: bf16 1.130 -> 1.114
-    // and 1.126 -> 1.103; fp16 1.127 -> 1.107.
     {KernelId::sm90_bf16_stats_128x256x64_c1x1x1, 8192, 512, 8192},
     {KernelId::sm90_f16_stats_128x256x64_c1x1x1, 8192, 512, 8192},
-    // bf16 eval at 256 x 8192^2 with the CTA pair along the batch, eval x torch.mm c1x2 -> c2x1:
-    // 1.080 -> 1.043.
+    // bf16 eval at 256 x 8192^2: the CTA pair along the batch (sharing W's tile).
     {KernelId::sm90_bf16_eval_128x128x64_c2x1x1, 256, 8192, 8192},
-    // bf16 eval at 512 x 8192^2 without the cluster (H100, 2026-11-27, in CUDA graphs): 1.061 -> 1.037.
+    // bf16 eval at 512 x 8192^2: no cluster.
     {KernelId::sm90_bf16_eval_128x256x64_c1x1x1, 512, 8192, 8192},
     // 16-bit training GEMMs where the rule's tiles leave a partial last tile or wave (640 rows in
-    // 192-row tiles, the last a third full; 192 CTAs of 128x256 at 1024 x 6144^2) and 128x128, which
-    // slot_use leaves out, does better (H100, in CUDA graphs, x torch.mm, the rule's kernel ->
-    // 128x128 c1x1): bf16 (2026-11-27) 640 x 8192^2 128x192 1.637 -> 1.314, 1024 x 6144^2 128x256
-    // c2x1 1.355 -> 1.258; fp16 (2026-11-27, later) 1.643 -> 1.313, 1.320 -> 1.251. At 3072^3 128x128 lost
-    // (bf16 1.680 against 128x192's 1.417).
+    // 192-row tiles, the last a third full; 192 CTAs of 128x256 at 1024 x 6144^2): 128x128, which
+    // slot_use leaves out (at 3072^3 it lost).
     {KernelId::sm90_bf16_stats_128x128x64_c1x1x1, 8192, 640, 8192},
     {KernelId::sm90_bf16_stats_128x128x64_c1x1x1, 6144, 1024, 6144},
     {KernelId::sm90_f16_stats_128x128x64_c1x1x1, 8192, 640, 8192},
@@ -80,20 +74,14 @@ double slot_use(KernelInfo const& info, int64_t m, int64_t n, int sm_count) {
 // problem, else a row kTunedKernels names for it, else the first such row of the table, the
 // default, where its tiles give at least half the SMs a CTA; but the row that fills half the SMs
 // too and uses the SMs' tile slots (slot_use) best, if 10% better, takes its place. Its tile is at
-// least 3/4 of the default's: the 192-wide tiles, where the 256-wide pad or leave a partial wave
-// (H100, bf16, in CUDA graphs, x torch.mm, the former rule's kernel or entry -> 128x192: eval /
-// train 384 x 8192^2 1.252 -> 1.044 / 1.396 -> 1.148, 768 x 8192^2 1.099 -> 1.024 / 1.146 -> 1.098,
-// 1536 x 4096^2 1.329 -> 1.070 / 1.506 -> 1.225, 3072^3 1.416 -> 1.223 / 1.605 -> 1.438; eval 1024
-// x 6144^2 1.257 -> 1.007; train 640 x 8192^2 1.693 -> 1.648; fp16 alike; docs/decisions.md, "Small
-// batches"). Where every CTA of the default's pads alike and is at most half padding, 3/4 of its
-// useful area a CTA is enough: 128 rows in 256-row tiles take 128x128 (128 x 8192 -> 12288, bf16:
-// eval 256x128 1.496 -> 1.071, train 128x192 1.385 -> 1.204). Smaller tiles are left out: the slot
-// count does not see their lower arithmetic intensity (64 x 4096 -> 16384 eval, three quarters
-// padding: 128x192 1.095, 128x128 1.134; 320 x 4096 -> 12288, its last row of tiles padded: 1.409
-// against 1.786). When the default's tiles give fewer CTAs than half the SMs (a small batch), the
-// row with the largest tile that reaches that many is taken instead, among those within 10% of the
-// best slot use (so not 128x192 at 256 rows, a third of it padding), or, if none reaches it, the
-// one with the most CTAs. nullptr: the table has no such row.
+// least 3/4 of the default's: the 192-wide tiles, where the 256-wide pad or leave a partial wave.
+// Where every CTA of the default's pads alike and is at most half padding, 3/4 of its useful area
+// a CTA is enough: 128 rows in 256-row tiles take 128x128. Smaller tiles are left out: the slot
+// count does not see their lower arithmetic intensity. When the default's tiles give fewer CTAs
+// than half the SMs (a small batch), the row with the largest tile that reaches that many is taken
+// instead, among those within 10% of the best slot use (so not 128x192 at 256 rows, a third of it
+// padding), or, if none reaches it, the one with the most CTAs (decisions.md, "Small batches").
+// nullptr: the table has no such row.
 KernelInfo const* find_kernel(Family family, KernelDtype math, Mode mode, int64_t m, int64_t n, int64_t k,
                               int sm_count, KernelInfo const* forced) {
   auto serves = [&](KernelInfo const* row) {
@@ -183,13 +171,12 @@ constexpr TunedOrder kTunedOrders[] = {
 
 // The sm90 persistent scheduler's tile order for `info` on its m x n problem. CUTLASS's own (no
 // swizzle) sweeps the whole of one operand in every wave; where a wave 8 (or 4, 2) tiles wide
-// across the raster reads at most 0.65 of those operand rows, the swizzle is taken (bf16, x
-// torch.mm, s1 -> s8: 16384 x 8192^2 statistics GEMM 1.148 -> 1.030, eval 1.044 -> 1.002;
-// 8192 x 8192^2 1.099 -> 1.048 and 1.021 -> 0.984; at 16384 x 4096^2, where the rows fall to
-// 0.81, level; H100, docs/decisions.md, "Tile order"). kTunedOrders names measured exceptions.
+// across the raster reads at most 0.65 of those operand rows, the swizzle is taken (bf16: faster
+// where it cut the rows that far, level where it cut them less; docs/decisions.md, "Tile order").
+// kTunedOrders names measured exceptions.
 // The swizzle must divide both tile counts twice over (clusters are at most 2 wide), or CUTLASS
-// pads the grid with empty tiles that still run (1024 x 8192^2 f32 stats, swizzle 8: 2.6x
-// slower). sm80 kernels ignore it.
+// pads the grid with empty tiles that still run (much slower; docs/decisions.md, "Tile order").
+// sm80 kernels ignore it.
 void tile_order(KernelInfo const& info, int64_t m, int64_t n, int sm_count, Overrides const& o, GemmPlan& g) {
   g.swizzle = 1;
   g.raster = 0;
@@ -265,12 +252,16 @@ bool stats_gemm(Problem const& p, Family family, KernelDtype math, int64_t kn, G
 
 // --- the BatchNorm kernels ---------------------------------------------------------------
 
+// The call's data can be read in 16-byte groups (the launchers' vector width: limits::groups16):
+// aligned, and n a whole number of groups (not 769 columns).
+bool groups16(Problem const& p) { return p.aligned && p.n % (16 / bytes_of(p.x)) == 0; }
+
 // The training tail and its slab pieces; throws where an override cannot run.
 Tail pick_tail(Problem const& p, int* pieces) {
   Tail forced = p.overrides.tail;
   int bytes = bytes_of(p.x), m = static_cast<int>(p.m), n = static_cast<int>(p.n);
   bool small = bytes == 2 && !p.cumulative && m <= (forced == Tail::small ? limits::kSmallRowsMax : limits::kSmallRows);
-  *pieces = p.groups16 && !p.cumulative
+  *pieces = groups16(p) && !p.cumulative
                 ? limits::slab_pieces(m, n, 16 / bytes, 1, p.sm_count, forced == Tail::slab)
                 : 0;
   switch (forced) {
@@ -295,26 +286,15 @@ Tail pick_tail(Problem const& p, int* pieces) {
 // The backward's kernels and the slab kernel's pieces; throws where an override cannot run. The
 // slab kernel where it measured faster: as the training tail's (kSlabRows), with dy in h's
 // dtype. Past that the cooperative kernel (dy in h's dtype, 16-byte groups) where every block
-// takes one item a phase (with two or more it lost: bf16 1024 x 8192 43.7 -> 54.2 us, H100, before
-// limits::grad_rows). H100, 1bbf7da, us, passes -> cooperative (`benchmarks/backward_time.py`;
-// docs/decisions.md, "Backward"): bf16 none 640 x 8192 20.7 -> 18.2, 1024 x 8192 37.1 -> 31.9,
-// 2048 x 8192 70.0 -> 66.2, 4096^2 68.9 -> 67.0, 16384 x 4096 238.9 -> 237.6. With an activation,
-// since it holds 2 blocks an SM (limits::kCooperativeBackwardBlocksPerSm) and so no longer spills (H100,
-// L2 flushed, ad08e1f's kernels): relu 4096^2 79.3 -> 71.1, 1024 x 8192 46.6 -> 40.8, 16384 x 4096
-// 244.5 -> 241.9, 640 x 8192 32.6 -> 30.5; gelu 4096^2 111.1 -> 90.5, 16384 x 4096 349.5 -> 308.0;
-// it won at all nine shapes measured. Its blocks keep their first rows in shared memory, so it
-// holds 2 blocks an SM without an activation too: wider layers (more items) take the passes.
-// fp32 alike (H100, L2 flushed, b4fd449's kernels, passes -> cooperative, us: none 4096^2 118.6 ->
-// 109.7, 1024 x 8192 63.4 -> 53.3, 16384 x 4096 453.1 -> 445.8, 768 x 8192 48.6 -> 38.9, 2048^2 36.5
-// -> 27.2; relu 127.7 -> 113.6, 71.8 -> 57.4, 456.1 -> 450.2), with gelu, gelu_tanh and silu too
-// since their arithmetic is fp32 (activation.cuh) and the kernel no longer spills (H100, 2026-11-27:
-// gelu 4096^2 138.1 -> 128.7, 16384 x 4096 480.8 -> 477.3, 1024 x 8192 78.8 -> 69.3, 768 x 8192
-// 62.1 -> 53.7, 2048^2 45.2 -> 39.6; silu 154.9 -> 129.0, 567.1 -> 473.0, 84.8 -> 69.7, 67.1 ->
-// 54.0, 48.9 -> 39.5).
+// takes one item a phase (with two or more it lost), at 2 blocks an SM
+// (limits::kCooperativeBackwardBlocksPerSm), where it does not spill with any activation; its
+// blocks keep their first rows in shared memory, so wider layers (more items) take the passes.
+// fp32 alike, every activation too, since their arithmetic is fp32 (activation.cuh). It won at
+// every shape measured (decisions.md, "Backward").
 BackwardKernels pick_backward(Problem const& p, int* pieces) {
   BackwardKernels forced = p.overrides.backward;
   int bytes = bytes_of(p.x), m = static_cast<int>(p.m), n = static_cast<int>(p.n);
-  bool streams = !p.y_wider && p.groups16;
+  bool streams = !p.y_wider && groups16(p);
   *pieces = streams ? limits::slab_pieces(m, n, 16 / bytes, 2, p.sm_count, forced == BackwardKernels::slab) : 0;
   int groups = static_cast<int>(limits::blocks(n, 32 * (16 / bytes)));
   int64_t items = int64_t{groups} * limits::grad_chunks(m, groups, p.sm_count);
@@ -441,20 +421,19 @@ Plan make_plan(Problem const& p) {
       }
       plan.tail = pick_tail(p, &plan.pieces);
       if (plan.tail != Tail::slab) plan.pieces = 0;
+      plan.y_cast = p.y_other || (p.y != p.x && p.y != DType::f32);
       break;
     case Op::linear: plan.gemm = eval_gemm(p, plan.family, plan.math, kn); break;
     case Op::eval:
       plan.gemm = eval_gemm(p, plan.family, plan.math, kn);
-      plan.eval_in_fp32 = p.y_wider;
-      plan.fold_scale_apart = p.x == DType::f16 && !p.y_wider;
-      // The fold in the sm90 epilogue adds its latency to every tile a CTA takes (fp64 over five
-      // vectors, then a barrier); the fold kernel costs one launch (3.3-3.9 us and its gap) a call.
-      // Eval in CUDA graphs, x mm, fold kernel -> epilogue (H100, 2026-11-27, one call): 128-512
-      // rows of 8192^2 (one tile a CTA) 1.114 / 1.123 / 1.092 -> 1.079 / 1.084 / 1.062, 1024 rows
-      // (two) 1.029 -> 1.026; 4096^3 (four) 1.050 -> 1.047 and 1.051 -> 1.057 without graphs;
-      // 16384 x 4096^2 (fifteen) 1.019 -> 1.037. So the epilogue takes it up to two tiles a CTA.
+      plan.y_in_x = !p.y_other && p.y == p.x && !(p.x == DType::f16 && p.y_wider);
+      plan.eval_in_fp32 = p.y_wider && !plan.y_in_x;
+      plan.fold_scale_apart = p.x == DType::f16 && !plan.eval_in_fp32;
+      // The fold in the sm90 epilogue adds its latency to every tile a CTA takes; the fold kernel
+      // costs a launch a call. So the epilogue takes it up to two tiles a CTA (decisions.md, "Eval fold").
       plan.fold_in_epilogue = plan.family == Family::sm90 && !plan.eval_in_fp32 &&
                               cta_count(*plan.gemm.kernel, p.m, kn) <= 2 * int64_t{std::max(1, p.sm_count)};
+      plan.act_in_epilogue = !plan.gemm.inf_fix;
       break;
     case Op::matmul:
       // Only the sm90 family's 3xTF32 has its own GEMM here; the rest is torch.mm, whose
@@ -487,6 +466,8 @@ std::string describe(Plan const& plan) {
     << "\nsplit=" << int(g.split) << "\ninf_fix=" << int(g.inf_fix) << "\nsum_tiles=" << g.sums.tiles
     << "\nsum_ld=" << g.sums.ld << "\nsum_bytes=" << g.sums.bytes << "\neval_in_fp32=" << int(plan.eval_in_fp32)
     << "\nfold_scale_apart=" << int(plan.fold_scale_apart) << "\nfold_in_epilogue=" << int(plan.fold_in_epilogue)
+    << "\ny_cast=" << int(plan.y_cast) << "\ny_in_x=" << int(plan.y_in_x)
+    << "\nact_in_epilogue=" << int(plan.act_in_epilogue)
     << "\ntail=" << to_string(plan.tail)
     << "\nbackward=" << to_string(plan.backward) << "\npieces=" << plan.pieces << "\nworkspace=" << plan.workspace;
   return s.str();

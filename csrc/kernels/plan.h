@@ -48,9 +48,13 @@ struct Problem {
   Op op = Op::train;
   int64_t m = 0, n = 0, k = 0;     // batch rows, features (out_features), in_features
   DType x = DType::bf16;           // of x and W (backward: of h)
-  // y (train, eval) or dy (backward) has a wider dtype than x (or h): a 16-bit layer with an fp32
-  // scale, as under autocast, where PyTorch promotes h * scale.
+  // z = h * scale (train, eval) or dy (backward) has a wider dtype than x (or h): a 16-bit layer
+  // with an fp32 scale, as under autocast, where PyTorch promotes h * scale.
   bool y_wider = false;
+  // train, eval: the dtype the caller asks y in (the ops' output_dtype, else z's); y_other: a
+  // floating dtype no kernel writes (float64), which the binding casts to after them.
+  DType y = DType::bf16;
+  bool y_other = false;
   bool allow_tf32 = false;         // fp32 may use TF32 tensor cores (as torch.mm would)
   std::string family = "auto";     // "auto", "sm90" or "sm80"
   int capability = 90;             // the GPU's compute capability, major * 10 + minor
@@ -59,10 +63,10 @@ struct Problem {
   Activation act = Activation::none;  // backward: the activation whose derivative it folds in
   bool fp8 = false;  // train, eval: x and W in e4m3 (issue 33); h, y and the BN part in `x` (bf16)
   bool fast_accum = false;  // fp8: the e4m3_fast rows (tensor-core accumulation alone)
-  // The call's data (train: h and y; backward: dy, h and dh) can be read in 16-byte groups:
-  // n, the row strides and the base pointers allow it. The binding says so from its tensors;
-  // fresh allocations allow it wherever n does.
-  bool groups16 = true;
+  // The call's data (train: h and y; backward: dy, h and dh) has 16-byte aligned base pointers and
+  // row strides, as fresh allocations have; the binding says so from its tensors. Whether n allows
+  // 16-byte groups too is the plan's (groups16 in plan.cpp).
+  bool aligned = true;
   // For messages only ("cuda:0 (NVIDIA H100 80GB HBM3)"); -1: "the GPU".
   int device = -1;
   char const* device_name = "";
@@ -92,8 +96,8 @@ struct Plan {
   Family family = Family::sm90;
   KernelDtype math = KernelDtype::bf16;
   GemmPlan gemm;
-  // eval of a 16-bit x with a wider y (autocast): h from the GEMM, then y = h * a + c in fp32,
-  // as the unfused model stores h in x's dtype and forms z and y in fp32.
+  // eval of a 16-bit x with a wider y (autocast, y not asked in x's dtype): h from the GEMM, then
+  // y = h * a + c in fp32, as the unfused model stores h in x's dtype and forms z and y in fp32.
   bool eval_in_fp32 = false;
   Tail tail = Tail::automatic;         // train
   BackwardKernels backward = BackwardKernels::automatic;
@@ -104,6 +108,16 @@ struct Plan {
   // sm90 eval: the epilogue makes the fold itself, a CTA once a tile (gemm/sm90_fold.cuh), where
   // the fold kernel's launch would cost more (plan.cpp); else the fold kernel runs before the GEMM.
   bool fold_in_epilogue = false;
+  // train: the kernels write y in z's dtype and the binding casts it to the one asked, which they
+  // do not write (they write x's dtype or fp32).
+  bool y_cast = false;
+  // eval: the epilogue writes y in x's dtype (from its fp32 value), else in z's; an fp16 x with an
+  // fp32 z is not x's route: its fold rounds z to fp16 (fold_scale_apart), which an fp32 z never is.
+  bool y_in_x = false;
+  // eval: the epilogue applies the activation before y's one rounding, except where sm80's 3xTF32
+  // infinity fix rewrites outputs after it (inf_fix.h: it knows no activation), when the binding
+  // applies it to y as the unfused model does.
+  bool act_in_epilogue = true;
   // Bytes of the one workspace: the GEMM's per-CTA sums (at 0), then the BatchNorm kernels'
   // scratch (at bn_offset). The CUTLASS kernel's own workspace is added by the caller.
   size_t bn_offset = 0;
