@@ -92,18 +92,17 @@ class Kernel:
 
 
 # sm90: cooperative, cluster 1x2. CTA 128x256 was the best statistics-EVT tile
-# in the 2026-11-21 probe (docs/decisions.md, "Kernel table"). TF32 halves the K tile
+# measured (docs/decisions.md, "Kernel table"). TF32 halves the K tile
 # so a stage costs the same shared memory as the 16-bit one.
 #
 # Training uses the "stats" kernels below (tile sums of the swapped GEMM, docs/decisions.md, "Statistics route").
 # A row reduction of fp64 statistics in the unswapped eval GEMM (the former mode "train")
-# measured slower than our ordered column pass over h on an H100 at every large shape
-# (3-11%; docs/decisions.md, "Statistics route"), and is no longer generated.
+# measured slower than our ordered column pass over h at every large shape
+# (docs/decisions.md, "Statistics route"), and is no longer generated.
 _SM90 = [
     # 16-bit: 256x128, cluster 1x2 (cuBLAS's own choice here) measured best or level
-    # on an H100 at 1024x8192^2, 16384x4096^2 and 4096^3 (python -m cutlass_fused.tune;
-    # bf16: docs/decisions.md, "Kernel table"; f16, eval x torch.mm against 128x256 c1x2: 1.024 / 1.038 /
-    # 1.031 against 1.073 / 1.038 / 1.053); tf32 keeps the 128x256 tile, untuned.
+    # at 1024x8192^2, 16384x4096^2 and 4096^3 (python -m cutlass_fused.tune; bf16 and f16:
+    # docs/decisions.md, "Kernel table"); tf32 keeps the 128x256 tile, untuned.
     Kernel("sm90", "bf16", "eval", (256, 128, 64), (1, 2, 1)),
     Kernel("sm90", "f16", "eval", (256, 128, 64), (1, 2, 1)),
     Kernel("sm90", "tf32", "eval", (128, 256, 32), (1, 2, 1)),
@@ -122,17 +121,16 @@ _SM90 += [Kernel("sm90", "bf16", "stats", (128, 256, 64), (2, 1, 1))]
 # Further statistics candidates for the tuner: no cluster, the cluster along the
 # batch (CTAs share the W tile), 256 features x 128 batch rows, and a 128x128
 # tile that find_kernel takes for batches too small for 128x256 to fill the GPU.
-# That one has no cluster: train x torch.mm at 256 x 8192^2 1.224 against 1.267 for
-# its 2x1 cluster, and at 512 x 8192^2 1.216 against 1.331 (H100, one tune run of 3 rounds;
-# docs/decisions.md, "Small batches"). K tiles of 128 (3 stages) were slower or level (1.320, 1.374).
+# That one has no cluster: its 2x1 cluster was slower at 256 and 512 x 8192^2, and K tiles of
+# 128 (3 stages) slower or level (docs/decisions.md, "Small batches").
 _SM90 += [Kernel("sm90", "bf16", "stats", (128, 256, 64), c) for c in ((1, 1, 1), (1, 2, 1))]
 _SM90 += [Kernel("sm90", "bf16", "stats", (256, 128, 64), c) for c in ((2, 1, 1), (1, 2, 1))]
 _SM90 += [Kernel("sm90", "bf16", "stats", (128, 128, 64), (1, 1, 1))]
 # TF32 (fp32 allowed to use TF32): the tf32 eval tile turned around. Its fp32
 # tile sums are far more precise than TF32's own error; fp32 without TF32
 # (f32x3, below) needs fp64 tile sums to match PyTorch's fp32 statistics.
-# (Its cluster along the batch, as f32x3 takes below, measured 1.081 / 1.137 / 1.156 x torch.mm
-# against 1.089 / 1.120 / 1.143 at 1024x8192^2, 16384x4096^2, 4096^3: not kept.)
+# (Its cluster along the batch, as f32x3 takes below, was faster at 1024x8192^2 only, slower at
+# 16384x4096^2 and 4096^3: not kept; docs/decisions.md, "Kernel table".)
 _SM90 += [Kernel("sm90", "tf32", "stats", (128, 256, 32), (2, 1, 1))]
 
 # fp16: bf16's default statistics tile and its small-batch one. Its tile sums are of the rounded
@@ -153,68 +151,64 @@ _SM90 += [Kernel("sm90", "f16", "stats", (128, 256, 64), (1, 1, 1)),
 _SM90 += [Kernel("sm90", dt, "eval", tile, (1, 2, 1))
           for dt in ("bf16", "f16") for tile in ((128, 128, 64), (128, 64, 64))]
 # At 256 rows of 8192 -> 8192 the pair of CTAs along the batch shares W's tile (the operand
-# that streams from memory there) instead of x's: eval x torch.mm 1.043 against 1.080 for
-# c1x2 (plan.cpp's kTunedKernels). It lost at 128, 384 and 512 rows and at 256 x 4096^2,
+# that streams from memory there) instead of x's, faster than c1x2 there (plan.cpp's
+# kTunedKernels). It lost at 128, 384 and 512 rows and at 256 x 4096^2,
 # and a 1x4 cluster of 128x64 tiles lost everywhere (docs/decisions.md, "Kernel table").
 _SM90 += [Kernel("sm90", "bf16", "eval", (128, 128, 64), (2, 1, 1))]
 # 128x256 without a cluster: kTunedKernels takes it for bf16 eval at 512 rows of 8192^2
-# (plan.cpp). 256x128 without one was level at 512 rows (1.062 against 1.057 x mm in graphs).
+# (plan.cpp). 256x128 without one was level at 512 rows (docs/decisions.md, "Tuned exceptions").
 _SM90 += [Kernel("sm90", "bf16", "eval", (128, 256, 64), (1, 1, 1))]
 # 192-wide tiles, as cuBLAS runs at 384 and 768 rows of 8192^2 (nvjet 128x192): where the
 # 256-wide tiles leave a quarter padding or a partial wave, find_kernel's rule takes them
 # (csrc/kernels/plan.cpp, slot_use). Statistics: 128 features x 192 batch rows; eval: 128 batch
 # rows x 192 features (a wgmma N of 192; an M of 192 would not split over the cooperative
-# schedule's two warp groups). Without a cluster: with one (stats 2x1, eval 1x2) they ran 2-36%
-# slower at the six shapes tried (H100, in CUDA graphs, x torch.mm: eval 384 x 8192^2 1.044
-# against 1.421, train 1.148 against 1.179; docs/decisions.md, "Kernel table"). fp16 takes them
-# where bf16 does (384 x 8192^2 eval 1.528 -> 1.047, train 1.650 -> 1.106 against the 256-wide rows).
+# schedule's two warp groups). Without a cluster: with one (stats 2x1, eval 1x2) they ran slower
+# at the six shapes tried (docs/decisions.md, "Kernel table"). fp16 takes them where bf16 does,
+# faster than the 256-wide rows (docs/decisions.md, "Small batches").
 _SM90 += [Kernel("sm90", dt, mode, (128, 192, 64), (1, 1, 1)) for dt in ("bf16", "f16") for mode in ("stats", "eval")]
 
 # sm90 fp32 without TF32: the TF32 kernel run over operands split for 3xTF32
 # (the binding splits them, K tripled) with accumulator promotion
 # (csrc/kernels/promoted_mainloop.h). Promotion keeps a second accumulator, so
 # the CTA tile is halved to 128x128 to stay within the register budget. A train
-# kernel (fp64 statistics in a row reduction) spilled 1.6 KB and ran 18% slower
-# than the eval kernel plus a separate column-statistics pass (H100).
+# kernel (fp64 statistics in a row reduction) spilled and ran slower than the eval
+# kernel plus a separate column-statistics pass (docs/decisions.md, "fp32 on sm90").
 _SM90 += [Kernel("sm90", "f32x3", "eval", (128, 128, 32), (1, 2, 1), promote=p) for p in (8, 4)]
-# Tuned on an H100 (docs/decisions.md, "fp32 on sm90"): clusters 2x1, 1x1 and 2x2
-# were level with 1x2 or slower, tiles 128x192 slower, ping-pong 64x128 1.4-2.1x
-# slower. A 64-deep fp32 K tile (128 KiB of operands a stage) leaves no room for
-# two stages. Promoting every 8 MMAs instead of 4 ran the GEMM ~4% faster at
+# Tuned (docs/decisions.md, "fp32 on sm90"): clusters 2x1, 1x1 and 2x2
+# were level with 1x2 or slower, tiles 128x192 and ping-pong 64x128 slower.
+# A 64-deep fp32 K tile (128 KiB of operands a stage) leaves no room for
+# two stages. Promoting every 8 MMAs instead of 4 ran the GEMM faster at
 # 16384x4096^2 (level at 1024x8192^2). With the small products first along K
-# (csrc/kernels/tf32x3.h) its error is 0.24-0.97 of SGEMM's at K = 48 to 16384,
-# promoting every 4: 0.23-1.21 (docs/decisions.md, "fp32 on sm90"); 4 stays as a candidate.
+# (csrc/kernels/tf32x3.h) its error is under SGEMM's at K = 48 to 16384, where
+# promoting every 4 exceeds it at some K (docs/decisions.md, "fp32 on sm90"); 4 stays as a candidate.
 # Its training GEMM with the statistics in the epilogue (mode "stats", swapped
 # operands: the eval tile turned around). Its tile sums are fp64 (a column
 # reduction keeps two rows a thread, which the row reduction above could not
 # afford), as exact as our fp64 pass over h, so only non-finite columns take
 # that pass. The cluster pairs CTAs along the batch, which share the W tile:
-# GEMM 1109 / 5031 us at 1024x8192^2 / 16384x4096^2 against 1290 / 5413 for
-# the pair sharing the x tile (kept as a candidate) and 1293 / 8645 for no
-# cluster (H100, benchmarks/stats_ab.py; docs/decisions.md, "fp32 on sm90").
+# faster than the pair sharing the x tile (kept as a candidate) or no cluster
+# (benchmarks/stats_ab.py; docs/decisions.md, "fp32 on sm90").
 _SM90 += [Kernel("sm90", "f32x3", "stats", (128, 128, 32), c, promote=8) for c in ((1, 2, 1), (2, 1, 1))]
 
 # FP8 (issue 33): the training GEMM over e4m3 x and W. The promoted mainloop keeps a second
-# accumulator: a compile probe (docs/decisions.md, "FP8") saw it spill at 128x256 cooperative and
+# accumulator: a compile probe (docs/decisions.md, "FP8 (issue 33)") saw it spill at 128x256 cooperative and
 # at 128x128 ping-pong, not at 128x128 cooperative, the default here. K tiles of 128 bytes, as
 # bf16's 64. Neither a cluster (2x1 or 1x2) nor a longer promotion interval (promote=8 or 16 MMAs
-# against CUTLASS's 4) moved the 128x128 row's GEMM (H100, benchmarks/fp8_rows.py, 2026-11-27;
-# docs/decisions.md, "The e4m3 row's candidates"), so the table keeps none of them.
+# against CUTLASS's 4) moved the 128x128 row's GEMM (benchmarks/fp8_rows.py;
+# docs/decisions.md, "The e4m3 row's candidates (run on an H100)"), so the table keeps none of them.
 _SM90 += [Kernel("sm90", "e4m3", "stats", (128, 128, 128), (1, 1, 1))]
 # Float8Recipe(fast_accum=True): the forward's GEMMs accumulate in the tensor cores alone (math
 # "e4m3_fast"), as torchao's and TransformerEngine's forward GEMMs do by default. bf16's statistics
 # tile and cluster; the ping-pong 128x128 row is its small-batch tile (find_kernel takes it where
-# 128x256 fills fewer than half the SMs). GEMM us at 16384x4096^2 / 4096^3 / 1024x8192^2 (H100,
-# benchmarks/fp8_rows.py, 2026-11-27): 384.2 / 101.8 / 95.0, ping-pong 443.3 / 115.8 / 93.1, against
-# the promoted row's 490.5 / 135.5 / 120.3. Not kept: promoted ping-pong 64x128 and 128x64
-# (641.6 / 184.0 / 175.7 and 721.0 / 178.2 / 176.3; docs/decisions.md, "Fast accumulation").
+# 128x256 fills fewer than half the SMs), both faster than the promoted row (benchmarks/fp8_rows.py).
+# Not kept: promoted ping-pong 64x128 and 128x64, slower still
+# (docs/decisions.md, "Fast accumulation (run on an H100)").
 _SM90 += [Kernel("sm90", "e4m3", "stats", (128, 256, 128), (2, 1, 1), "TmaWarpSpecializedCooperativeFP8FastAccum"),
           Kernel("sm90", "e4m3", "stats", (128, 128, 128), (1, 1, 1), "TmaWarpSpecializedPingpongFP8FastAccum")]
 # Its eval GEMM (inference over e4m3 x and W, the fold in the epilogue): the statistics row's tile and
 # promoted mainloop, the eval epilogue (bf16 bias and y, fp32 fold vectors); with fast accumulation,
-# bf16 eval's 256x128 tile and 1x2 cluster (the fast statistics row turned around): 394.8 / 103.3 /
-# 96.3 us at 16384x4096^2 / 4096^3 / 1024x8192^2 against the promoted 128x128's 491.1 / 127.5 / 115.7
-# (H100, docs/decisions.md, "Fast accumulation").
+# bf16 eval's 256x128 tile and 1x2 cluster (the fast statistics row turned around), faster than the
+# promoted 128x128 (docs/decisions.md, "Fast accumulation (run on an H100)").
 _SM90 += [Kernel("sm90", "e4m3", "eval", (128, 128, 128), (1, 1, 1)),
           Kernel("sm90", "e4m3", "eval", (256, 128, 128), (1, 2, 1), "TmaWarpSpecializedCooperativeFP8FastAccum")]
 

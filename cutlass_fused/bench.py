@@ -378,9 +378,9 @@ def plot(result, path, rows, sweep=False):
             ax.set_title(f"{mode} ({rows[0]['dtype']})")
             ax.legend(fontsize=7)
     else:
-        # One panel a shape and mode, each on its own linear scale: the large shapes' 1.0-1.3x
+        # One panel a shape and mode, each on its own linear scale: the large shapes' small
         # differences are what users compare, and a shared log axis flattens them under a small
-        # shape's 5-30x.
+        # shape's far larger ones (docs/decisions.md, "Measuring").
         shapes = sorted({tuple(r["shape"]) for r in rows})
         fig, axes = plt.subplots(len(modes), len(shapes), figsize=(max(5.5, 3.2 * len(shapes)), 2.9 * len(modes)),
                                  squeeze=False)

@@ -248,8 +248,8 @@ class Row:
             return self.capture_peak
         if compile_mode(self.name) == "reduce-overhead":
             # Inductor's graphs keep their private pool between steps, and the allocator's counters
-            # show only what is live in it (2-39 MiB where the default row's peak was 106-1090 MiB;
-            # H200, 2026-11-29): not a peak to set beside the others.
+            # show only what is live in it, a small part of the default row's peak (decisions.md,
+            # "Training step"): not a peak to set beside the others.
             return None
         return timing.peak_extra_mib(lambda: self.step(self.x, self.target)) if self.device.type == "cuda" else None
 

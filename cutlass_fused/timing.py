@@ -14,7 +14,7 @@ import cutlass_fused
 
 def alternating(items, rounds):
     """items in turn, `rounds` times over, the order reversed every other round, so that no item
-    always runs first or last: the GPU's clocks drift as it heats, and 2-4% leads of one run did not
+    always runs first or last: the GPU's clocks drift as it heats, and small leads of one run did not
     repeat in the next (docs/decisions.md, "Measuring")."""
     for r in range(rounds):
         yield from (items if r % 2 == 0 else items[::-1])

@@ -75,7 +75,7 @@ def run(args, argv):
         mm = case.fn("torch.mm", "train")
         cands = [Candidate(case, n, stem, args.family, s, r) for n in names for s, r in orders]
         # Each candidate is timed right after torch.mm, in every round: the GPU's clocks drift as
-        # it heats (H100: ~6% over a tuning run), and the ratio of neighbours cancels that.
+        # it heats (docs/decisions.md, "Measuring"), and the ratio of neighbours cancels that.
         for c in alternating(cands, args.rounds):
             c.time(mm)
         for c in cands:

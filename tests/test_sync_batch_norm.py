@@ -56,7 +56,7 @@ def _entry(rank, fn, backend, store, args):
         raise
     # A rank that passed leaves at once, without destroy_process_group or the interpreter's
     # teardown. Through destroy_process_group, rank 0 could wait for good once rank 1 had gone
-    # (torch 2.4.1, gloo: faulthandler put rank 0 there in 4 of 14 gloo tests, 2026-11-29). Through
+    # (torch 2.4.1, gloo; decisions.md, "Build"). Through
     # the teardown, a thread of torch's (gloo, FSDP2) could still be joinable, and the process
     # aborted ("terminate called without an active exception", SIGABRT) after the test had passed,
     # in about one full CPU run in five (test_fsdp2_trains_like_unfused[gloo-cpu], torch 2.13).

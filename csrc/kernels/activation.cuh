@@ -16,8 +16,8 @@ constexpr double kGeluTanhBeta = M_SQRT2 * M_2_SQRTPI * 0.5, kGeluTanhKappa = 0.
 // GELU (erf or tanh form) and SiLU at v, and their derivatives, in fp32 whatever the caller's
 // arithmetic: PyTorch's fp32 ops compute them in fp32 from the rounded BN output, which v rounded
 // to fp32 is (at least as closely as PyTorch's own fp32 BatchNorm gets it). Their fp64 forms (erf,
-// exp, tanh) had made the fp32 passes arithmetic-bound: on an H100 the fp32 BN backward's passes
-// took 388 us with gelu against 127 with relu at 4096^2, 138 in fp32 (docs/decisions.md, "Backward").
+// exp, tanh) had made the fp32 passes arithmetic-bound: the fp32 BN backward's passes took far longer
+// with gelu than with relu, and close to relu's in fp32 (docs/decisions.md, "Backward").
 __device__ __forceinline__ float smooth_value(float v, Activation act) {
   switch (act) {
     case Activation::gelu: return 0.5f * v * (1.0f + erff(v * float(M_SQRT1_2)));

@@ -27,9 +27,8 @@ __device__ __forceinline__ A bn_grad(Column<A> const& fwd, TY dy, T h, float slo
 // Which activations a kernel takes (ActSet, types.h). A template value, so that the kernels
 // without an activation hold no forward constants in registers (the cooperative kernel already
 // spills under its 80), and relu's kernels are not sized by the transcendental arms: with all five
-// in one kernel, each chosen once a group, the column partials took 168 registers (1 block an SM;
-// relu 4096^2 bf16 42.0 -> 46.3 us) and the cooperative kernel's spills doubled (768 x 8192 48.0 ->
-// 89.0 us; H200).
+// in one kernel, each chosen once a group, the column partials took 168 registers (1 block an SM)
+// and the cooperative kernel's spills doubled, both slower (docs/decisions.md, "Training step").
 template <class F>
 void dispatch_act_set(Activation act, F&& f) {
   switch (act_set(act)) {
@@ -208,7 +207,7 @@ __global__ void grad_input_kernel(BackwardArgs g, double const* __restrict__ sum
     };
     if constexpr (Act == ActSet::smooth) {
       // Strided, in int64: these kernels' code as before RowOrder, whose branch, compiled in, cost
-      // gelu's dh 3-8% though never taken (H100, 4096^2 47.1 -> 51.6 us, 16384 x 4096 153.3 -> 165.4).
+      // gelu's dh time though never taken (docs/decisions.md, "Backward").
       int64_t first = blockIdx.y * 8 + threadIdx.y, step = int64_t{gridDim.y} * 8;
       rows(first, step, first < g.m ? static_cast<int>((g.m - first + step - 1) / step) : 0);
     } else if (order.portion > 0) {
@@ -236,12 +235,10 @@ __global__ void grad_input_kernel(BackwardArgs g, double const* __restrict__ sum
 // The re-read after the barrier: a block's first item keeps the first `keep` rows a thread
 // (dy's and h's pieces) in dynamic shared memory, and the rest is read last row first, from L2
 // where it still is. Those first rows are the ones L2 has lost by then (read first, and
-// followed by every block's other rows and by dh's stores): at 4096^2 bf16 the kernel read 106.8
-// MiB from memory for the 64 MiB of dy and h (ncu, H100). Not for gelu, gelu_tanh and silu,
-// whose dh is bound by its arithmetic (RowOrder's reason): kept rows cost them (H100, bf16 gelu,
-// L2 flushed: 16384 x 4096 308.7 -> 314.6 us; 4096^2 level), where without an activation they
-// gained (66.3 -> 61.6 us at 4096^2, 65.1 -> 59.6 at 2048 x 8192) and with relu (71.4 -> 67.1,
-// 70.8 -> 66.2).
+// followed by every block's other rows and by dh's stores): the kernel read far more from memory
+// than dy's and h's bytes (ncu). Not for gelu, gelu_tanh and silu, whose dh is bound by its
+// arithmetic (RowOrder's reason): kept rows cost them, where without an activation and with relu
+// they gained (docs/decisions.md, "Backward").
 constexpr int kCooperativeBlocks = limits::kCooperativeBackwardBlocksPerSm;
 template <ActSet Act>
 constexpr bool kKeepsRows = Act != ActSet::smooth;
@@ -402,8 +399,7 @@ void sum_pass(BackwardArgs const& g, double* sums, double* partials, cudaStream_
 }
 
 // At most ~1024 blocks, and at least kGradInputRows rows a thread: with fewer, its cp.async
-// pipeline is mostly filling (H200, bf16 dh us: 2048^2 12.9 -> 11.0, relu 19.0 -> 14.9;
-// 1024 x 8192 relu 25.7 -> 23.0; 4096^2 and 16384 x 4096 kept their grids).
+// pipeline is mostly filling (4096^2 and 16384 x 4096 kept their grids; docs/decisions.md, "Row passes").
 constexpr int kGradInputRows = 8;
 
 template <class T, class TY, ActSet Act>
@@ -413,10 +409,8 @@ void input_pass(BackwardArgs const& g, double const* sums, double const* count, 
     RowOrder order;
     // In the sum pass's chunks (sum_pass), parts of at least kGradInputRows rows a lane, about as
     // many blocks as launch_rows gives. Not for gelu, gelu_tanh and silu, whose dh is bound by its
-    // arithmetic more than by its bytes: there the order cost (H100, bf16 gelu, L2 flushed before
-    // each call: dh 46.6 -> 51.1 us at 4096^2, 151.6 -> 165.8 at 16384 x 4096), where without an
-    // activation it gained (34.2 -> 30.4, 137.4 -> 131.9; 1024 x 8192 19.8 -> 14.3) and with relu
-    // a little (38.2 -> 36.4, 140.4 -> 135.0).
+    // arithmetic more than by its bytes: there the order cost time, where without an activation it
+    // gained and with relu a little (docs/decisions.md, "Backward").
     int rows = limits::grad_rows(g.m, static_cast<int>(grid.x), g.sm_count);
     if (pipelined_sums<GradSums<T, TY, Act>, V>() && Act != ActSet::smooth && rows >= 8 * kGradInputRows) {
       int chunks = (g.m + rows - 1) / rows;

@@ -109,8 +109,8 @@ struct alignas(sizeof(T) * V) Group {
 };
 
 // Groups of whole 16-byte pieces move as such: an fp32 y or dy beside 16-bit h is 32 bytes a
-// group, and element-wise accesses of it made the fp32-output training tail 5x slower than its
-// bf16 twin for 2x the bytes (135 against 27 us a layer at 4096 x 4096, H100; issue 31).
+// group, and element-wise accesses of it made the fp32-output training tail far slower than its
+// bf16 twin for twice the bytes (issue 31; decisions.md, "Training step").
 template <class T, int V>
 constexpr bool kWholePieces = sizeof(Group<T, V>) % 16 == 0;
 
@@ -141,7 +141,7 @@ __device__ __forceinline__ void store_group(T* p, Group<T, V> const& g) {
 }
 
 // y is written once, evict-first (st.global.cs), to leave L2 to the lines of h the GEMM wrote
-// last: 0.2-1.1 us less in the pipelined tail at 1024 x 8192^2, level at larger h (docs/decisions.md, "Row passes").
+// last: a little faster in the pipelined tail at small h, level at larger h (docs/decisions.md, "Row passes").
 template <class T, int V>
 __device__ __forceinline__ void store_group_once(T* p, Group<T, V> const& g) {
   if constexpr (kWholePieces<T, V>) {
@@ -156,9 +156,8 @@ __device__ __forceinline__ void store_group_once(T* p, Group<T, V> const& g) {
 // A row's 32 groups of a warp, lane i (threadIdx.x, blockDim.x = 32) holding the row's group i of
 // the warp's 32 V columns, stored (Once: evict-first, as store_group_once). A 32-byte group (fp32
 // y beside 16-bit h) as two 16-byte stores a lane leaves each store instruction only half of
-// every 32-byte sector it touches: a probe writing fp32 from bf16 that way ran 158 us at 16384 x
-// 4096, against 112-114 us where each instruction covers 512 contiguous bytes (H200, 2026-11-26,
-// 8-byte loads with 16-byte stores or the shuffles below). So where the warp is whole (all 32
+// every 32-byte sector it touches, which measured much slower than instructions that each cover
+// 512 contiguous bytes (decisions.md, "Training step"). So where the warp is whole (all 32
 // lanes live and converged: `whole`, uniform over the warp), store s writes elements [128 s,
 // 128 s + 128) of the warp's 256, lane t the 4 at 128 s + 4 t, which lane 16 s + t / 2 holds in
 // its half t % 2. Other groups go as they are.
@@ -212,8 +211,8 @@ __device__ __forceinline__ void copy_async(uint4* dst, void const* src) {
 // (one a tensor it reads), fetched S - 1 rows ahead into slot(j, k), this thread's own, then
 // handed to use(j, piece) in order. A row's slots must not be those of rows j - S + 1 .. j - 1
 // (in flight or in use). Loads in flight live in shared memory, not registers: the row passes run
-// under 64-96 registers a thread, where two rows in registers reached ~2.3-2.6 TB/s at 16384 x 4096
-// and a copy ~2.9 (H100, docs/decisions.md, "Row passes"). Only the issuing thread reads a slot, so
+// under 64-96 registers a thread, where two rows in registers left too few bytes in flight to reach
+// a copy's bandwidth (docs/decisions.md, "Row passes"). Only the issuing thread reads a slot, so
 // wait_group alone orders it. start(), if given, runs once the first S - 1 rows are in flight:
 // loads it issues overlap theirs.
 struct NoStart {
@@ -369,8 +368,7 @@ __device__ __forceinline__ void every_warp_partials(PartialsShared<V>& sh, doubl
 }
 
 // Stages of the pipelined two-tensor passes (column sums, grad_input): 32 KiB of slots a block
-// for dy and h. H100, bf16 16384 x 4096: column sums 118.1 -> 105.8 us, grad_input 153.6
-// -> 142.0 (two runs; docs/decisions.md, "Row passes").
+// for dy and h; both passes measured faster so (docs/decisions.md, "Row passes").
 constexpr int kSumStages = 4;
 
 template <class Terms, int V>
@@ -395,8 +393,8 @@ struct Kept {
 // The partial sums of column group `group` (32 V columns) over row chunk `chunk`, into row
 // `chunk` of pa and pb. Every thread of the block calls it.
 // kOneWarp: warp 0 adds the 8 warps' sums alone, in lane order (the forward tails' cooperative
-// kernel, whose spills under its 64 registers the every-warp reduction moved: sm_90 stacks 0-80
-// -> 8-112 bytes, some down, some up; not measured there). The same bits either way.
+// kernel, whose spills under its 64 registers the every-warp reduction moved, some down, some up;
+// not timed there: docs/decisions.md, "Backward"). The same bits either way.
 template <class Terms, int V, bool kKeeps = false, bool kOneWarp = false>
 __device__ void chunk_partials(Terms const& terms, int m, int n, int rows, int group, int chunk,
                                double* __restrict__ pa, double* __restrict__ pb, uint4* scratch,
@@ -505,9 +503,8 @@ struct Moments {
 // A column's vectors besides its sums, loaded together before any of the column's stores. Loaded
 // where each was used, after stores that may alias them for all the compiler knows, each took its
 // own memory round trip while the rest of the block waited (ncu). With the small tail's per-chunk
-// sums: that tail 9.5 -> 8.9 us at bf16 128 x 8192; the cooperative tail level (H100,
-// docs/decisions.md, "Training tails"). Held in fp32, exact for every vector dtype (fp32, bf16, fp16),
-// to spare registers.
+// sums that tail measured faster, the cooperative tail level (docs/decisions.md, "Training tails").
+// Held in fp32, exact for every vector dtype (fp32, bf16, fp16), to spare registers.
 struct ColumnInputs {
   float scale = 1, weight = 1, bias = 0, running_mean = 0, running_var = 0;
 };
@@ -632,9 +629,9 @@ __device__ Column<A> finish_column(TrainArgs const& a, int c, double s, double q
 // before's, so that the 32 lanes, each reading its columns' k-th word, meet 32 banks. As an
 // array of Col, a lane's columns are V W words apart (W: a column's words), a multiple of 8:
 // 8-way conflicts or worse, eight warps over. The backward's dh and cooperative kernels take it:
-// with a 6-word GradColumn (48 words a lane, 16-way) dh took 32.6 us at bf16 4096^2 against 28.5
-// with 7 words (56, 8-way), and 27.6 spread (H200). Not the forward tails: their kernels, at
-// their register bounds, spilled (the cooperative bf16 tail 0 -> 22 spill stores, sm_90).
+// dh measured slower with a 6-word GradColumn (48 words a lane, 16-way) than with 7 words (56,
+// 8-way), and fastest spread. Not the forward tails: their kernels, at their register bounds,
+// spilled (docs/decisions.md, "Backward").
 template <int V, bool Spread = false, class Col, class Make>
 __device__ void block_columns(int n, int group, Col (&col)[V], Make&& make) {
   int base = group * 32 * V;
@@ -808,9 +805,9 @@ __device__ __forceinline__ void piece_columns(C const* cols, int piece, C (&col)
 
 // Launches an elementwise row pass over m x n (see finalize_normalize_kernel)
 // with 16-byte groups where can_vectorize allows, else single columns. At least R rows a
-// thread and at most max_blocks blocks: the launchers' choices, measured on an H200 (bf16,
-// 1024 x 8192, cold L2): finalize 27 -> 15 us with R = 4 (its rows in flight) and up to 4096
-// blocks; grad_input ~1024 blocks (and R: kGradInputRows).
+// thread and at most max_blocks blocks: the launchers' choices, measured (docs/decisions.md, "Row passes"):
+// finalize R = 4 (its rows in flight) and up to 4096 blocks; grad_input ~1024 blocks (and R:
+// kGradInputRows).
 template <class T, int R, class Launch>
 void launch_rows(int m, int n, int64_t ld, std::initializer_list<void const*> ptrs, unsigned max_blocks,
                  Launch&& launch) {

@@ -44,8 +44,8 @@ __global__ void __launch_bounds__(256, 4) batch_norm_train_kernel(TrainArgs a, i
   auto* exact = reinterpret_cast<unsigned char*>(pb + static_cast<int64_t>(chunks) * f.n);  // FromGemm only
   int items = groups * chunks;
   // One buffer for the three phases: phase 0's lane sums, phase 1's slots and partials, phase 2's
-  // slots (separate arrays exceeded the 48 KiB of static shared memory). 6 stages in phase 2:
-  // tail 98.1 us against 99.8 with 4 and 98.7 with 8 (bf16 16384 x 4096^2, H100).
+  // slots (separate arrays exceeded the 48 KiB of static shared memory). 6 stages in phase 2,
+  // which measured faster than 4 or 8 (docs/decisions.md, "Row passes").
   constexpr int kStages = 6;
   // Phase 2's slots only where it pipelines (16-byte groups): single columns (V = 1) need phase
   // 0's and 1's 4 KiB, not 24.
@@ -56,8 +56,8 @@ __global__ void __launch_bounds__(256, 4) batch_norm_train_kernel(TrainArgs a, i
     // Phase 0: each column's sums from the GEMM's partials, in fp64. A block takes 32 columns;
     // its 8 row lanes each add every 8th tile, then the lanes are added in lane order (a fixed
     // order: bitwise stable). One thread a column walking all u_tiles tiles while the other
-    // blocks waited at the barrier cost 0.6-2.6 us more at 16384 rows (64 tiles), ~1 us less at
-    // 1024-4096 rows (4-16 tiles; H100; docs/decisions.md, "Row passes").
+    // blocks waited at the barrier cost more at 16384 rows (64 tiles), a little less at 1024-4096
+    // rows (4-16 tiles; docs/decisions.md, "Row passes").
     // Columns gemm_sums_trusted refuses take the exact pass below.
     auto const* us = static_cast<P const*>(a.u_sum);
     auto const* uq = static_cast<P const*>(a.u_sumsq);
@@ -99,8 +99,8 @@ __global__ void __launch_bounds__(256, 4) batch_norm_train_kernel(TrainArgs a, i
     if constexpr (FromGemm) {  // only column groups with a column to redo; uniform over the block
       int c0 = (group * 32 + threadIdx.x) * V;
       bool need = false;
-      // No early exit, which made each flag's load wait on the last (ncu: ~11% of the tail's
-      // samples at bf16 256 x 8192; level in wall time, H100).
+      // No early exit, which made each flag's load wait on the last (ncu's stall samples; level
+      // in wall time; docs/decisions.md, "Training tails").
 #pragma unroll
       for (int v = 0; v < V; ++v) need |= c0 + v < f.n && exact[c0 + v];
       if (!__syncthreads_or(need)) continue;
@@ -114,7 +114,7 @@ __global__ void __launch_bounds__(256, 4) batch_norm_train_kernel(TrainArgs a, i
   bool any_exact = !FromGemm;
   if constexpr (FromGemm) {
     // Independent word loads (exact is 8-byte aligned; its bytes are 0 or 1): with an early
-    // exit, each load waited on the last, ~3 us at 8192 columns (H100).
+    // exit, each load waited on the last (docs/decisions.md, "Training tails").
     auto const* words = reinterpret_cast<unsigned const*>(exact);
     int tid = threadIdx.y * 32 + threadIdx.x;
     unsigned flagged = 0;
@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(256, 4) batch_norm_train_kernel(TrainArgs a, i
         q = a.stats[f.n + c];
       } else {
         // In chunk order, as reduce_partials adds them; unrolled so that the
-        // loads, which come from L2 at ~1 us each, are in flight together.
+        // loads, each a round trip to L2, are in flight together (docs/decisions.md, "Training tails").
 #pragma unroll 8
         for (int r = 0; r < chunks; ++r) {
           s += pa[r * static_cast<int64_t>(f.n) + c];
@@ -151,7 +151,7 @@ __global__ void __launch_bounds__(256, 4) batch_norm_train_kernel(TrainArgs a, i
     int64_t begin = static_cast<int64_t>(chunk) * rows, end = begin + rows;
     if (end > f.m) end = f.m;
     // Last rows first (both paths): phase 1 read them last, so more of them are still in
-    // L2 when h exceeds it (2.5% less time at 16384 x 4096, H100).
+    // L2 when h exceeds it (docs/decisions.md, "Training tails").
     if constexpr (kPipelined) {
       if (c0 < f.n) normalize_rows_pipelined<T, TO, Act, V, kStages>(f, c0, col, begin, end, stage);
     } else if (c0 < f.n) {
@@ -344,9 +344,8 @@ void batch_norm_train(TrainArgs const& a, cudaStream_t stream) {
       using T = decltype(t);
       using TO = decltype(to);
       // A wider y (fp32 beside 16-bit h) always takes the activation's kernels, which write act = none's
-      // bits too: without the activation's switch, nvcc's code for it ran 2.2x the bf16-y twin's time
-      // (165 us at bf16 16384 x 4096^2), with it and relu 1.54x (134 us; H200, tail_dtypes.py; both
-      // before store_warp_row, whose times are in docs/decisions.md, "Training step").
+      // bits too: without the activation's switch, nvcc's code for it ran slower than with it and relu
+      // (both before store_warp_row; docs/decisions.md, "Training step").
       constexpr bool Act = decltype(act)::value || sizeof(TO) > sizeof(T);
       constexpr int V = 16 / sizeof(T);
       bool vec = can_vectorize<T>(f.n, f.ldh, {f.h, f.y});
@@ -365,7 +364,7 @@ void batch_norm_train(TrainArgs const& a, cudaStream_t stream) {
           check_cuda(cudaGetLastError(), "batch_norm_train");
         } else if (vec) {
           // R = 2: with 4 rows in flight the kernel spills under its 64 registers
-          // and ran 30-40% slower (H100; docs/decisions.md, "Training tails").
+          // and ran slower (docs/decisions.md, "Training tails").
           launch_cooperative<batch_norm_train_kernel<T, TO, Act, V, 2, P>>(a, f.n, a.sm_count, rows, chunks, V, stream,
                                                                        "batch_norm_train");
         } else {

@@ -14,8 +14,7 @@ namespace cutlass_fused {
 // absent; from_bits gives its value. A thread that needs several vectors loads all their bits
 // before it converts any: converted one at a time, each load waited out the one before it (the
 // dtype switch between them), and a tail's column constants took five loads' latency in a row
-// (ncu, H100, 2026-11-27: the small tail's threads stalled 25% of the time at the barrier behind
-// the warp that makes them).
+// (decisions.md, "Training tails").
 __device__ __forceinline__ uint32_t load_bits(ColVec v, int c) {
   if (v.p == nullptr) return 0;
   if (v.broadcast) c = 0;

@@ -88,8 +88,8 @@ struct activated<Op, cutlass::Array<E, N>> {
   }
   // The choice is made once a fragment, never per element, and by uniform ifs rather than a
   // switch (a jump table: BRX). With activate's own switch per element (nvcc did not hoist it;
-  // 256 BRX in the sm90 kernel), relu in the epilogue cost 1.875x torch.mm at 4096^3, against
-  // 1.111x for the eval GEMM and then ATen's relu (H200). relu and leaky_relu are selects with no
+  // 256 BRX in the sm90 kernel), relu in the epilogue ran far slower than the eval GEMM and then
+  // ATen's relu (decisions.md, "Training step"). relu and leaky_relu are selects with no
   // branch; the transcendental ones an unrolled loop each. Not with_activation: its five ifs
   // compiled to a jump table here (sm80 eval kernel: 32 BRX, none with these arms; cuobjdump).
   CUTLASS_DEVICE static T apply(T v, Arguments const& p) {

@@ -28,7 +28,7 @@ void quantize_e4m3(void const* t, DType dtype, int64_t n, int margin, unsigned* 
 // The same for t a contiguous rows x cols matrix, also writing its transpose: out_t (cols x rows,
 // contiguous) from the same pass, through shared-memory tiles. Hopper's FP8 MMA takes K-major
 // operands only, so the FP8 backward's dW = dh^T x needs dh^T and x^T, and dX = dh W needs W^T;
-// torch's strided copy of a float8 tensor moved ~0.33 TB/s (H200). out may be null (only out_t).
+// torch's strided copy of a float8 tensor was slow (decisions.md, "FP8 (issue 33)"). out may be null (only out_t).
 void quantize_fp8_transposed(void const* t, DType dtype, Fp8 format, int64_t rows, int64_t cols, int margin,
                              unsigned* amax_bits, float* scale, uint8_t* out, uint8_t* out_t, cudaStream_t stream);
 
@@ -36,7 +36,8 @@ void quantize_fp8_transposed(void const* t, DType dtype, Fp8 format, int64_t row
 // power of two, fp32), each measuring t's amax in its own pass into amax_bits (zeroed first; as
 // fp32 bits, NaN where t holds one): one read of t, where current scaling takes two. The cast
 // also copies *scale to *scale_copy, the value it used, which the caller keeps while the state
-// moves on (a cudaMemcpyAsync there cost 5-7 us of host time a call, H100).
+// moves on (a cudaMemcpyAsync there cost host time a call;
+// decisions.md, "The e4m3 step's host time (run on an H100)").
 void quantize_e4m3_with_scale(void const* t, DType dtype, int64_t n, float const* scale, float* scale_copy,
                               unsigned* amax_bits, uint8_t* out, cudaStream_t stream);
 void quantize_fp8_transposed_with_scale(void const* t, DType dtype, Fp8 format, int64_t rows, int64_t cols,
@@ -84,7 +85,7 @@ void fp8_backward_scales(void const* dsc, DType dsc_dtype, int64_t n, float cons
                          float* inv_g, cudaStream_t stream);
 
 // out[i] = t8[i] (fp8 of `format`) times *scale (1 where scale is null), rounded once to `dtype`:
-// the bf16 FP8 backward's operands, which torch's float8 cast moved at ~0.75 TB/s (H200).
+// the bf16 FP8 backward's operands, which torch's float8 cast moved slowly (decisions.md, "FP8 (issue 33)").
 void dequantize_fp8(uint8_t const* t8, Fp8 format, int64_t n, float const* scale, DType dtype, void* out,
                     cudaStream_t stream);
 

@@ -6,8 +6,8 @@ namespace cutlass_fused {
 namespace {
 
 // One warp a row: any lane that sees an infinity sets the flag. The loads must
-// not wait on one another (a short-circuit `inf || isinf(...)` made them: 110 us
-// for x at 1024 x 8192 on an H100, latency-bound), so several are in flight.
+// not wait on one another (a short-circuit `inf || isinf(...)` made them, and the
+// flags latency-bound; docs/decisions.md, "Inf fix on sm80"), so several are in flight.
 __global__ void flag_inf_rows_kernel(float const* __restrict__ t, int64_t rows, int64_t cols, int64_t ld,
                                      unsigned char* __restrict__ flags) {
   int lane = threadIdx.x % 32;

@@ -1,9 +1,9 @@
 // The sm90 mainloop with accumulator promotion, for 3xTF32 (dtype f32x3).
 //
 // Hopper's tensor cores add each wgmma's products into the fp32 accumulator
-// with truncation, so a long K loop drifts: measured on an H100, TF32 GEMMs
-// over operands split for 3xTF32 (ours and cuBLAS's) erred 7e-5 relative at
-// K = 8192, where SGEMM erred 4e-7. CUTLASS's FP8 mainloop avoids this by
+// with truncation, so a long K loop drifts: TF32 GEMMs over operands split
+// for 3xTF32 (ours and cuBLAS's) erred far more than SGEMM at large K
+// (docs/decisions.md, "fp32 on sm90"). CUTLASS's FP8 mainloop avoids this by
 // accumulating a few k-blocks in the tensor cores and then adding them into a
 // separate accumulator with ordinary (round-to-nearest) fp32 adds, every
 // `mma_promotion_interval` MMAs (the kernel table's `promote`). Nothing in it

@@ -1,10 +1,10 @@
 // The eval fold inside the sm90 eval epilogue: a per-column vector of y whose values each CTA makes
 // for its own tile's columns from the layer's raw vectors (eval_fold.cuh's fold_value), where
 // CUTLASS's row broadcast would read a vector the fold kernel wrote. Eval is then one launch with
-// nothing kept between calls (ops_cuda.cpp, eval_cuda): the fold kernel cost 3.3-3.9 us and a
-// launch a call, eval 1.09-1.12x torch.mm in all at 128-512 rows of 8192^2 (H100, 2026-11-27).
+// nothing kept between calls (ops_cuda.cpp, eval_cuda), which saves the fold kernel's launch a call.
 // Its latency (five vector loads, an fp64 divide and square root, the barrier after begin()) is
-// paid once a tile, which is why the plan takes it only up to two tiles a CTA (plan.cpp).
+// paid once a tile, which is why the plan takes it only up to two tiles a CTA (plan.cpp;
+// decisions.md, "Eval fold").
 // Without a fold (EvalFold::n == 0) the node is the row broadcast of its pointer: the fold kept
 // inside frozen_weights() or made by the fold kernel, or null (1 or 0: linear_h's h alone).
 #pragma once
