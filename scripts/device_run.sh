@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: build, GPU test suite, then benchmark CLI runs given as
 # arguments (each a quoted argument list for `python3 -m cutlass_fused.bench`).
-# TESTS picks the test paths (default: tests). Logs go to $OUT.
+# TESTS picks the test paths (default: tests; run as the README runs them, -n auto). Logs go to $OUT.
 # Usage: bash scripts/device_run.sh "--impl eager --impl cutlass_fused" ...
 set -o pipefail
 OUT=${OUT:-out}
@@ -26,7 +26,7 @@ if [ -z "${SKIP_BUILD:-}" ] || ! python3 -c "import cutlass_fused._C" 2>/dev/nul
 fi
 if [ -z "${SKIP_TESTS:-}" ]; then
   start=$(date +%s)
-  CUTLASS_FUSED_POISON=1 timeout ${TEST_TIMEOUT:-300} python3 -m pytest ${TESTS:-tests} -q -rs ${PYTEST_ARGS:-} > "$OUT/test.log" 2>&1
+  CUTLASS_FUSED_POISON=1 timeout ${TEST_TIMEOUT:-540} python3 -m pytest -n auto ${TESTS:-tests} -q -rs ${PYTEST_ARGS:-} > "$OUT/test.log" 2>&1
   echo "pytest rc=$? in $(( $(date +%s) - start )) s: $(tail -1 "$OUT/test.log")"
   grep -E "^(FAILED|ERROR)|Error|assert" "$OUT/test.log" | head -20
 fi

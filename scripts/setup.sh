@@ -15,7 +15,7 @@ if ! $py -c "import cutlass_library" 2>/dev/null; then
   fi
 fi
 $py -c "import scikit_build_core" 2>/dev/null || $py -m pip install -q scikit-build-core
-$py -c "import pytest, ninja" 2>/dev/null || $py -m pip install -q pytest ninja
+$py -c "import pytest, xdist, ninja" 2>/dev/null || $py -m pip install -q pytest pytest-xdist ninja
 # The tabular example's test reads scikit-learn's bundled breast-cancer table (a test-only need).
 $py -c "import sklearn" 2>/dev/null || $py -m pip install -q scikit-learn
 # The benchmark CLI's progress bar and plots (the [bench] extra).

@@ -1,7 +1,18 @@
 import os
 
+# Under pytest-xdist (the README's `-n auto`) each worker gets its share of the cores, and Inductor
+# compiles in the worker: torch's default of a thread a core in every worker, and a compile pool
+# forked by each, oversubscribe the CPU many times over (decisions.md, "Tests").
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
 import pytest
 import torch
+
+if _WORKERS > 1:
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 # Every output of our CUDA ops starts as NaN, so an element a kernel never
 # wrote fails the comparison instead of passing as stale memory.
