@@ -56,9 +56,9 @@ class Float8Recipe:
     their own dtype. fast_accum: the e4m3 kernels' forward GEMMs (training and eval) accumulate
     in the tensor cores alone, without CUTLASS's promotion into a second fp32 accumulator every
     4 MMAs, as torchao's and TransformerEngine's forward GEMMs do by default: faster, with a
-    larger error in h that grows with in_features (docs/decisions.md, "Fast accumulation"). The
-    backward's GEMMs stay promoted (as the peers keep theirs), and the CPU and the emulated path
-    accumulate as the bf16 kernels do; so it takes a recipe without emulate."""
+    larger error in h that grows with in_features (docs/decisions.md, "Fast accumulation (run on an
+    H100)"). The backward's GEMMs stay promoted (as the peers keep theirs), and the CPU and the
+    emulated path accumulate as the bf16 kernels do; so it takes a recipe without emulate."""
 
     margin: int = 0
     emulate: bool = False

@@ -54,3 +54,25 @@ def test_the_check_finds_a_missing_file(tmp_path):
     assert PATH.findall(line) == ["csrc/kernels/batch_norm.cu", "docs/decisions.md"]
     assert NAME.findall(line) == ["registry.cpp"]  # a name inside a path is the path's
     assert comment_text(Path("x.cpp"), '#include "a.cu"\nint x;  // in plan.cpp') == ["", " in plan.cpp"]
+
+
+# A decisions heading cited as decisions.md, "Heading" (the quotes may follow on the comment's next line).
+CITE = re.compile(r'decisions\.md,?\s+"([^"]+)"')
+
+
+def headings():
+    return {line.lstrip("#").strip() for line in (ROOT / "docs" / "decisions.md").read_text().splitlines()
+            if line.startswith("#")}
+
+
+def test_comments_cite_decisions_headings_that_exist():
+    known, missing = headings(), []
+    for path in files():
+        prose = " ".join(line.strip().lstrip("/#*").strip() for line in comment_text(path, path.read_text()))
+        missing += [f"{path.relative_to(ROOT)}: {h!r}" for h in CITE.findall(prose) if h not in known]
+    assert not missing, "comments cite decisions.md headings that do not exist:\n" + "\n".join(missing)
+
+
+def test_the_heading_check_finds_a_citation():
+    assert CITE.findall('the rule (docs/decisions.md, "Row passes"); see decisions.md "Tests"') == \
+        ["Row passes", "Tests"]
