@@ -38,7 +38,7 @@ Fields
            launch argument of the promoted mainloop; a multiple of a k-tile's MMAs);
            None: the mainloop's default (CUTLASS's 4 for e4m3)
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,10 @@ class Kernel:
     stages: int | None = None
     epi_tile: tuple | None = None
     promote: int | None = None
+    # The row the plan starts from for its (family, math, mode): exactly one a group (generate
+    # checks); the others are candidates that find_kernel's rules, kTunedKernels or the tuner take.
+    # Not in the row's repr: the generated kernel's first line, which the flag does not change.
+    default: bool = field(default=False, repr=False)
 
     @property
     def stats(self) -> str:
@@ -103,13 +107,13 @@ _SM90 = [
     # 16-bit: 256x128, cluster 1x2 (cuBLAS's own choice here) measured best or level
     # at 1024x8192^2, 16384x4096^2 and 4096^3 (python -m cutlass_fused.tune; bf16 and f16:
     # docs/decisions.md, "Kernel table"); tf32 keeps the 128x256 tile, untuned.
-    Kernel("sm90", "bf16", "eval", (256, 128, 64), (1, 2, 1)),
-    Kernel("sm90", "f16", "eval", (256, 128, 64), (1, 2, 1)),
-    Kernel("sm90", "tf32", "eval", (128, 256, 32), (1, 2, 1)),
+    Kernel("sm90", "bf16", "eval", (256, 128, 64), (1, 2, 1), default=True),
+    Kernel("sm90", "f16", "eval", (256, 128, 64), (1, 2, 1), default=True),
+    Kernel("sm90", "tf32", "eval", (128, 256, 32), (1, 2, 1), default=True),
 ]
 
-# Further bf16 candidates for python -m cutlass_fused.tune (the first row of a
-# dtype is its default): the previous default, and its 2x1 cluster.
+# Further bf16 candidates for python -m cutlass_fused.tune: the previous default, and its 2x1
+# cluster.
 _SM90 += [
     Kernel("sm90", "bf16", "eval", (128, 256, 64), cluster) for cluster in ((1, 2, 1), (2, 1, 1))
 ]
@@ -117,7 +121,7 @@ _SM90 += [
 # The training GEMM with the statistics in its epilogue (mode "stats", swapped A
 # and B): 128 features x 256 batch rows, cuBLAS's 256x128 turned around; the
 # cluster pairs CTAs along the features, which share the x tile.
-_SM90 += [Kernel("sm90", "bf16", "stats", (128, 256, 64), (2, 1, 1))]
+_SM90 += [Kernel("sm90", "bf16", "stats", (128, 256, 64), (2, 1, 1), default=True)]
 # Further statistics candidates for the tuner: no cluster, the cluster along the
 # batch (CTAs share the W tile), 256 features x 128 batch rows, and a 128x128
 # tile that find_kernel takes for batches too small for 128x256 to fill the GPU.
@@ -131,13 +135,13 @@ _SM90 += [Kernel("sm90", "bf16", "stats", (128, 128, 64), (1, 1, 1))]
 # (f32x3, below) needs fp64 tile sums to match PyTorch's fp32 statistics.
 # (Its cluster along the batch, as f32x3 takes below, was faster at 1024x8192^2 only, slower at
 # 16384x4096^2 and 4096^3: not kept; docs/decisions.md, "Kernel table".)
-_SM90 += [Kernel("sm90", "tf32", "stats", (128, 256, 32), (2, 1, 1))]
+_SM90 += [Kernel("sm90", "tf32", "stats", (128, 256, 32), (2, 1, 1), default=True)]
 
 # fp16: bf16's default statistics tile and its small-batch one. Its tile sums are of the rounded
 # fp16 h, as bf16's are; where h overflows they are infinite, and where z = h * scale could
 # overflow (the tail bounds every |z| by sqrt(sum h^2) |scale|) the column takes the exact pass,
 # which emulates that overflow (csrc/kernels/bn_train.cu, gemm_sums_trusted).
-_SM90 += [Kernel("sm90", "f16", "stats", (128, 256, 64), (2, 1, 1)),
+_SM90 += [Kernel("sm90", "f16", "stats", (128, 256, 64), (2, 1, 1), default=True),
           Kernel("sm90", "f16", "stats", (128, 128, 64), (1, 1, 1))]
 # fp16 tuner candidates: the statistics tile without a cluster (plan.cpp's kTunedKernels
 # takes it at 1024 x 8192^2), bf16's 256x128 statistics tile, and the previous eval default.
@@ -173,7 +177,7 @@ _SM90 += [Kernel("sm90", dt, mode, (128, 192, 64), (1, 1, 1)) for dt in ("bf16",
 # the CTA tile is halved to 128x128 to stay within the register budget. A train
 # kernel (fp64 statistics in a row reduction) spilled and ran slower than the eval
 # kernel plus a separate column-statistics pass (docs/decisions.md, "fp32 on sm90").
-_SM90 += [Kernel("sm90", "f32x3", "eval", (128, 128, 32), (1, 2, 1), promote=p) for p in (8, 4)]
+_SM90 += [Kernel("sm90", "f32x3", "eval", (128, 128, 32), (1, 2, 1), promote=p, default=p == 8) for p in (8, 4)]
 # Tuned (docs/decisions.md, "fp32 on sm90"): clusters 2x1, 1x1 and 2x2
 # were level with 1x2 or slower, tiles 128x192 and ping-pong 64x128 slower.
 # A 64-deep fp32 K tile (128 KiB of operands a stage) leaves no room for
@@ -188,7 +192,8 @@ _SM90 += [Kernel("sm90", "f32x3", "eval", (128, 128, 32), (1, 2, 1), promote=p) 
 # that pass. The cluster pairs CTAs along the batch, which share the W tile:
 # faster than the pair sharing the x tile (kept as a candidate) or no cluster
 # (benchmarks/stats_ab.py; docs/decisions.md, "fp32 on sm90").
-_SM90 += [Kernel("sm90", "f32x3", "stats", (128, 128, 32), c, promote=8) for c in ((1, 2, 1), (2, 1, 1))]
+_SM90 += [Kernel("sm90", "f32x3", "stats", (128, 128, 32), c, promote=8, default=c == (1, 2, 1))
+          for c in ((1, 2, 1), (2, 1, 1))]
 
 # FP8 (issue 33): the training GEMM over e4m3 x and W. The promoted mainloop keeps a second
 # accumulator: a compile probe (docs/decisions.md, "FP8 (issue 33)") saw it spill at 128x256 cooperative and
@@ -196,21 +201,23 @@ _SM90 += [Kernel("sm90", "f32x3", "stats", (128, 128, 32), c, promote=8) for c i
 # bf16's 64. Neither a cluster (2x1 or 1x2) nor a longer promotion interval (promote=8 or 16 MMAs
 # against CUTLASS's 4) moved the 128x128 row's GEMM (benchmarks/fp8_rows.py;
 # docs/decisions.md, "The e4m3 row's candidates (run on an H100)"), so the table keeps none of them.
-_SM90 += [Kernel("sm90", "e4m3", "stats", (128, 128, 128), (1, 1, 1))]
+_SM90 += [Kernel("sm90", "e4m3", "stats", (128, 128, 128), (1, 1, 1), default=True)]
 # Float8Recipe(fast_accum=True): the forward's GEMMs accumulate in the tensor cores alone (math
 # "e4m3_fast"), as torchao's and TransformerEngine's forward GEMMs do by default. bf16's statistics
 # tile and cluster; the ping-pong 128x128 row is its small-batch tile (find_kernel takes it where
 # 128x256 fills fewer than half the SMs), both faster than the promoted row (benchmarks/fp8_rows.py).
 # Not kept: promoted ping-pong 64x128 and 128x64, slower still
 # (docs/decisions.md, "Fast accumulation (run on an H100)").
-_SM90 += [Kernel("sm90", "e4m3", "stats", (128, 256, 128), (2, 1, 1), "TmaWarpSpecializedCooperativeFP8FastAccum"),
+_SM90 += [Kernel("sm90", "e4m3", "stats", (128, 256, 128), (2, 1, 1), "TmaWarpSpecializedCooperativeFP8FastAccum",
+                 default=True),
           Kernel("sm90", "e4m3", "stats", (128, 128, 128), (1, 1, 1), "TmaWarpSpecializedPingpongFP8FastAccum")]
 # Its eval GEMM (inference over e4m3 x and W, the fold in the epilogue): the statistics row's tile and
 # promoted mainloop, the eval epilogue (bf16 bias and y, fp32 fold vectors); with fast accumulation,
 # bf16 eval's 256x128 tile and 1x2 cluster (the fast statistics row turned around), faster than the
 # promoted 128x128 (docs/decisions.md, "Fast accumulation (run on an H100)").
-_SM90 += [Kernel("sm90", "e4m3", "eval", (128, 128, 128), (1, 1, 1)),
-          Kernel("sm90", "e4m3", "eval", (256, 128, 128), (1, 2, 1), "TmaWarpSpecializedCooperativeFP8FastAccum")]
+_SM90 += [Kernel("sm90", "e4m3", "eval", (128, 128, 128), (1, 1, 1), default=True),
+          Kernel("sm90", "e4m3", "eval", (256, 128, 128), (1, 2, 1), "TmaWarpSpecializedCooperativeFP8FastAccum",
+                 default=True)]
 
 # sm80: the tile cutlass_cppgen picks by default for bf16 (256x128x64, 4 warps
 # of 64x64, 3 stages), known to run correctly on Hopper too. fp32 kernels use
@@ -218,14 +225,14 @@ _SM90 += [Kernel("sm90", "e4m3", "eval", (128, 128, 128), (1, 1, 1)),
 _SM80 = [
     Kernel("sm80", dt, "eval",
            (256, 128, 32 if dt in ("tf32", "f32x3") else 64),
-           warps=(4, 2, 1), stages=3)
+           warps=(4, 2, 1), stages=3, default=True)
     for dt in ("bf16", "f16", "tf32", "f32x3")
 ]
 # sm80's training GEMM with the statistics in its epilogue (issue 32): the eval tile and
 # mainloop, not swapped, fp32 per-CTA sums of h and h^2 from a row reduction that stores each
 # CTA's partials (csrc/kernels/gemm/sm80_stats.cuh), for the dtypes whose sums are fp32 (bf16,
 # fp16, TF32; 3xTF32 would need fp64 partials, and keeps the column pass).
-_SM80 += [Kernel("sm80", dt, "stats", (256, 128, 32 if dt == "tf32" else 64), warps=(4, 2, 1), stages=3)
-          for dt in ("bf16", "f16", "tf32")]
+_SM80 += [Kernel("sm80", dt, "stats", (256, 128, 32 if dt == "tf32" else 64), warps=(4, 2, 1), stages=3,
+                 default=True) for dt in ("bf16", "f16", "tf32")]
 
 KERNELS = _SM90 + _SM80

@@ -9,7 +9,7 @@ cutlass_fused.overrides(kernel=...), and is reported as the median, over --round
 the same shape timed right before it; the candidates' order is reversed every other round.
 Statistics kernels (mode "stats") run the training forward only; eval kernels run it with
 the GEMM statistics off (overrides(stats_gemm=False)).
-The kernels are codegen/kernels.py's rows; the first row of a (family, dtype) is the default.
+The kernels are codegen/kernels.py's rows; the one with default=True of a (family, dtype, mode) is its default.
 --swizzle and --raster also time each kernel in each sm90 tile order (the persistent scheduler's
 swizzle and raster direction, through overrides(swizzle=..., raster=...); "auto" is the
 plan's swizzle and "-" CUTLASS's raster choice).

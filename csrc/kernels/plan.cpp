@@ -71,8 +71,8 @@ double slot_use(KernelInfo const& info, int64_t m, int64_t n, int sm_count) {
 }
 
 // The kernel for (family, math, mode) and an m x n x k problem: the override where it serves the
-// problem, else a row kTunedKernels names for it, else the first such row of the table, the
-// default, where its tiles give at least half the SMs a CTA; but the row that fills half the SMs
+// problem, else a row kTunedKernels names for it, else the table's default row for it
+// (is_default) where its tiles give at least half the SMs a CTA; but the row that fills half the SMs
 // too and uses the SMs' tile slots (slot_use) best, if 10% better, takes its place. Its tile is at
 // least 3/4 of the default's: the 192-wide tiles, where the 256-wide pad or leave a partial wave.
 // Where every CTA of the default's pads alike and is at most half padding, 3/4 of its useful area
@@ -98,9 +98,9 @@ KernelInfo const* find_kernel(Family family, KernelDtype math, Mode mode, int64_
   auto use = [&](KernelInfo const* row) { return slot_use(*row, m, n, sm_count); };
   auto area = [](KernelInfo const* row) { return int64_t{row->tile_m} * row->tile_n; };
   int64_t enough = std::max(1, sm_count / 2);
-  KernelInfo const* first = nullptr;
+  KernelInfo const* first = nullptr;  // the default row (codegen/kernels.py's default=True)
   for (auto const* row = kernels_begin(); row != kernels_end() && first == nullptr; ++row) {
-    if (serves(row)) first = row;
+    if (serves(row) && row->is_default) first = row;
   }
   if (first == nullptr) return nullptr;
   if (ctas(first) >= enough) {

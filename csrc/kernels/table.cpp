@@ -18,8 +18,8 @@ namespace {
 #define CUTLASS_FUSED_ENTRY_sm80(name) nullptr
 #endif
 
-#define CUTLASS_FUSED_ROW(name, family, math, mode, stats, tm, tn, tk)                                           \
-  {KernelId::name, #name, Family::family, KernelDtype::math, Mode::mode, Stats::stats, tm, tn, tk, \
+#define CUTLASS_FUSED_ROW(name, family, math, mode, stats, tm, tn, tk, is_default)                               \
+  {KernelId::name, #name, Family::family, KernelDtype::math, Mode::mode, Stats::stats, tm, tn, tk, is_default, \
    CUTLASS_FUSED_ENTRY_##family(name)},
 
 KernelInfo const kTable[] = {CUTLASS_FUSED_KERNELS(CUTLASS_FUSED_ROW)};

@@ -29,6 +29,7 @@ struct KernelInfo {
   Mode mode;
   Stats stats;
   int tile_m, tile_n, tile_k;
+  bool is_default;                // the row the plan starts from for its (family, dtype, mode)
   KernelEntry const& (*entry)();  // nullptr where this build lacks the row's family
 };
 
