@@ -22,7 +22,6 @@
 #include <torch/library.h>
 
 #include <atomic>
-#include <mutex>
 
 #include "kernels/plan.h"
 #include "ops.h"
@@ -156,11 +155,9 @@ at::Tensor activation_backward(at::Tensor const& grad, at::Tensor const& pre, Ac
 
 namespace {
 
-// The overrides in force, process-wide: set by cutlass_fused.overrides() (and from the
-// environment once, at import), read by every CUDA call, the autograd engine's threads too.
-std::mutex overrides_mutex;
-Overrides overrides_now;
-std::atomic<bool> poison_now{false};  // read by every output allocation: no lock
+// Whether outputs start as NaN (cutlass_fused.overrides(poison=True)); read by every output
+// allocation: no lock. The plan's overrides are kept beside it (current_overrides, plan.h).
+std::atomic<bool> poison_now{false};
 
 void set_overrides(std::string const& kernel, std::string const& tail, std::string const& backward, int64_t swizzle,
                    std::string const& raster, bool stats_gemm, bool poison) {
@@ -170,8 +167,7 @@ void set_overrides(std::string const& kernel, std::string const& tail, std::stri
   } catch (std::exception const& e) {
     TORCH_CHECK_VALUE(false, e.what());
   }
-  std::lock_guard<std::mutex> lock(overrides_mutex);
-  overrides_now = o;
+  set_current_overrides(o);
   poison_now = poison;
 }
 
@@ -214,11 +210,6 @@ std::string plan_op(std::string const& op, int64_t m, int64_t n, int64_t k, at::
 }
 
 }  // namespace
-
-Overrides current_overrides() {
-  std::lock_guard<std::mutex> lock(overrides_mutex);
-  return overrides_now;
-}
 
 bool poison_outputs() { return poison_now.load(std::memory_order_relaxed); }
 

@@ -66,9 +66,8 @@ DType dtype_of(at::ScalarType t, char const* name);
 // Tells the plan the dtype y is asked in: one the kernels know, or y_other (a cast after them).
 void ask_y(Problem& p, at::ScalarType y);
 
-// The overrides of the plan's choices in force (cutlass_fused.overrides()), and whether outputs
-// start as NaN (tests).
-Overrides current_overrides();
+// Whether outputs start as NaN (tests; cutlass_fused.overrides(poison=True)). The overrides of the
+// plan's choices in force are the plan's (current_overrides, kernels/plan.h).
 bool poison_outputs();
 
 // Tests turn poisoning on (cutlass_fused.overrides(poison=True), or $CUTLASS_FUSED_POISON=1 at

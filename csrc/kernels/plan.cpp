@@ -2,6 +2,7 @@
 #include "kernels/plan.h"
 
 #include <algorithm>
+#include <mutex>
 #include <sstream>
 #include <stdexcept>
 
@@ -320,6 +321,21 @@ BackwardKernels pick_backward(Problem const& p, int* pieces) {
 }
 
 }  // namespace
+
+namespace {
+std::mutex overrides_mutex;
+Overrides overrides_now;
+}  // namespace
+
+Overrides current_overrides() {
+  std::lock_guard<std::mutex> lock(overrides_mutex);
+  return overrides_now;
+}
+
+void set_current_overrides(Overrides const& o) {
+  std::lock_guard<std::mutex> lock(overrides_mutex);
+  overrides_now = o;
+}
 
 Overrides parse_overrides(std::string const& kernel, std::string const& tail, std::string const& backward,
                           int64_t swizzle, std::string const& raster, bool stats_gemm) {

@@ -37,6 +37,11 @@ struct Overrides {
 Overrides parse_overrides(std::string const& kernel, std::string const& tail, std::string const& backward,
                           int64_t swizzle, std::string const& raster, bool stats_gemm);
 
+// The overrides in force, process-wide: set by cutlass_fused.overrides() (and from the environment
+// once, at import), read by every CUDA call, the autograd engine's threads too (under a lock).
+Overrides current_overrides();
+void set_current_overrides(Overrides const& o);
+
 // The Op called `name` ("train", "linear", "eval", "matmul", "backward"); throws
 // std::invalid_argument listing them.
 Op parse_op(std::string const& name);
