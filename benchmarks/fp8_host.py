@@ -69,7 +69,6 @@ def op_rows(m, k, n, dev):
     dh = torch.randn(m, n, device=dev, dtype=bf)
     s = torch.ones(2, device=dev)
     hist = torch.zeros(16, 2, device=dev)
-    one = torch.ones((), device=dev)
     b, sc = torch.randn(n, device=dev, dtype=bf), torch.randn(n, device=dev, dtype=bf)
     x8, x8_t, ax, s_x = ops.quantize_with_scale(x, s[0], E4M3, True)
     w8, w8_t, aw, s_w = ops.quantize_with_scale(w, s[1], E4M3, True)

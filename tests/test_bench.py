@@ -254,7 +254,6 @@ def test_bench_torchao_layer_rows(tmp_path):
 def test_bench_fp8_rows(tmp_path, monkeypatch):
     """Our FP8 rows: fuse(model) with Float8Recipe() on every fused layer (step), ours with it (layer).
     On the CPU the e4m3 op's bf16 reference; on a GPU they need the e4m3 kernels."""
-    from cutlass_fused import fp8
     skip_without_e4m3("cuda" if CUDA else "cpu")
     calls = []
     import cutlass_fused.module as module

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import cutlass_fused
-from common import CUDA, HOPPER, needs_cuda, params, precision
+from common import CUDA, HOPPER, params, precision
 
 needs_hopper = pytest.mark.skipif(not HOPPER, reason="needs an sm90 GPU (the tile order is the sm90 scheduler's)")
 
