@@ -11,7 +11,7 @@ if _WORKERS > 1:
 import pytest
 import torch
 
-if _WORKERS > 1:
+if _WORKERS > 1:  # the variable alone misses a torch that a plugin imported before this file
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 # Every output of our CUDA ops starts as NaN, so an element a kernel never
