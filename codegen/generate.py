@@ -1,24 +1,30 @@
-"""Emit csrc/generated from codegen/kernels.py.
+"""Emit csrc/generated from codegen/kernels.py and codegen/epilogues.py.
 
     python -m codegen.generate            # (re)write csrc/generated
     python -m codegen.generate --check    # exit 1 if csrc/generated is stale
 
-What it writes: kernels.inc, the registry (an X-macro over the rows, which
-csrc/kernels/table.h and types.h expand), and per row a small <name>.cu
-(the name CMake globs) that instantiates the hand-written class template of the
-row's family and mode (csrc/kernels/gemm/<family>_<mode>.cuh) with the row's
-dtype, tile, cluster, epilogue tile and schedule (sm80: tile, warp tile, stages),
-names the kernel type after the row and specialises kernel_entry<KernelId::name>.
+What it writes:
+  - evt_<family>_<mode>_<dtype>.h, one a visitor tree (Kernel.tree): the tree that
+    cutlass_cppgen traces from the row's epilogue function (codegen/trace.py), as a struct
+    templated on the CTA tile (sm90) or the epilogue's thread map (sm80), with the tree's
+    Arguments built from GemmEvtArgs;
+  - kernels.inc, the registry (an X-macro over the rows, which csrc/kernels/table.h and
+    types.h expand);
+  - per row a small <name>.cu (the name CMake globs) that instantiates the class template of
+    the row's family and mode (csrc/kernels/gemm/<family>_<mode>.cuh: the mainloop, schedule
+    and launch) with the row's dtype, tree, tile, cluster, epilogue tile and schedule (sm80:
+    tile, warp tile, stages), names the kernel type after the row and specialises
+    kernel_entry<KernelId::name>.
 
-The kernels' types are C++ in csrc/kernels/gemm/, written by hand: this needs no
-CUTLASS Python package. The sources are committed, so the build needs only the
-CUTLASS headers; CI runs --check to keep them honest.
+The sources are committed, so the build needs only the CUTLASS headers; CI runs --check,
+which traces every tree again, to keep them honest.
 """
 import argparse
 import difflib
 import sys
 from pathlib import Path
 
+from codegen import epilogues, trace
 from codegen.kernels import KERNELS, Kernel
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,12 +75,90 @@ def check_row(k: Kernel) -> None:
 
 def template_args(k: Kernel) -> list[str]:
     """The arguments of the row's class template, in its parameters' order."""
+    tree = f"gen::evt::{k.tree}"
     if k.family == "sm90":
         epi = _shape("cute", k.epi_tile) if k.epi_tile else "cutlass::epilogue::collective::EpilogueTileAuto"
-        return [f"gemm::dtype::{k.dtype}", _shape("cute", k.tile), _shape("cute", k.cluster), epi,
+        return [f"gemm::dtype::{k.dtype}", tree, _shape("cute", k.tile), _shape("cute", k.cluster), epi,
                 _SCHEDULES[k.schedule]]
     warp = [t // w for t, w in zip(k.tile, k.warps)]
-    return [f"gemm::dtype::{k.dtype}", _shape("gemm", k.tile), _shape("gemm", warp), str(k.stages)]
+    return [f"gemm::dtype::{k.dtype}", tree, _shape("gemm", k.tile), _shape("gemm", warp), str(k.stages)]
+
+
+def tree_arguments(dag, family: str) -> str:
+    """The traced tree's Arguments as a brace initialiser, walked as the emitter walks the DAG.
+
+    A node with inputs is an Sm*EVT<Node, Children...>, which takes {children..., node}; a
+    topological visitor takes its nodes' arguments in its subgraph's order (a node emitted as an
+    EVT of its own taking that EVT's). A tensor takes what trace.ARGUMENTS gives its name, a node
+    of an operation with runtime arguments the activation, the other compute nodes, the
+    accumulator and the literals {} (value-initialised: zero).
+    """
+    from cutlass_cppgen.backend.evt.ir import ComputeNode, TopoVisitorNode
+
+    def leaf(meta):
+        if meta.name in trace.ARGUMENTS[family]:
+            return trace.ARGUMENTS[family][meta.name]
+        if isinstance(meta, ComputeNode) and getattr(meta.fn, "arguments", False):
+            return "{p.act, p.slope}"
+        impl = type(meta.underlying_impl).__name__
+        if isinstance(meta, ComputeNode) or impl.endswith(("AccumulatorImpl", "ScalarBroadcastImpl")):
+            return "{}"
+        raise SystemExit(f"generate: no arguments known for visitor node {meta.name} ({impl}); "
+                         "name it in codegen/trace.py's ARGUMENTS")
+
+    def args(n):
+        meta = dag.get_node_meta(n)
+        if isinstance(meta, TopoVisitorNode):
+            sub = meta.subgraph
+            return "{" + ", ".join(args(s) if sub.get_node_meta(s).disabled else leaf(sub.get_node_meta(s))
+                                   for s in sub.nodes_topological_order()[:-1]) + "}"
+        if dag.in_degree(n) > 0:
+            return "{" + ", ".join([args(c) for c in dag.get_all_inputs(n)] + [leaf(meta)]) + "}"
+        return leaf(meta)
+
+    # sm90's collective stores D itself (the tree is D's input); sm80's tree ends in D's store.
+    root = dag.get_all_inputs("D")[0] if family == "sm90" else dag.nodes_topological_order()[-1]
+    return args(root)
+
+
+_TREE_INCLUDES = {"sm90": "kernels/gemm/sm90_nodes.cuh", "sm80": "kernels/gemm/sm80_nodes.cuh"}
+
+
+def render_tree(k: Kernel) -> str:
+    """csrc/generated/evt_<tree>.h: the traced tree of row k's family, mode and dtype."""
+    dtype = k.tree.rsplit("_", 1)[1]
+    decls, root, dag = trace.trace(getattr(epilogues, k.epilogue), dtype, k.family,
+                                   swapped=k.family == "sm90" and k.mode == "stats")
+    element = trace.CTYPE[trace.ELEMENT[dtype]]
+    if k.family == "sm90":
+        param, bind = "CtaTile", "struct EpilogueDescriptor {\n    using TileShape = CtaTile;\n  };"
+        why = "the CTA tile, which the emitted types name as the epilogue descriptor's"
+    else:
+        param, bind = "Map", "using OutputTileThreadMap = Map;"
+        why = "the epilogue's thread map (OutputTileThreadLayout), which the emitted types name"
+    body = "\n".join(("  " + line).rstrip() for line in decls.strip().splitlines())
+    return f"""\
+// Generated by `python -m codegen.generate`: codegen/epilogues.py's {k.epilogue}, traced by
+// cutlass_cppgen for {k.family} and {dtype} (codegen/trace.py). Do not edit.
+#pragma once
+
+#include "{_TREE_INCLUDES[k.family]}"
+
+namespace cutlass_fused::gen::evt {{
+// {param}: {why}.
+template <class {param}>
+struct {k.tree} {{
+  {bind}
+  using Element = {element};
+{body}
+
+  using Tree = {root};
+  static typename Tree::Arguments args(GemmEvtArgs const& p) {{
+    return {tree_arguments(dag, k.family)};
+  }}
+}};
+}}  // namespace cutlass_fused::gen::evt
+"""
 
 
 def render(k: Kernel) -> str:
@@ -90,6 +174,7 @@ def render(k: Kernel) -> str:
     return f"""\
 // Generated by `python -m codegen.generate` from codegen/kernels.py. Do not edit.
 // {k}
+#include "generated/evt_{k.tree}.h"
 #include "{k.header}"
 
 namespace cutlass_fused::gen::{k.name} {{
@@ -138,7 +223,11 @@ def expected() -> dict[str, str]:
     for k in KERNELS:
         check_row(k)
     check_defaults(KERNELS)
-    return {"kernels.inc": registry()} | {f"{k.name}.cu": render(k) for k in KERNELS}
+    trees = {}
+    for k in KERNELS:
+        if f"evt_{k.tree}.h" not in trees:
+            trees[f"evt_{k.tree}.h"] = render_tree(k)
+    return {"kernels.inc": registry()} | trees | {f"{k.name}.cu": render(k) for k in KERNELS}
 
 
 def main() -> int:

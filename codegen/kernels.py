@@ -2,11 +2,13 @@
 
 A row is data, not code, so adding a tile/cluster/schedule variant for the
 performance work is one line plus `python -m codegen.generate`. A row becomes
-csrc/generated/<name>.cu, a few lines instantiating the hand-written class
-template of its family and mode (csrc/kernels/gemm/<family>_<mode>.cuh: the
-epilogue visitor tree and CUTLASS's builders) with the row's dtype
-(csrc/kernels/gemm/dtype.cuh), tile, cluster, epilogue tile and schedule (sm80:
-tile, warp tile, stages), and a line of csrc/generated/kernels.inc.
+csrc/generated/<name>.cu, a few lines instantiating the class template of its
+family and mode (csrc/kernels/gemm/<family>_<mode>.cuh: CUTLASS's builders, the
+schedule and the launch) with the row's dtype (csrc/kernels/gemm/dtype.cuh), its
+epilogue visitor tree (traced from codegen/epilogues.py into
+csrc/generated/evt_<tree>.h: Kernel.epilogue, Kernel.tree), tile, cluster,
+epilogue tile and schedule (sm80: tile, warp tile, stages), and a line of
+csrc/generated/kernels.inc.
 
 Fields
   family   "sm90" (TMA warp-specialized, sm90a) or "sm80" (mma.sync, runs on sm80+)
@@ -90,8 +92,25 @@ class Kernel:
         return "e4m3_fast" if self.fast_accum else self.dtype
 
     @property
+    def epilogue(self) -> str:
+        """The function of codegen/epilogues.py that its visitor tree is traced from."""
+        if self.mode == "stats":
+            return "stats" if self.family == "sm90" else "stats_unswapped"
+        return "evaluate_rounded" if self.dtype == "f16" else "evaluate"
+
+    @property
+    def tree(self) -> str:
+        """Its traced tree: csrc/generated/evt_<tree>.h, one a family, mode and epilogue dtype: e4m3's
+        epilogue is bf16's (csrc/kernels/gemm/dtype.cuh), and eval's is fp32's for TF32 and 3xTF32
+        alike (only their statistics differ: fp64 tile sums for 3xTF32)."""
+        dtype = {"e4m3": "bf16"}.get(self.dtype, self.dtype)
+        if self.mode == "eval" and dtype in ("tf32", "f32x3"):
+            dtype = "f32"
+        return f"{self.family}_{self.mode}_{dtype}"
+
+    @property
     def header(self) -> str:
-        """The hand-written class template its .cu instantiates (include path under csrc/)."""
+        """The class template its .cu instantiates (include path under csrc/)."""
         return f"kernels/gemm/{self.family}_{self.mode}.cuh"
 
 

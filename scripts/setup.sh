@@ -6,7 +6,8 @@ cd "$(dirname "$0")/.."
 py=${PYTHON:-python3}
 # torch: never replaced. The CPU dev/CI machines carry torch 2.13.0 on disk.
 $py -c "import torch" 2>/dev/null || $py -m pip install -q torch==2.13.0
-# nvidia-cutlass: its headers build the kernels.
+# nvidia-cutlass: its headers build the kernels; its Python interface (cutlass_cppgen, with networkx,
+# pydot, scipy, treelib) traces the epilogues (python -m codegen.generate, tests/test_trace.py).
 if ! $py -c "import cutlass_library" 2>/dev/null; then
   if ls .wheels/nvidia_cutlass-*.whl >/dev/null 2>&1; then   # offline GPU machine: carried wheels
     $py -m pip install -q --no-index --no-deps .wheels/*.whl

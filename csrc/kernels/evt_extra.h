@@ -1,4 +1,5 @@
-// EVT compute functors that CUTLASS does not ship.
+// EVT compute functors that CUTLASS does not ship: the named operations of codegen/trace.py,
+// which codegen/epilogues.py calls.
 #pragma once
 
 #include "cutlass/array.h"
@@ -11,8 +12,8 @@
 namespace cutlass_fused {
 
 // D = take_last(Zsq, 0, Z) = Z. The stats epilogue's D must be a compute node over
-// the DAG (as cutlass_cppgen's tracer built it; csrc/kernels/gemm/sm90_stats.cuh); returning Z itself, rather than
-// multiply_add(Zsq, 0, Z), keeps D exact even where Z*Z overflows.
+// the DAG (the tracer will not store Z while Z feeds the sums; codegen/epilogues.py's stats);
+// returning Z itself, rather than multiply_add(Zsq, 0, Z), keeps D exact even where Z*Z overflows.
 template <class T>
 struct take_last {
   CUTLASS_HOST_DEVICE T operator()(T const&, T const&, T const& last) const { return last; }
@@ -43,24 +44,8 @@ template <class T> using plus_rounded_to_bf16 = rounded_to<cutlass::bfloat16_t, 
 template <class T> using plus_rounded_to_f16 = rounded_to<cutlass::half_t, cutlass::plus, T>;
 template <class T> using multiplies_rounded_to_f16 = rounded_to<cutlass::half_t, cutlass::multiplies, T>;
 
-// The plus of the node that forms a kernel's stored output, for an output of Element:
-// rounded to a 16-bit Element (above), plain for fp32, which stores it as computed. The
-// kernel templates of csrc/kernels/gemm/ name it.
-template <class Element>
-struct stored {
-  template <class T> using plus = cutlass::plus<T>;
-};
-template <>
-struct stored<cutlass::bfloat16_t> {
-  template <class T> using plus = plus_rounded_to_bf16<T>;
-};
-template <>
-struct stored<cutlass::half_t> {
-  template <class T> using plus = plus_rounded_to_f16<T>;
-};
-
 // The eval epilogue's activation, a runtime value: Arguments of the node that forms y (CUTLASS's
-// Sm90Compute hands a compute functor its own Arguments; sm80_eval.cuh's node does the same).
+// Sm90Compute hands a compute functor its own Arguments; sm80_nodes.cuh's node does the same).
 struct ActivationArgs {
   Activation act = Activation::none;
   float slope = 0.f;

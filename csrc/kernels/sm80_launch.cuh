@@ -2,7 +2,7 @@
 #pragma once
 
 // The sm80 visitor headers compile only after CUTLASS's GEMM headers, which the kernel templates
-// (csrc/kernels/gemm/sm80_eval.cuh) include first.
+// (csrc/kernels/gemm/sm80_nodes.cuh) include first.
 #include "cutlass/epilogue/threadblock/fusion/visitors.hpp"
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "cutlass/gemm/kernel/default_gemm_universal_with_visitor.h"
