@@ -210,7 +210,7 @@ _SM90 += [Kernel("sm90", "f32x3", "eval", (128, 128, 32), (1, 2, 1), promote=p, 
 # afford), as exact as our fp64 pass over h, so only non-finite columns take
 # that pass. The cluster pairs CTAs along the batch, which share the W tile:
 # faster than the pair sharing the x tile (kept as a candidate) or no cluster
-# (benchmarks/stats_ab.py; docs/decisions.md, "fp32 on sm90").
+# (benchmarks/kernels.py stats_ab; docs/decisions.md, "fp32 on sm90").
 _SM90 += [Kernel("sm90", "f32x3", "stats", (128, 128, 32), c, promote=8, default=c == (1, 2, 1))
           for c in ((1, 2, 1), (2, 1, 1))]
 
@@ -218,13 +218,14 @@ _SM90 += [Kernel("sm90", "f32x3", "stats", (128, 128, 32), c, promote=8, default
 # accumulator: a compile probe (docs/decisions.md, "FP8 (issue 33)") saw it spill at 128x256 cooperative and
 # at 128x128 ping-pong, not at 128x128 cooperative, the default here. K tiles of 128 bytes, as
 # bf16's 64. Neither a cluster (2x1 or 1x2) nor a longer promotion interval (promote=8 or 16 MMAs
-# against CUTLASS's 4) moved the 128x128 row's GEMM (benchmarks/fp8_rows.py;
+# against CUTLASS's 4) moved the 128x128 row's GEMM (benchmarks/kernels.py fp8_rows;
 # docs/decisions.md, "The e4m3 row's candidates (run on an H100)"), so the table keeps none of them.
 _SM90 += [Kernel("sm90", "e4m3", "stats", (128, 128, 128), (1, 1, 1), default=True)]
 # Float8Recipe(fast_accum=True): the forward's GEMMs accumulate in the tensor cores alone (math
 # "e4m3_fast"), as torchao's and TransformerEngine's forward GEMMs do by default. bf16's statistics
 # tile and cluster; the ping-pong 128x128 row is its small-batch tile (find_kernel takes it where
-# 128x256 fills fewer than half the SMs), both faster than the promoted row (benchmarks/fp8_rows.py).
+# 128x256 fills fewer than half the SMs), both faster than the promoted row
+# (benchmarks/kernels.py fp8_rows).
 # Not kept: promoted ping-pong 64x128 and 128x64, slower still
 # (docs/decisions.md, "Fast accumulation (run on an H100)").
 _SM90 += [Kernel("sm90", "e4m3", "stats", (128, 256, 128), (2, 1, 1), "TmaWarpSpecializedCooperativeFP8FastAccum",

@@ -15,7 +15,7 @@
 // by its Autograd kernel (deferred_linear_cast, autograd.cpp), whose backward then gives their
 // gradients in fp32 directly: dW from the GEMM in fp32. Through autocast's recorded cast, dW came
 // out in 16 bits and then took an unvectorized 16 -> 32-bit copy, ~50 us a 4096 x 4096 weight, 4
-// of an AMP step's 11 such copies (H200, benchmarks/profile_mlp_step.py --ops copy). Without a
+// of an AMP step's 11 such copies (H200, benchmarks/host.py profile_mlp_step --ops copy). Without a
 // recording (no_grad, inference_mode, a frozen weight) the casts stay autocast's, cache and all.
 //
 // One boxed kernel serves both ops: it reads no signature but the schema's, so

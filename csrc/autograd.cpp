@@ -3,7 +3,7 @@
 // Why C++: a step of the layer is short enough on a GPU that host time shows.
 // torch.library.register_autograd runs its wrapper and our formulas in Python,
 // which cost more host time per step than the GPU work at 1024x8192x8192 on
-// the machines we measured (benchmarks/host_overhead.py). A
+// the machines we measured (benchmarks/host.py host_overhead). A
 // torch::autograd::Function at the Autograd key is what ATen's own ops do, and
 // torch.compile traces through it (AOTAutograd runs forward and backward on
 // fake tensors, which reach the fakes in cutlass_fused/ops.py).

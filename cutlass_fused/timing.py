@@ -62,6 +62,20 @@ def host_us(fn, calls=20):
     return us
 
 
+def wall_us(fn, calls, warmup=0):
+    """Wall time a call, µs: `calls` back-to-back calls after `warmup`, the GPU drained at both ends.
+    Where the GPU finishes each kernel before the host issues the next (a small shape), that is the
+    host's cost a call, the part a host-bound step pays; host_us counts the issue alone."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / calls * 1e6
+
+
 def peak_extra_mib(fn):
     fn()  # gradients and caches allocated once, as in a loop
     torch.cuda.synchronize()

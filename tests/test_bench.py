@@ -87,7 +87,7 @@ def test_tune_times_each_tile_order_in_rounds(tmp_path):
 
 
 def test_alternating_reverses_every_other_round():
-    """The timing order of bench's tools (tune, benchmarks/*_time.py): no item always first."""
+    """The timing order of bench's tools (tune, benchmarks/kernels.py's *_time): no item always first."""
     assert list(timing.alternating(["a", "b", "c"], 3)) == ["a", "b", "c", "c", "b", "a", "a", "b", "c"]
 
 
@@ -103,7 +103,7 @@ def test_bench_modules_import_downward():
 
 
 def test_overrides_reach_the_plan_and_are_restored():
-    """tune and the benchmarks/*_time.py tools force choices through cutlass_fused.overrides(): the
+    """tune and benchmarks/kernels.py's *_time tools force choices through cutlass_fused.overrides(): the
     plan (C++) sees them inside, nested blocks stack, and each exit restores what was in force."""
     small = dict(m=128, n=8192, k=1024)  # bf16: the plan's own tail is the small one
     own = cutlass_fused.plan(**small)

@@ -1013,15 +1013,15 @@ def test_delayed_e5m2_backward(device):
 
 
 def test_teacher_task_runs(tmp_path):
-    """benchmarks/fp8_teacher.py (issue 33's accuracy run), short: every row learns the teacher's
+    """benchmarks/accuracy.py fp8_teacher (issue 33's accuracy run), short: every row learns the teacher's
     labels, and FP8's final loss stays near the unquantized one's."""
     import json
     import pathlib
     import subprocess
     import sys
-    script = pathlib.Path(__file__).parents[1] / "benchmarks" / "fp8_teacher.py"
-    r = subprocess.run([sys.executable, str(script), "--case", "f32,128,64,1", "--steps", "60", "--out", str(tmp_path)],
-                       capture_output=True, text=True)
+    script = pathlib.Path(__file__).parents[1] / "benchmarks" / "accuracy.py"
+    r = subprocess.run([sys.executable, str(script), "fp8_teacher", "--case", "f32,128,64,1", "--steps", "60",
+                        "--out", str(tmp_path)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
     result = json.loads((tmp_path / "fp8_teacher.json").read_text())
     assert set(result["curves"]) == {"no fp8", "fp8 current", "fp8 delayed", "fp8 e5m2 bwd", "fp8 delayed e5m2",
@@ -1033,15 +1033,15 @@ def test_teacher_task_runs(tmp_path):
 
 
 def test_accuracy_script_runs():
-    """benchmarks/fp8_accuracy.py (issue 33: y's error beside torchao's): FP8's error shows (well above
+    """benchmarks/accuracy.py fp8_accuracy (issue 33: y's error beside torchao's): FP8's error shows (well above
     bf16's) and stays at e4m3's size; torchao's rows run where it is installed, else say so."""
     import importlib.util
     import pathlib
     import re
     import subprocess
     import sys
-    script = pathlib.Path(__file__).parents[1] / "benchmarks" / "fp8_accuracy.py"
-    args = [sys.executable, str(script), "--shape", "256,128,64", "--seeds", "2"]
+    script = pathlib.Path(__file__).parents[1] / "benchmarks" / "accuracy.py"
+    args = [sys.executable, str(script), "fp8_accuracy", "--shape", "256,128,64", "--seeds", "2"]
     r = subprocess.run(args, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
     rms = {name.strip(): float(v) for name, v in re.findall(r"^  (.+?)\s+max \S+\s+rms (\S+?),?\s", r.stdout + " ", re.M)}

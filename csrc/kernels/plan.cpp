@@ -164,7 +164,7 @@ struct TunedOrder {
 };
 constexpr TunedOrder kTunedOrders[] = {
     // KernelBench level 2 problem 39 (16384 x 4096^2, fp32): training forward 0.535 -> 0.494 x
-    // torch.mm (tune), GEMM 5070 -> 4755 us (benchmarks/stats_ab.py).
+    // torch.mm (tune), GEMM 5070 -> 4755 us (benchmarks/kernels.py stats_ab).
     {KernelId::sm90_f32x3_stats_128x128x32_c1x2x1_p8, 4096, 16384, 8},
     // The same shape with TF32 allowed: 1.105 -> 1.081 x torch.mm (tune, 3 rounds).
     {KernelId::sm90_tf32_stats_128x256x32_c2x1x1, 4096, 16384, 8},
