@@ -21,11 +21,15 @@ inline bool aligned16(int bytes, int64_t ld, std::initializer_list<void const*> 
   return ok;
 }
 
-// Whether m x n data of `bytes`-byte elements can be read in 16-byte groups: aligned, and n a
-// whole number of groups (not unaligned sizes such as 769 columns). The launchers pick their
-// vector width by it; the plan asks the same of its problem (groups16 in plan.cpp).
+// Whether a row of n `bytes`-byte elements is a whole number of 16-byte groups (not unaligned
+// sizes such as 769 columns).
+constexpr bool whole_groups16(int bytes, int64_t n) { return n % (16 / bytes) == 0; }
+
+// Whether m x n data of `bytes`-byte elements can be read in 16-byte groups: aligned, and n
+// whole groups. The launchers pick their vector width by it; the plan asks the same of its
+// problem (groups16 in plan.cpp), whose alignment the binding found with aligned16.
 inline bool groups16(int bytes, int64_t n, int64_t ld, std::initializer_list<void const*> ptrs) {
-  return n % (16 / bytes) == 0 && aligned16(bytes, ld, ptrs);
+  return whole_groups16(bytes, n) && aligned16(bytes, ld, ptrs);
 }
 
 // Column reductions: chunks of rows, 32 column groups x 8 row lanes a block; each lane walks

@@ -255,7 +255,7 @@ bool stats_gemm(Problem const& p, Family family, KernelDtype math, int64_t kn, G
 
 // The call's data can be read in 16-byte groups (the launchers' vector width: limits::groups16):
 // aligned, and n a whole number of groups (not 769 columns).
-bool groups16(Problem const& p) { return p.aligned && p.n % (16 / bytes_of(p.x)) == 0; }
+bool groups16(Problem const& p) { return p.aligned && limits::whole_groups16(bytes_of(p.x), p.n); }
 
 // The training tail and its slab pieces; throws where an override cannot run.
 Tail pick_tail(Problem const& p, int* pieces) {
