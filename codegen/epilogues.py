@@ -64,3 +64,15 @@ def stats_unswapped(accum, b):
     u_sum = partial_sum(D, dim=0)
     u_sumsq = partial_sum(square(D), dim=0)
     return D, u_sum, u_sumsq
+
+
+def evaluate_residual(accum, b, a, c, r):
+    # docs/epilogues.md's worked example, eval with a residual added after the activation:
+    # y = act((x W^T + b) * a + c) + r, a residual MLP block's x + act(bn(linear(x))) in one kernel
+    # (r of y's shape and dtype, rounded with it once). No kernel row uses it yet:
+    # tests/test_epilogue_example.py builds a kernel around it and checks it against PyTorch.
+    H = accum + b
+    Z = H * a
+    Y = plus_activated(Z, c)
+    D = Y + r
+    return D

@@ -18,7 +18,7 @@ never by editing the emitted text:
                       converts; sm90's does not, hence CUTLASS's PassFixElementD);
       fold_broadcast  sm90 eval reads a, c, s and g through Sm90FoldBroadcast, which makes the
                       fold in the epilogue where the plan asks (csrc/kernels/gemm/sm90_fold.cuh).
-The epilogue descriptor's tile and sm80's thread map, which the emitted types name, are the
+The epilogue descriptor and sm80's thread map, which the emitted types name, are made from the
 template parameters of the generated struct (generate.py), not text put in.
 
 Tracing and emitting a tree need no GPU, no nvcc and no cuda-python: only a GEMM plan
@@ -47,6 +47,7 @@ ARGUMENTS = {
         "a": "{{p.a, 1.f}, p.fold}", "c": "{{p.c}, p.fold}",   # fold broadcasts (_FoldBroadcast)
         "s": "{{p.s, 1.f}, p.fold}", "g": "{{p.a, 1.f}, p.fold}",
         "u_sum": "{p.u_sum}", "u_sumsq": "{p.u_sumsq}",
+        "r": "{static_cast<Element const*>(p.r), Element(0), {p.ldr, cute::_1{}, cute::_0{}}}",  # an aux load
     },
     "sm80": {
         "b": "{static_cast<Element const*>(p.b)}",
@@ -154,7 +155,7 @@ def _examples(cg, element: str, swapped: bool) -> dict:
         vec = {"shape": (1, N), "layout_tag": LayoutType.RowMajor}
     ex = {n: cg.Tensor(element=f32, **vec) for n in ("shift", "a", "c", "s", "g", "u_sum", "u_sumsq")}
     return ex | {"accum": cg.Tensor(element=f32, **mat), "D": cg.Tensor(element=el, **mat),
-                 "b": cg.Tensor(element=el, **vec)}
+                 "r": cg.Tensor(element=el, **mat), "b": cg.Tensor(element=el, **vec)}
 
 
 def trace(fn, dtype: str, family: str, swapped: bool = False):

@@ -5,11 +5,11 @@
 #include "kernels/gemm/sm80_nodes.cuh"
 
 namespace cutlass_fused::gen::evt {
-// Map: the epilogue's thread map (OutputTileThreadLayout), which the emitted types name.
+// Its parameters are the epilogue's thread map (OutputTileThreadLayout), which the emitted types name.
 template <class Map>
 struct sm80_eval_f16 {
-  using OutputTileThreadMap = Map;
   using Element = cutlass::half_t;
+  using OutputTileThreadMap = Map;
   using Accum = cutlass::epilogue::threadblock::VisitorAccFetch;
 
   using B = cutlass::epilogue::threadblock::VisitorRowBroadcast<

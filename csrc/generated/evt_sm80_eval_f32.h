@@ -5,11 +5,11 @@
 #include "kernels/gemm/sm80_nodes.cuh"
 
 namespace cutlass_fused::gen::evt {
-// Map: the epilogue's thread map (OutputTileThreadLayout), which the emitted types name.
+// Its parameters are the epilogue's thread map (OutputTileThreadLayout), which the emitted types name.
 template <class Map>
 struct sm80_eval_f32 {
-  using OutputTileThreadMap = Map;
   using Element = float;
+  using OutputTileThreadMap = Map;
   using A = cutlass::epilogue::threadblock::VisitorRowBroadcast<
       OutputTileThreadMap, float,
       cute::Stride<cute::Int<0>, cute::Int<1>, cute::Int<0>>

@@ -5,13 +5,13 @@
 #include "kernels/gemm/sm90_nodes.cuh"
 
 namespace cutlass_fused::gen::evt {
-// CtaTile: the CTA tile, which the emitted types name as the epilogue descriptor's.
-template <class CtaTile>
+// Its parameters make the epilogue descriptor that the emitted types name: the CTA tile (not cutlass_cppgen's
+// cluster tile), the epilogue tile and the epilogue schedule, for a kernel with no C operand.
+template <class CtaTile, class EpilogueTile, class Schedule>
 struct sm90_stats_f32x3 {
-  struct EpilogueDescriptor {
-    using TileShape = CtaTile;
-  };
   using Element = float;
+  using EpilogueDescriptor = cutlass::epilogue::collective::detail::EpilogueDescriptor<
+      CtaTile, EpilogueTile, void, Element, Schedule>;
   using Accum = cutlass::epilogue::fusion::Sm90AccFetch;
 
   using B = cutlass::epilogue::fusion::Sm90ColBroadcast<

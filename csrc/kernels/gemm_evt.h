@@ -32,6 +32,8 @@ struct GemmEvtArgs {
   Activation act = Activation::none;          // eval kernels: y = act(...) before y's rounding
   float slope = 0.f;                          //   leaky_relu's negative slope
   void* out = nullptr;      int64_t ldo = 0;  // M x N, row-major
+  void const* r = nullptr;  int64_t ldr = 0;  // M x N, row-major, in out's dtype: a tree that reads a tensor of
+                                              //   y's shape (docs/epilogues.md's residual); no kernel row does
   float const* shift = nullptr;               // stats kernels: per feature, or nullptr for zero
   void* u_sum = nullptr;                      // stats kernels: (ceil(batch / tile_n), round_up(features, tile_m)),
   void* u_sumsq = nullptr;                    // fp32 ("partial") or fp64 ("partial64", f32x3)

@@ -13,11 +13,12 @@
 
 namespace cutlass_fused::gemm::sm90_eval {
 
-// Evt: the traced tree, templated on the CTA tile, with its Tree and args(GemmEvtArgs).
-template <class Dtype, template <class> class Evt, class TileShape, class ClusterShape, class EpilogueTile,
-          class Schedule>
+// Evt: the traced tree, templated on the CTA tile, epilogue tile and epilogue schedule, with its
+// Tree and args(GemmEvtArgs).
+template <class Dtype, template <class, class, class> class Evt, class TileShape, class ClusterShape,
+          class EpilogueTile, class Schedule>
 struct Gemm {
-  using Epilogue = Evt<TileShape>;
+  using Epilogue = Evt<TileShape, EpilogueTile, typename Schedule::Epilogue>;
   using GemmKernel = typename Sm90Kernel<Dtype, TileShape, ClusterShape, EpilogueTile, Schedule,
                                          cute::Stride<int64_t, cute::_1, cute::_0>,  // y row-major
                                          typename Epilogue::Tree>::type;

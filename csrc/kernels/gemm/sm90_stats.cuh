@@ -17,11 +17,12 @@
 
 namespace cutlass_fused::gemm::sm90_stats {
 
-// Evt: the traced tree, templated on the CTA tile, with its Tree and args(GemmEvtArgs).
-template <class Dtype, template <class> class Evt, class TileShape, class ClusterShape, class EpilogueTile,
-          class Schedule>
+// Evt: the traced tree, templated on the CTA tile, epilogue tile and epilogue schedule, with its
+// Tree and args(GemmEvtArgs).
+template <class Dtype, template <class, class, class> class Evt, class TileShape, class ClusterShape,
+          class EpilogueTile, class Schedule>
 struct Gemm {
-  using Epilogue = Evt<TileShape>;
+  using Epilogue = Evt<TileShape, EpilogueTile, typename Schedule::Epilogue>;
   using GemmKernel = typename Sm90Kernel<Dtype, TileShape, ClusterShape, EpilogueTile, Schedule,
                                          cute::Stride<cute::_1, int64_t, cute::_0>,  // W x^T column-major: h
                                          typename Epilogue::Tree>::type;
