@@ -10,7 +10,7 @@ never by editing the emitted text:
   - passes (additional_passes of the frontend, run after CUTLASS's own), each on the IR's nodes:
       partial_sums    a partial_sum is a per-CTA partial, not an atomic add into one vector:
                       sm90 FinalReduction = false with plus, sm80 our store_partial at a runtime
-                      row stride (csrc/kernels/gemm/sm80_stats.cuh);
+                      row stride (csrc/kernels/gemm/sm80_nodes.cuh);
       sums_compute    the sums' nodes compute in the dtype's statistics type (fp64 for f32x3);
       sm80_arguments  sm80's compute node of an operation with runtime arguments (the
                       activation) is our VisitorComputeWithArgs; CUTLASS 2.x's takes none;
@@ -44,7 +44,7 @@ ARGUMENTS = {
     "sm90": {
         "b": "{static_cast<Element const*>(p.b)}",
         "shift": "{p.shift}",
-        "a": "{{p.a, 1.f}, p.fold}", "c": "{{p.c}, p.fold}",   # fold broadcasts (_FoldBroadcast)
+        "a": "{{p.a, 1.f}, p.fold}", "c": "{{p.c}, p.fold}",   # fold broadcasts (evt_passes.fold_broadcast)
         "s": "{{p.s, 1.f}, p.fold}", "g": "{{p.a, 1.f}, p.fold}",
         "u_sum": "{p.u_sum}", "u_sumsq": "{p.u_sumsq}",
         "r": "{static_cast<Element const*>(p.r), Element(0), {p.ldr, cute::_1{}, cute::_0{}}}",  # an aux load
@@ -52,7 +52,7 @@ ARGUMENTS = {
     "sm80": {
         "b": "{static_cast<Element const*>(p.b)}",
         "a": "{p.a, 1.f}", "c": "{p.c}", "s": "{p.s, 1.f}", "g": "{p.a, 1.f}",
-        # a CTA's partial sums land on its row of the partials (sm80_stats.cuh)
+        # a CTA's partial sums land on its row of the partials (sm80_nodes.cuh's partials_stride)
         "u_sum": "{static_cast<float*>(p.u_sum), 0.f, gemm::partials_stride<OutputTileThreadMap>(p.n)}",
         "u_sumsq": "{static_cast<float*>(p.u_sumsq), 0.f, "
                    "gemm::partials_stride<OutputTileThreadMap>(p.n)}",

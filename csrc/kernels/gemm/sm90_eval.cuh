@@ -13,17 +13,9 @@
 
 namespace cutlass_fused::gemm::sm90_eval {
 
-// Evt: the traced tree, templated on the CTA tile, epilogue tile and epilogue schedule, with its
-// Tree and args(GemmEvtArgs).
 template <class Dtype, template <class, class, class> class Evt, class TileShape, class ClusterShape,
           class EpilogueTile, class Schedule>
-struct Gemm {
-  using Epilogue = Evt<TileShape, EpilogueTile, typename Schedule::Epilogue>;
-  using GemmKernel = typename Sm90Kernel<Dtype, TileShape, ClusterShape, EpilogueTile, Schedule,
-                                         cute::Stride<int64_t, cute::_1, cute::_0>,  // y row-major
-                                         typename Epilogue::Tree>::type;
-
-  static sm90::Fusion<GemmKernel> fusion_args(GemmEvtArgs const& p) { return Epilogue::args(p); }
-};
+using Gemm = Sm90Gemm<Dtype, Evt, cute::Stride<int64_t, cute::_1, cute::_0>,  // y row-major
+                      TileShape, ClusterShape, EpilogueTile, Schedule>;
 
 }  // namespace cutlass_fused::gemm::sm90_eval

@@ -2,7 +2,8 @@
 // builders for a TMA warp-specialized schedule, fp32 accumulation, A row-major and B
 // column-major (x and the nn.Linear weight, both K-contiguous), no C operand, and D
 // stored by the collective epilogue with the EVT's output as its value.
-// sm90_eval.cuh and sm90_stats.cuh give the EVT and D's layout.
+// The EVT is a traced tree (csrc/generated/evt_sm90_*.h); sm90_eval.cuh and sm90_stats.cuh give
+// D's layout.
 #pragma once
 
 #include "cute/tensor.hpp"
@@ -95,6 +96,19 @@ struct Sm90Kernel {
   // Problem shape (M, N, K, L); void: the default (persistent) tile scheduler.
   using type = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, CollectiveMainloop,
                                                     CollectiveEpilogue, void>;
+};
+
+// The row's GEMM around a traced tree: Evt, the generated struct (csrc/generated/evt_sm90_*.h),
+// templated on the CTA tile, epilogue tile and epilogue schedule, with its Tree and
+// args(GemmEvtArgs). sm90_eval.cuh and sm90_stats.cuh name it with their D layouts.
+template <class Dtype, template <class, class, class> class Evt, class StrideD, class TileShape, class ClusterShape,
+          class EpilogueTile, class Schedule>
+struct Sm90Gemm {
+  using Epilogue = Evt<TileShape, EpilogueTile, typename Schedule::Epilogue>;
+  using GemmKernel = typename Sm90Kernel<Dtype, TileShape, ClusterShape, EpilogueTile, Schedule, StrideD,
+                                         typename Epilogue::Tree>::type;
+
+  static sm90::Fusion<GemmKernel> fusion_args(GemmEvtArgs const& p) { return Epilogue::args(p); }
 };
 
 }  // namespace cutlass_fused::gemm

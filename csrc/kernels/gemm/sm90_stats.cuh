@@ -17,17 +17,9 @@
 
 namespace cutlass_fused::gemm::sm90_stats {
 
-// Evt: the traced tree, templated on the CTA tile, epilogue tile and epilogue schedule, with its
-// Tree and args(GemmEvtArgs).
 template <class Dtype, template <class, class, class> class Evt, class TileShape, class ClusterShape,
           class EpilogueTile, class Schedule>
-struct Gemm {
-  using Epilogue = Evt<TileShape, EpilogueTile, typename Schedule::Epilogue>;
-  using GemmKernel = typename Sm90Kernel<Dtype, TileShape, ClusterShape, EpilogueTile, Schedule,
-                                         cute::Stride<cute::_1, int64_t, cute::_0>,  // W x^T column-major: h
-                                         typename Epilogue::Tree>::type;
-
-  static sm90::Fusion<GemmKernel> fusion_args(GemmEvtArgs const& p) { return Epilogue::args(p); }
-};
+using Gemm = Sm90Gemm<Dtype, Evt, cute::Stride<cute::_1, int64_t, cute::_0>,  // W x^T column-major: h
+                      TileShape, ClusterShape, EpilogueTile, Schedule>;
 
 }  // namespace cutlass_fused::gemm::sm90_stats
