@@ -1,8 +1,9 @@
 """Our passes over cutlass_cppgen's epilogue IR, run after its own (codegen/trace.py says why
-each is needed): each function returns a pass class for the frontend's additional_passes. Each changes nodes' implementations, whose type declarations the emitter then
-writes; none edits emitted text. Imported by trace.py once cutlass_cppgen is seeded.
+each is needed). Each function returns a pass class for the frontend's additional_passes; each
+pass changes nodes' implementations, whose type declarations the emitter then writes, and none
+edits emitted text. trace.py imports this after cutlass_cppgen (its import has a side effect).
 """
-from cutlass_library import DataType, DataTypeTag
+from cutlass_library import DataType, DataTypeSize, DataTypeTag
 
 from cutlass_cppgen.backend.evt.backend.sm80_nodes import Sm80ComputeImpl, Sm80RowReductionImpl
 from cutlass_cppgen.backend.evt.backend.sm90_nodes import Sm90ColumnReductionImpl, Sm90RowBroadcastImpl
@@ -31,8 +32,8 @@ class Sm90PartialColReduction(Sm90ColumnReductionImpl):
     """A per-CTA partial (FinalReduction = false): each CTA writes its row of sums, which the
     training tail adds in a fixed order, so the sums are deterministic and need no zeroing;
     CUTLASS static-asserts an atomic reduction to be final, hence plus. The output's
-    alignment (fp32: 4) and EnableNullptr are the template's defaults, spelled because the
-    parameter after them is not."""
+    alignment (a 16-byte access) and EnableNullptr are the template's defaults, spelled because
+    the parameter after them is not."""
 
     @property
     def type_decl(self):
@@ -42,7 +43,7 @@ using {self.name_camel} = cutlass::epilogue::fusion::Sm90ColReduction<
     typename EpilogueDescriptor::TileShape, {DataTypeTag[self.element]},
     {DataTypeTag[self.element_compute]}, {FloatRoundStyleTag[self.round_style]},
     {self.stride_mnl},
-    {128 // 32} /* Alignment */, true /* EnableNullptr */, false /* FinalReduction */
+    {128 // DataTypeSize[self.element]} /* Alignment */, true /* EnableNullptr */, false /* FinalReduction */
 >;
 """
 
@@ -136,20 +137,20 @@ def sm80_arguments():
     return Sm80Arguments
 
 
-def sm80_stored_h_in_fp32():
-    """sm80 statistics trees: the node forming h keeps its fp32 value for the sums after it.
-    CUTLASS's PassFixElementD gives the producer of D D's type, which sm90's store of D needs
-    (it converts nothing); sm80's D is an aux store that converts itself, and h is already
-    rounded to D's type (rounded_plus), so the round trip through it is exact and only costs
-    conversions (128 instructions in the bf16 kernel)."""
+def sm80_stored_h_in_fp32(h_op):
+    """sm80 statistics trees: h, formed by h_op (rounded_plus: already rounded to D's type), keeps
+    its fp32 value for the sums after it. CUTLASS's PassFixElementD gives the producer of D D's
+    type, which sm90's store of D needs (it converts nothing); sm80's D is an aux store that
+    converts itself, so for a rounded h the round trip through D's type is exact and only costs
+    conversions (128 instructions in the bf16 kernel). Any other producer keeps D's type, so that
+    sums after it are of D as stored."""
 
     class Sm80StoredH(_Pass):
         def call(self):
             if not any(hasattr(getattr(m, "underlying_impl", None), "gmem_reduce_fn") for _, m in metas(self.dag_ir)):
                 return
-            n = self.dag_ir.get_all_inputs("D")[0]
-            m = self.dag_ir.get_node_meta(n)
-            if isinstance(m, ComputeNode):
+            m = self.dag_ir.get_node_meta(self.dag_ir.get_all_inputs("D")[0])
+            if isinstance(m, ComputeNode) and m.fn is h_op:
                 m.underlying_impl.element_output = m.underlying_impl.element_compute
     return Sm80StoredH
 

@@ -180,7 +180,7 @@ def _passes(family: str, dtype: str, named: dict) -> list:
     if dtype in SUMS:
         out.append(evt_passes.sums_compute(SUMS[dtype], named["rounded_plus"]))
     if family == "sm80":
-        out += [evt_passes.sm80_arguments(), evt_passes.sm80_stored_h_in_fp32()]
+        out += [evt_passes.sm80_arguments(), evt_passes.sm80_stored_h_in_fp32(named["rounded_plus"])]
     else:
         out.append(evt_passes.fold_broadcast(FOLD_PARTS))
     return out
