@@ -8,7 +8,7 @@ take as a parameter. The tracer parses these functions' source, so keep them pla
     and the vectors named as codegen/trace.py's ARGUMENTS gives them to the kernel), the
     returned names the ones it writes (D, and the sums);
   - `+`, `-`, `*` and multiply_add are CUTLASS's functors; the other calls are the named
-    operations of codegen/trace.py's OPS, whose C++ functors are ours (csrc/kernels/evt_extra.h);
+    operations of codegen/trace.py's ops(), whose C++ functors are ours (csrc/kernels/evt_extra.h);
   - a literal is a runtime scalar of the kernel, zero as the launcher passes it;
   - what a sum reduces over is decided by the shape of its output (trace.py's examples), not
     by `dim`, which the tracer ignores and which is written for the reader.
