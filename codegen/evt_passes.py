@@ -14,14 +14,19 @@ from cutlass_cppgen.backend.library import FloatRoundStyleTag
 
 
 def metas(dag_ir):
-    """(graph, node meta) of every node, those inside topological visitors' subgraphs too."""
+    """(graph, node meta, its implementation or None) of every node, those inside topological
+    visitors' subgraphs too."""
     todo = [dag_ir]
     while todo:
         g = todo.pop()
         for m in g.node_metas_topological_order():
-            yield g, m
+            yield g, m, getattr(m, "underlying_impl", None)
             if isinstance(m, TopoVisitorNode):
                 todo.append(m.subgraph)
+
+
+def is_reduction(impl) -> bool:
+    return hasattr(impl, "gmem_reduce_fn")
 
 
 class _Pass(EVTPassBase):
@@ -81,9 +86,8 @@ def partial_sums(is_partial):
 
     class PartialSums(_Pass):
         def call(self):
-            for _, m in metas(self.dag_ir):
-                impl = getattr(m, "underlying_impl", None)
-                if not is_partial(getattr(impl, "gmem_reduce_fn", None)):
+            for _, m, impl in metas(self.dag_ir):
+                if not is_reduction(impl) or not is_partial(impl.gmem_reduce_fn):
                     continue
                 if isinstance(impl, Sm90ColumnReductionImpl):
                     impl.__class__ = Sm90PartialColReduction
@@ -105,11 +109,10 @@ def sums_compute(element: str, h_op):
 
     class SumsCompute(_Pass):
         def call(self):
-            for g, m in metas(self.dag_ir):
+            for g, m, impl in metas(self.dag_ir):
                 if isinstance(m, TopoVisitorNode):
                     m.subgraph.element_compute = el
-                impl = getattr(m, "underlying_impl", None)
-                if hasattr(impl, "gmem_reduce_fn"):
+                if is_reduction(impl):
                     impl.element_compute = el
                     for c in _branch(g, m.name, h_op):
                         c.element_compute = c.element_output = el
@@ -130,8 +133,7 @@ def _branch(g, reduction, h_op):
 def sm80_arguments():
     class Sm80Arguments(_Pass):
         def call(self):
-            for _, m in metas(self.dag_ir):
-                impl = getattr(m, "underlying_impl", None)
+            for _, m, impl in metas(self.dag_ir):
                 if isinstance(impl, Sm80ComputeImpl) and getattr(m.fn, "arguments", False):
                     impl.__class__ = Sm80ComputeWithArgs
     return Sm80Arguments
@@ -147,7 +149,7 @@ def sm80_stored_h_in_fp32(h_op):
 
     class Sm80StoredH(_Pass):
         def call(self):
-            if not any(hasattr(getattr(m, "underlying_impl", None), "gmem_reduce_fn") for _, m in metas(self.dag_ir)):
+            if not any(is_reduction(impl) for _, _, impl in metas(self.dag_ir)):
                 return
             m = self.dag_ir.get_node_meta(self.dag_ir.get_all_inputs("D")[0])
             if isinstance(m, ComputeNode) and m.fn is h_op:
@@ -158,8 +160,7 @@ def sm80_stored_h_in_fp32(h_op):
 def fold_broadcast(parts):
     class FoldBroadcast(_Pass):
         def call(self):
-            for _, m in metas(self.dag_ir):
-                impl = getattr(m, "underlying_impl", None)
+            for _, m, impl in metas(self.dag_ir):
                 if isinstance(impl, Sm90RowBroadcastImpl) and m.name in parts:
                     impl.__class__ = Sm90FoldBroadcast
     return FoldBroadcast

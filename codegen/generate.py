@@ -126,8 +126,7 @@ _TREE_INCLUDES = {"sm90": "kernels/gemm/sm90_nodes.cuh", "sm80": "kernels/gemm/s
 
 def render_tree(k: Kernel) -> str:
     """csrc/generated/evt_<tree>.h: the traced tree of row k's family, mode and dtype."""
-    return tree_header(k.tree, k.epilogue, k.family, k.tree.rsplit("_", 1)[1],
-                       swapped=k.family == "sm90" and k.mode == "stats")
+    return tree_header(k.tree, k.epilogue, k.family, k.tree_dtype, swapped=k.swapped)
 
 
 def tree_header(name: str, epilogue: str, family: str, dtype: str, swapped: bool = False) -> str:

@@ -99,14 +99,22 @@ class Kernel:
         return "evaluate_rounded" if self.dtype == "f16" else "evaluate"
 
     @property
-    def tree(self) -> str:
-        """Its traced tree: csrc/generated/evt_<tree>.h, one a family, mode and epilogue dtype: e4m3's
-        epilogue is bf16's (csrc/kernels/gemm/dtype.cuh), and eval's is fp32's for TF32 and 3xTF32
-        alike (only their statistics differ: fp64 tile sums for 3xTF32)."""
+    def swapped(self) -> bool:
+        """Whether the kernel computes W x^T (sm90 stats: a feature is a row of its tile)."""
+        return self.family == "sm90" and self.mode == "stats"
+
+    @property
+    def tree_dtype(self) -> str:
+        """The dtype its tree is traced for: e4m3's epilogue is bf16's (csrc/kernels/gemm/dtype.cuh),
+        and eval's is fp32's ("f32") for TF32 and 3xTF32 alike (only their statistics differ: fp64
+        tile sums for 3xTF32)."""
         dtype = {"e4m3": "bf16"}.get(self.dtype, self.dtype)
-        if self.mode == "eval" and dtype in ("tf32", "f32x3"):
-            dtype = "f32"
-        return f"{self.family}_{self.mode}_{dtype}"
+        return "f32" if self.mode == "eval" and dtype in ("tf32", "f32x3") else dtype
+
+    @property
+    def tree(self) -> str:
+        """Its traced tree: csrc/generated/evt_<tree>.h, one a family, mode and tree_dtype."""
+        return f"{self.family}_{self.mode}_{self.tree_dtype}"
 
     @property
     def header(self) -> str:

@@ -13,8 +13,7 @@ from codegen.kernels import KERNELS, Kernel  # noqa: E402
 
 def tree(family, mode, dtype):
     k = Kernel(family, dtype, mode, (128, 128, 64), warps=(2, 2, 1), stages=None if family == "sm90" else 3)
-    decls, root, dag = trace.trace(getattr(epilogues, k.epilogue), dtype, family,
-                                   swapped=family == "sm90" and mode == "stats")
+    decls, root, dag = trace.trace(getattr(epilogues, k.epilogue), dtype, family, swapped=k.swapped)
     return decls, root, dag
 
 
