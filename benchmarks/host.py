@@ -4,15 +4,17 @@ GPU time goes or waits. One subcommand a question; all need a CUDA GPU.
     python benchmarks/host.py COMMAND [options]      (COMMAND --help for its options)
 
 The step subcommands run the step benchmark's MLP (cutlass_fused.bench_step, `python -m
-cutlass_fused.bench --step`) by its rows; host_overhead and fp8_host time the layer and the ops
+cutlass_fused.bench --step`) by its rows; host_overhead, layer_host and fp8_host time the layer and the ops
 under it at a shape small enough that the GPU finishes each kernel before the host issues the next,
 so the wall time a call is the host's (cutlass_fused.timing.wall_us).
 """
 import collections
+import copy
 import json
 import statistics
 import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
@@ -340,6 +342,8 @@ def ops_breakdown(m, k, n, dev, dt):
              bn.num_batches_tracked, 0.1, 1e-5, "auto", True)
     wt = w.t().contiguous()
     h, stats = ops.linear_stats(x, w, b, "auto")
+    _, mean, invstd = ops.batch_norm_finalize(h, stats, s, m, bn.weight, bn.bias, 1e-5)
+    w32, b32 = w.float(), b.float()
     rows = {
         "torch.mm": lambda: torch.mm(x, w.t()),
         "torch.empty": lambda: torch.empty(m, n, device=dev, dtype=dt),
@@ -348,6 +352,9 @@ def ops_breakdown(m, k, n, dev, dt):
         "ops.batch_norm_finalize": lambda: ops.batch_norm_finalize(h, stats, s, m, bn.weight, bn.bias, 1e-5),
         "train op": lambda: ops.linear_scale_batch_norm_train(*train),
         "eval op": lambda: ops.linear_scale_batch_norm_eval(*train[:8], 1e-5, "auto", True),
+        "batch_norm_backward": lambda: ops.batch_norm_backward(h, h, mean, invstd, s, bn.weight, 1e-5, bn.bias),
+        "fp32 W.to, b.to": lambda: (w32.to(dt), b32.to(dt)),
+        "cast_linear_inputs(W, b)": lambda: ops.cast_linear_inputs(x, w32, b32, dt),
         "module forward": lambda: mod(x),
     }
     print(f"host cost per call by layer, batch={m} in={k} out={n} bf16, no grad (us, best of 3)")
@@ -389,6 +396,132 @@ def host_overhead(args):
               f"train fwd+bwd {timing.wall_us(step, 2000, warmup=200):7.1f}")
     if args.ops:
         ops_breakdown(m, k, n, dev, dt)
+
+
+LAYER_ROWS = ("torch.mm", "eager", "compile", "fused", "fused+compile")
+
+
+def layer_models(model, m, k, n, dev, dt):
+    """The rows' callables' modules: the unfused layer (the seed's Linear -> * scale -> BatchNorm1d,
+    or the plain Linear -> BatchNorm1d -> ReLU), torch.compile of it, fuse() of it, and both."""
+    torch.manual_seed(0)
+    if model == "seed":
+        base = SeedModel(k, n)
+    else:
+        base = torch.nn.Sequential(torch.nn.Linear(k, n), torch.nn.BatchNorm1d(n), torch.nn.ReLU())
+    base = base.to(dev, dt)
+    fused, report = cutlass_fused.fuse(copy.deepcopy(base))
+    if len(report.fused) != 1:
+        raise SystemExit(f"layer_host: fuse() fused {len(report.fused)} layers of the {model} layer, expected 1")
+    return {"eager": base, "compile": torch.compile(copy.deepcopy(base)), "fused": fused,
+            "fused+compile": torch.compile(copy.deepcopy(fused))}
+
+
+def self_times(events):
+    """Each host event's own time (its span less the spans of the events nested in it, on its
+    thread), summed by name: cpu_ops, autograd's nodes and the CUDA runtime and driver calls."""
+    by_thread = collections.defaultdict(list)
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "cuda_runtime", "cuda_driver", "user_annotation"):
+            by_thread[e.get("tid")].append(e)
+    own = collections.Counter()
+    for evs in by_thread.values():
+        evs.sort(key=lambda e: (e["ts"], -e["dur"]))
+        stack = []
+        for e in evs:
+            while stack and stack[-1]["ts"] + stack[-1]["dur"] <= e["ts"]:
+                stack.pop()
+            if stack:
+                own[stack[-1]["name"]] -= e["dur"]
+            own[e["name"]] += e["dur"]
+            stack.append(e)
+    return own
+
+
+def traced_self_times(fn, calls):
+    """self_times of `calls` calls of fn under torch.profiler (CPU and CUDA activity), µs a call,
+    with the wall time a call under the profiler."""
+    fn()
+    torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "trace.json"
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            t = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+            wall = (time.perf_counter() - t) / calls * 1e6
+        prof.export_chrome_trace(str(path))
+        events = json.loads(path.read_text())["traceEvents"]
+    return {k: v / calls for k, v in self_times(events).items()}, wall
+
+
+@cli.command(
+    arg("--shape", type=shape, default=(128, 1024, 512), metavar="B,IN,OUT",
+        help="default 128,1024,512 (the layer benchmark's smallest shape)"),
+    arg("--model", choices=("seed", "plain"), default="seed",
+        help="seed: Linear -> * scale -> BatchNorm1d (the layer benchmark's); plain: Linear -> BatchNorm1d -> ReLU"),
+    arg("--amp", action="store_true", help="fp32 parameters under bf16 autocast (else bf16 parameters)"),
+    arg("--row", action="append", choices=LAYER_ROWS, metavar="ROW",
+        help=f"repeatable, default all: {', '.join(LAYER_ROWS)}"),
+    arg("--trace", type=int, default=0, metavar="N",
+        help="also list, for each row's fwd+bwd, the N host events of most own time a call"))
+def layer_host(args):
+    """The host's time a layer call: eager PyTorch, torch.compile, ours, ours compiled, torch.mm.
+
+    At a shape small enough that the GPU finishes each kernel before the host issues the next, the
+    wall time a call is the host's cost (best of 3 runs of 1000 calls after 200; this host's speed
+    drifts between runs). For each row: the training forward under no_grad (the layer benchmark's
+    train mode), the forward with autograd recording, and forward + backward (x needing its
+    gradient, as inside a model), with the CUDA launches of a fwd+bwd. torch.mm: one GEMM, its
+    launch cost. --trace N: each host event's own time a fwd+bwd call (torch.profiler's cpu_ops,
+    autograd nodes, CUDA runtime and driver calls, less what is nested in them), the N largest, and
+    the wall time a call left outside every event (Python, mostly). The profiler adds its own cost
+    to every event: read the order and the ratios, not the sum.
+    """
+    dev = cuda_device("layer_host")
+    m, k, n = args.shape
+    dt = torch.float32 if args.amp else torch.bfloat16
+    amp = torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.amp)
+    models = layer_models(args.model, m, k, n, dev, dt)
+    x = torch.randn(m, k, device=dev, dtype=dt)
+    xg = x.clone().requires_grad_()
+    dy = torch.randn(m, n, device=dev, dtype=torch.bfloat16 if args.amp else dt)
+    w = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
+    xb = x.to(torch.bfloat16)
+    print(f"host us a call, {args.model} layer, batch={m} in={k} out={n} {'amp-bf16' if args.amp else 'bf16'} "
+          "(best of 3 runs of 1000 calls)")
+    for name in args.row or LAYER_ROWS:
+        if name == "torch.mm":
+            print(f"  {name:14s} mm {best_us(lambda: torch.mm(xb, w.t())):7.1f}")
+            continue
+        mod = models[name]
+        mod.train()
+
+        def no_grad(mod=mod):
+            with torch.no_grad(), amp:
+                mod(x)
+
+        def fwd(mod=mod):
+            with amp:
+                mod(xg)
+
+        def step(mod=mod):
+            for p in mod.parameters():
+                p.grad = None
+            xg.grad = None
+            with amp:
+                y = mod(xg)
+            y.backward(dy.to(y.dtype))
+
+        print(f"  {name:14s} fwd (no grad) {best_us(no_grad):7.1f}   fwd {best_us(fwd):7.1f}   "
+              f"fwd+bwd {best_us(step):7.1f}   {launches(step)} launches a fwd+bwd")
+        if args.trace:
+            own, wall = traced_self_times(step, 200)
+            events = sum(own.values())
+            print(f"    under the profiler: {wall:.1f} us a call, {events:.1f} in events, {wall - events:.1f} outside")
+            for key, us in sorted(own.items(), key=lambda kv: -kv[1])[:args.trace]:
+                print(f"    {us:7.1f}  {key[:100]}")
 
 
 def fp8_layer_rows(m, k, n, dev):

@@ -11,12 +11,12 @@
 // autograd records (this key sits above Autograd), so gradients reach fp32
 // parameters in fp32.
 //
-// The training op's fp32 weight and bias, where autograd records the call, are not cast here but
-// by its Autograd kernel (deferred_linear_cast, autograd.cpp), whose backward then gives their
-// gradients in fp32 directly: dW from the GEMM in fp32. Through autocast's recorded cast, dW came
-// out in 16 bits and then took an unvectorized 16 -> 32-bit copy, ~50 us a 4096 x 4096 weight, 4
-// of an AMP step's 11 such copies (H200, benchmarks/host.py profile_mlp_step --ops copy). Without a
-// recording (no_grad, inference_mode, a frozen weight) the casts stay autocast's, cache and all.
+// The training op's operands, where autograd records the call with an fp32 weight, are not cast
+// here but by its Autograd kernel (deferred_linear_cast, autograd.cpp), x, weight and bias in one
+// op (cast_linear_inputs), whose backward then gives dW in fp32 directly: through autocast's
+// recorded cast, dW came out in 16 bits and then took an unvectorized 16 -> 32-bit copy, ~50 us a
+// 4096 x 4096 weight (docs/decisions.md, "Autocast"). Without a recording (no_grad,
+// inference_mode, a frozen weight) the casts stay autocast's, cache and all.
 //
 // One boxed kernel serves both ops: it reads no signature but the schema's, so
 // the ops' signatures stay written once (csrc/ops.cpp, op_handles.h).
@@ -55,7 +55,7 @@ void autocast_linear_inputs(c10::OperatorHandle const& op, torch::jit::Stack* st
   c10::IValue const& weight = (*stack)[stack->size() - n + 1];
   bool defer = Deferrable && at::GradMode::is_enabled() && !c10::InferenceMode::is_enabled() &&
                weight.isTensor() && weight.toTensor().requires_grad() && weight.toTensor().scalar_type() == at::kFloat;
-  for (size_t i = 0; i < (defer ? 1 : kCastArguments); ++i) {
+  for (size_t i = 0; i < (defer ? 0 : kCastArguments); ++i) {
     c10::IValue& v = (*stack)[stack->size() - n + i];
     if (v.isTensor()) v = at::autocast::cached_cast(dt, v.toTensor(), device);
   }

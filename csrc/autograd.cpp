@@ -83,23 +83,27 @@ struct TrainFunction : torch::autograd::Function<TrainFunction> {
     // Below Autograd only, so that ADInplaceOrView (in_place below) counts the
     // running stats' update.
     at::AutoDispatchBelowAutograd below;
-    // Autocast's casts of the weight and bias, left to us (autocast.cpp), by cached_cast's rule of
-    // which tensors it casts; the backward gives their gradients in their own dtype, fp32. Not
-    // cached_cast itself: it would cache this cast, made below Autograd with no history, for a
-    // leaf weight, and hand it to any other op on that weight in the same autocast region, whose
-    // gradient would then never reach the weight.
-    at::Tensor gemm_weight = weight;
+    // Autocast's casts of x, the weight and the bias, left to us (autocast.cpp), by cached_cast's
+    // rule of which tensors it casts (autocast_casts), in one op (cast_linear_inputs): one launch on
+    // CUDA, and under torch.compile one call in Inductor's wrapper, not a Triton kernel each. The
+    // backward gives their gradients in their own dtypes: dW from the GEMM in fp32, dX cast back
+    // as autocast's recorded cast would. Not cached_cast itself: it would cache this cast, made
+    // below Autograd with no history, for a leaf weight, and hand it to any other op on that weight
+    // in the same autocast region, whose gradient would then never reach the weight.
+    at::Tensor gemm_x = x, gemm_weight = weight;
     OptTensor gemm_bias = bias;
     if (auto dt = std::exchange(deferred_linear_cast(), c10::nullopt)) {
-      auto cast = [&](at::Tensor const& t) {
-        bool eligible = t.is_floating_point() && t.scalar_type() != at::kDouble;
-        return eligible && t.scalar_type() != *dt ? t.to(*dt) : t;
-      };
-      gemm_weight = cast(weight);
-      if (bias.has_value()) gemm_bias = cast(*bias);
+      static auto cast_op = op_handle<CastSig>("cutlass_fused::cast_linear_inputs");
+      auto [x16, weight16, bias16] = cast_op.call(x, weight, bias, *dt);
+      if (autocast_casts(x, *dt)) {
+        gemm_x = x16;
+        ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
+      }
+      if (autocast_casts(weight, *dt)) gemm_weight = weight16;
+      if (bias.has_value() && autocast_casts(*bias, *dt)) gemm_bias = bias16;
       ctx->saved_data["wide_dw"] = true;
     }
-    auto [y, h, stats, mean, invstd] = op.call(x, gemm_weight, gemm_bias, scale, bn_weight, bn_bias, running_mean,
+    auto [y, h, stats, mean, invstd] = op.call(gemm_x, gemm_weight, gemm_bias, scale, bn_weight, bn_bias, running_mean,
                                                running_var, num_batches_tracked, momentum, eps, family, cache,
                                                activation, negative_slope, output_dtype);
     // The activation's derivative needs BN(z), recomputed from h with the BN bias.
@@ -113,7 +117,7 @@ struct TrainFunction : torch::autograd::Function<TrainFunction> {
     // first layer's input needs no gradient, and its 16-bit weight cast is then freed here. At
     // amp-bf16 4096x4096x4 that is 32 MiB off the step's peak, which holds every block's saved
     // tensors (docs/decisions.md, "Training step").
-    ctx->save_for_backward({weight.requires_grad() ? x : none, x.requires_grad() ? gemm_weight : none,
+    ctx->save_for_backward({weight.requires_grad() ? gemm_x : none, x.requires_grad() ? gemm_weight : none,
                             hooks ? h : none, hooks ? mean : none, hooks ? invstd : none, saved(scale), saved(bn_weight),
                             act ? saved(bn_bias) : none});
     auto keep = [&](std::string const& key, at::Tensor const& t) {
@@ -187,6 +191,10 @@ struct TrainFunction : torch::autograd::Function<TrainFunction> {
                                                       ctx->saved_data["negative_slope"].toDouble(), bias_dt);
     h = mean = invstd = dy = at::Tensor();
     linear_grads(dh, x, weight, need[0], need[1], ctx, out);
+    // x's own dtype where the forward cast it (x is then its cast).
+    auto x_dtype = ctx->saved_data.find("x_dtype");
+    if (need[0] && x_dtype != ctx->saved_data.end())
+      out[0] = out[0].to(static_cast<at::ScalarType>(x_dtype->second.toInt()));
     if (need[2]) out[2] = dbias;
     if (need[3]) out[3] = scale.dim() == 0 ? dscale.sum().to(scale.scalar_type()) : dscale;  // a value a column
     if (need[4]) out[4] = dgamma;

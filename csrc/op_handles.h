@@ -25,6 +25,7 @@ using EvalSig = at::Tensor(at::Tensor const&, at::Tensor const&, OptTensor const
                            OptTensor const&, OptTensor const&, at::Tensor const&, at::Tensor const&, double,
                            c10::string_view, bool, c10::string_view, double, c10::optional<at::ScalarType>);
 using MatmulSig = at::Tensor(at::Tensor const&, at::Tensor const&, c10::string_view);
+using CastSig = CastOut(at::Tensor const&, at::Tensor const&, OptTensor const&, at::ScalarType);
 using Fp8TrainSig = TrainOut(
     at::Tensor const&, at::Tensor const&, OptTensor const&, OptTensor const&, OptTensor const&, OptTensor const&,
     OptTensor const&, OptTensor const&, OptTensor const&, c10::optional<double>, double, c10::string_view,
@@ -51,8 +52,9 @@ using Fp8DelayedOperandsSig =
         c10::string_view, bool);
 
 // Set by the autocast kernel (autocast.cpp) for the length of its call of the training op: the
-// 16-bit dtype its Autograd kernel is to cast the fp32 weight and bias to, which autocast left
-// uncast. Taken (and cleared) by that kernel; empty everywhere else.
+// 16-bit dtype its Autograd kernel is to cast x, the fp32 weight and the bias to
+// (cast_linear_inputs), which autocast left uncast. Taken (and cleared) by that kernel; empty
+// everywhere else.
 c10::optional<at::ScalarType>& deferred_linear_cast();
 
 // Looked up on first use; callers keep the handle in a function-local static.

@@ -88,6 +88,12 @@ void check_running_stats(at::Tensor const& running_mean, at::Tensor const& runni
   }
 }
 
+void check_cast_dtype(at::ScalarType dtype) {
+  TORCH_CHECK_VALUE(dtype == at::kBFloat16 || dtype == at::kHalf,
+                    "cutlass_fused: expected dtype to be torch.bfloat16 or torch.float16 (an autocast dtype), but got ",
+                    dtype);
+}
+
 void check_family(c10::string_view family) {
   try {
     check_family_name(std::string(family.data(), family.size()));
@@ -551,6 +557,13 @@ TORCH_LIBRARY(cutlass_fused, m) {
   // a @ b in the precision of the layer's forward for `family` (3xTF32 for fp32
   // without TF32 on sm90; torch.mm otherwise): the backward's dX and dW GEMMs.
   m.def("matmul(Tensor a, Tensor b, str family) -> Tensor");
+  // Autocast's casts of the training op's x, weight and bias to `dtype` (bf16 or f16), each where
+  // autocast would cast it (autocast_casts in ops.h: floating point, not fp64, not already dtype),
+  // else an empty tensor: the Autograd kernel's, where autocast leaves them to it (autocast.cpp).
+  // One op and, on CUDA, one launch for the three, so that torch.compile traces neither a cast
+  // kernel nor a wrapper call for each (docs/decisions.md, "Autocast").
+  m.def("cast_linear_inputs(Tensor x, Tensor weight, Tensor? bias, ScalarType dtype)"
+        " -> (Tensor x16, Tensor weight16, Tensor bias16)");
   m.def("kernel_names() -> str[]", &kernel_names);
   // The overrides of the plan's choices (cutlass_fused.overrides(); empty or "auto": the plan's).
   m.def("set_overrides(str kernel, str tail, str backward, int swizzle, str raster, bool stats_gemm, bool poison)"

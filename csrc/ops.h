@@ -51,6 +51,17 @@ at::Tensor activation_backward(at::Tensor const& grad, at::Tensor const& pre, Ac
 
 using TrainOut = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
+// Whether autocast casts t to `dtype` (at::autocast::cached_cast's rule): a floating-point tensor
+// other than fp64, not already of that dtype. cast_linear_inputs casts by it, and the training
+// op's Autograd kernel reads which of its operands were cast by it.
+inline bool autocast_casts(at::Tensor const& t, at::ScalarType dtype) {
+  return t.defined() && t.is_floating_point() && t.scalar_type() != at::kDouble && t.scalar_type() != dtype;
+}
+// cast_linear_inputs' x, weight and bias in `dtype` where autocast_casts them, else empty.
+using CastOut = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+// Its dtype: the 16-bit dtypes autocast runs a Linear in (bf16, f16).
+void check_cast_dtype(at::ScalarType dtype);
+
 void check_linear_args(at::Tensor const& x, at::Tensor const& weight, c10::optional<at::Tensor> const& bias,
                        c10::optional<at::Tensor> const& scale);
 void check_vector(c10::optional<at::Tensor> const& t, char const* name, int64_t n);

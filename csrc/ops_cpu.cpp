@@ -121,6 +121,16 @@ void update_running_stats_cpu(at::Tensor const& stats, c10::optional<at::Tensor>
 }
 
 // The three steps in order, as the CUDA kernel does them in one.
+// cast_linear_inputs: torch's own casts.
+CastOut cast_linear_inputs_cpu(at::Tensor const& x, at::Tensor const& weight, c10::optional<at::Tensor> const& bias,
+                               at::ScalarType dtype) {
+  check_cast_dtype(dtype);
+  auto cast = [&](at::Tensor const& t) {
+    return autocast_casts(t, dtype) ? t.to(dtype) : at::empty({0}, t.options().dtype(dtype));
+  };
+  return {cast(x), cast(weight), bias.has_value() ? cast(*bias) : at::empty({0}, x.options().dtype(dtype))};
+}
+
 TrainOut linear_scale_batch_norm_train_cpu(at::Tensor const& x, at::Tensor const& weight,
                                            c10::optional<at::Tensor> const& bias,
                                            c10::optional<at::Tensor> const& scale,
@@ -461,6 +471,7 @@ at::Tensor sync_batch_norm_grads_cpu(at::Tensor const& local, at::Tensor const& 
 TORCH_LIBRARY_IMPL(cutlass_fused, CPU, m) {
   m.impl("matmul", &matmul_cpu);
   m.impl("linear_stats", &linear_stats_cpu);
+  m.impl("cast_linear_inputs", &cast_linear_inputs_cpu);
   m.impl("linear_scale_batch_norm_train", &linear_scale_batch_norm_train_cpu);
   m.impl("linear_scale_batch_norm_train_fp8", &linear_scale_batch_norm_train_fp8_cpu);
   m.impl("quantize_e4m3", &quantize_e4m3_cpu);

@@ -227,6 +227,23 @@ def _(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, eps
     return _fp8_eval_y(x, weight, scale, output_dtype)
 
 
+def autocast_casts(t, dtype) -> bool:
+    """Whether autocast casts t to dtype (csrc/ops.h's rule, at::autocast::cached_cast's)."""
+    return t is not None and t.is_floating_point() and t.dtype not in (torch.float64, dtype)
+
+
+@torch.library.register_fake("cutlass_fused::cast_linear_inputs")
+def _(x, weight, bias, dtype):
+    torch._check(dtype in (torch.bfloat16, torch.float16),
+                 lambda: f"cutlass_fused: expected dtype to be torch.bfloat16 or torch.float16, but got {dtype}")
+
+    def cast(t, like):
+        # t.to(dtype)'s strides where it is cast, else an empty tensor
+        return torch.empty_like(t, dtype=dtype) if autocast_casts(t, dtype) else like.new_empty((0,), dtype=dtype)
+
+    return cast(x, x), cast(weight, weight), cast(bias, x if bias is None else bias)
+
+
 @torch.library.register_fake("cutlass_fused::matmul")
 def _(a, b, family):
     torch._check(a.dim() == 2 and b.dim() == 2 and a.shape[1] == b.shape[0],

@@ -120,9 +120,9 @@ def _reaches(fn, target, seen=None):
 @pytest.mark.parametrize("device,family,dt", CASES)
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
 def test_training_weight_cast_is_the_layers_own(device, family, dt, bias):
-    """Under autocast the training op casts its fp32 weight and bias itself (autocast.cpp): the
-    weight's gradient reaches it from the op's own node, fp32, with no recorded cast between
-    (whose backward was a 16 -> 32-bit copy of dW); x is still autocast's to cast. Without a graph
+    """Under autocast the training op casts its fp32 x, weight and bias itself (autocast.cpp,
+    cast_linear_inputs): each gradient reaches them from the op's own node, in their own dtype,
+    with no recorded cast between (whose backward was a 16 -> 32-bit copy of dW). Without a graph
     to record (no_grad, inference_mode, a frozen weight) autocast casts them, and the layer runs."""
     _, ours, _ = models(device)
     if not bias:
@@ -131,12 +131,11 @@ def test_training_weight_cast_is_the_layers_own(device, family, dt, bias):
     x = torch.randn(64, 96, device=device)
     with cutlass_fused.use_kernel_family(family), torch.autocast(device, dtype=DT[dt]):
         y = ours(x.requires_grad_())
-        for p in params:
+        for p in params + [x]:
             path = _reaches(y.grad_fn, p)
             assert path is not None and not any("ToCopy" in n for n in path), path
-        assert any("ToCopy" in n for n in _reaches(y.grad_fn, x)), "x is autocast's to cast"
         y.float().square().sum().backward()
-        assert all(p.grad.dtype == torch.float32 for p in params)
+        assert all(p.grad.dtype == torch.float32 for p in params + [x])
         assert ours.gemm.weight.grad.abs().sum() > 0
         with torch.no_grad():
             a = ours(x)

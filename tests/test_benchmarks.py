@@ -14,7 +14,7 @@ COMMANDS = {
     "kernels.py": ["backward_time", "tail_time", "stats_ab", "bits_ab", "eval_activation", "fp8_rows", "fp8_casts",
                    "fp8_eval"],
     "accuracy.py": ["errors", "f32_accuracy", "fp8_accuracy", "parity_probe", "fp8_teacher", "kernelbench_check"],
-    "host.py": ["step_host", "step_gaps", "step_busy", "profile_mlp_step", "host_overhead", "fp8_host"],
+    "host.py": ["step_host", "step_gaps", "step_busy", "profile_mlp_step", "host_overhead", "layer_host", "fp8_host"],
     "ddp_step.py": [],  # a torchrun script, no subcommands
 }
 

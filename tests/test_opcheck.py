@@ -45,6 +45,48 @@ def test_update_running_stats(device, cumulative):
     torch.library.opcheck(ops.update_running_stats, (stats, v(), x.shape[0], v(), v().abs() + 1, nbt, None if cumulative else 0.1))
 
 
+def cast_cases(device):
+    """cast_linear_inputs' (x, weight, bias) cases: fp32 operands (odd sizes; an x view 4 bytes off
+    its storage, whose loads cannot be 16-byte), a 16-bit x that needs no cast, no bias, a
+    transposed x, an fp16 weight under bf16, and fp64 (which autocast leaves alone)."""
+    f = lambda *shape, dtype=torch.float32: torch.randn(*shape, device=device, dtype=dtype)
+    yield f(7, 13), f(10, 13), f(10)
+    yield f(1000 * 13 + 1)[1:].view(1000, 13), f(769, 13), f(769)
+    yield f(3, 13, dtype=torch.bfloat16), f(10, 13), None
+    yield f(13, 7).t(), f(10, 13, dtype=torch.float16), f(10, dtype=torch.float64)
+
+
+def special_values(device):
+    """NaN, the infinities, a subnormal, fp16's overflow and a tie of each 16-bit dtype, among
+    random values: a weight of 5125 elements (not a whole number of 16-byte loads)."""
+    w = torch.randn(5125, device=device)
+    w[:7] = torch.tensor([float("nan"), float("inf"), -float("inf"), 1e-40, 65520.0, 1 + 2**-8, 1 + 2**-11])
+    return torch.randn(2, 5125, device=device), w.view(1, 5125), w[:1].clone()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_cast_linear_inputs(device, dtype):
+    """opcheck, and each output's bits those of t.to(dtype) where autocast casts t (floating point,
+    not fp64, not already dtype), else empty."""
+    for x, w, b in cast_cases(device):
+        torch.library.opcheck(ops.cast_linear_inputs, (x, w, b, dtype))
+    for x, w, b in [*cast_cases(device), special_values(device)]:
+        for t, out in zip((x, w, b), ops.cast_linear_inputs(x, w, b, dtype)):
+            if t is not None and t.dtype not in (torch.float64, dtype):
+                ref = t.to(dtype)
+                assert out.dtype == dtype and out.shape == t.shape and out.stride() == ref.stride()
+                assert torch.equal(out.view(torch.int16), ref.view(torch.int16))
+            else:
+                assert out.shape == (0,) and out.dtype == dtype
+
+
+def test_cast_linear_inputs_refuses_other_dtypes():
+    x = torch.randn(3, 4)
+    with pytest.raises(ValueError, match="expected dtype to be torch.bfloat16 or torch.float16"):
+        ops.cast_linear_inputs(x, x, None, torch.float32)
+
+
 def grad_inputs(device, dtype, affine=True):
     """Arguments of the train/eval ops, with every float input requiring grad."""
     x, w, v = samples(device, dtype)
