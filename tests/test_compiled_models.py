@@ -10,7 +10,7 @@ from torch import nn
 from torch._dynamo.utils import counters
 
 import cutlass_fused
-from common import FAMILIES, FAMILY_IDS, assert_close_rule_scaled, needs_cuda, precision
+from common import FAMILIES, FAMILY_IDS, assert_close_rule, assert_close_rule_scaled, needs_cuda, precision
 from test_fuse import check_matches
 
 
@@ -31,6 +31,51 @@ def test_compiled_fused_model_matches_unfused(device, family):
     fused, report = check_matches(mlp(), (33, 48), device, family, steps=(True, True, False),
                                   wrap=lambda m: torch.compile(m, fullgraph=True))
     assert len(report.fused) == 2
+    assert not counters["graph_break"], dict(counters["graph_break"])
+
+
+# The step benchmark's precisions: (parameter dtype, autocast dtype or None, the error rule's mode).
+STEP_PRECISIONS = {"amp-bf16": (torch.float32, torch.bfloat16, "bf16"), "bf16": (torch.bfloat16, None, "bf16"),
+                   "tf32": (torch.float32, None, "tf32"), "f32": (torch.float32, None, "f32")}
+
+
+@needs_cuda
+@pytest.mark.parametrize("family", [f for d, f in FAMILIES if d == "cuda"])
+@pytest.mark.parametrize("name", list(STEP_PRECISIONS))
+def test_compiled_fused_model_each_precision(family, name):
+    """torch.compile (Inductor) of fuse(model), in each step precision (amp-bf16: fp32 parameters under
+    bf16 autocast, whose casts the training op makes itself), against the unfused model eagerly in
+    the same precision and in float64: the output, x's and every parameter's gradient and the
+    running stats after two training steps, under the 2x rule."""
+    device = "cuda"
+    dt, amp, mode = STEP_PRECISIONS[name]
+    torch.manual_seed(0)
+    model = mlp(64, 2).to(device, dt)
+    same, ref = copy.deepcopy(model), copy.deepcopy(model).double()
+    fused, _ = cutlass_fused.fuse(model)
+    compiled = torch.compile(fused, fullgraph=True)
+    with precision(device, family, mode):
+        for step in range(2):
+            x = torch.randn(96, 64, device=device)
+            outs, grads = [], []
+            # the fused model's parameters are model's, in model's order
+            for m, owner, xdt, cast in ((compiled, model, dt, amp), (same, same, dt, amp),
+                                        (ref, ref, torch.float64, None)):
+                xi = x.to(xdt).detach().requires_grad_()
+                with torch.autocast(device, dtype=cast or torch.bfloat16, enabled=cast is not None):
+                    y = m(xi)
+                y.float().square().mean().backward()
+                outs.append(y.detach().double())
+                grads.append([xi.grad] + [q.grad for q in owner.parameters()])
+                owner.zero_grad(set_to_none=True)
+            assert_close_rule(*outs, mode, f"step {step} output")
+            for i, gs in enumerate(zip(*grads)):
+                assert_close_rule_scaled(*gs, mode, f"step {step} gradient {i}")
+    for (name_, b), s, r in zip(model.named_buffers(), same.buffers(), ref.buffers()):
+        if b.is_floating_point():
+            assert_close_rule_scaled(b, s, r, mode, name_)
+        else:
+            assert torch.equal(b, s), name_
     assert not counters["graph_break"], dict(counters["graph_break"])
 
 
