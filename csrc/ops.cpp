@@ -383,6 +383,16 @@ std::vector<std::string> kernel_names() {
   return out;
 }
 
+bool e4m3_runs_op(std::string const& family, int64_t capability, at::ScalarType operands) {
+  try {
+    // The plan's DType for the kernels' dtypes; any other is not bf16 either.
+    DType d = operands == at::kBFloat16 ? DType::bf16 : operands == at::kHalf ? DType::f16 : DType::f32;
+    return e4m3_runs(family, static_cast<int>(capability), d);
+  } catch (std::exception const& e) {
+    TORCH_CHECK_VALUE(false, e.what());
+  }
+}
+
 void clear_cache() {
 #if defined(CUTLASS_FUSED_WITH_CUDA)
   clear_derived();
@@ -574,6 +584,9 @@ TORCH_LIBRARY(cutlass_fused, m) {
         " int capability, int sm_count, bool cumulative, bool aligned, str activation=\"none\","
         " str fp8=\"none\", ScalarType? output_dtype=None) -> str",
         &plan_op);
+  // Whether the e4m3 route runs for the family on a GPU of that compute capability (major * 10 +
+  // minor), x and W reaching the GEMM in `operands` (kernels/plan.h, e4m3_runs); on any device.
+  m.def("e4m3_runs(str family, int capability, ScalarType operands) -> bool", &e4m3_runs_op);
   // Drops every value kept under `cache` (frozen_weights' exit).
   m.def("clear_cache() -> ()", &clear_cache);
 }

@@ -103,20 +103,23 @@ class Float8Recipe:
         return self.scaling == "delayed"
 
 
-_E4M3_KERNELS = {}  # device index -> e4m3_kernels' answer (a layer asks on every training call)
+_E4M3_KERNELS = {}  # (device index, family, dtype) -> the plan's answer (a layer asks on every training call)
 
 
-def e4m3_kernels(device):
-    """Whether this build runs e4m3 GEMMs on `device`: the sm90 family's e4m3 rows, on compute
-    capability 9.0 (the kernels are built for sm_90a)."""
+def e4m3_kernels(device, family="auto", operands=torch.bfloat16):
+    """Whether the e4m3 GEMMs run on `device` for the kernel family `family` ("auto", "sm90",
+    "sm80"; cutlass_fused.use_kernel_family's), x and W reaching them in `operands`: the plan's
+    answer (csrc/kernels/plan.h, e4m3_runs: bf16 operands, the sm90 family, a built e4m3 row),
+    asked once per device, family and dtype."""
     from .ops import ops
     if device.type != "cuda":
         return False
     index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _E4M3_KERNELS:
-        _E4M3_KERNELS[index] = (torch.cuda.get_device_capability(index) == (9, 0)
-                                and any("_e4m3_" in name for name in ops.kernel_names()))
-    return _E4M3_KERNELS[index]
+    key = (index, family, operands)
+    if key not in _E4M3_KERNELS:
+        major, minor = torch.cuda.get_device_capability(index)
+        _E4M3_KERNELS[key] = ops.e4m3_runs(family, major * 10 + minor, operands)
+    return _E4M3_KERNELS[key]
 
 
 def check(recipe, device):

@@ -198,22 +198,28 @@ class LinearBatchNorm1d(nn.Module):
         return self._e4m3_takes(x)
 
     def _e4m3_takes(self, x):
-        """Whether the e4m3 ops take x and W for a recipe without emulate: bf16 x and
-        W (or under bf16 autocast an fp32 W and an fp32 or bf16 x), on the CPU or where e4m3_kernels
-        says and the sm90 family is in force (the sm80 family, forced on a Hopper GPU, has no e4m3
-        kernels: its FP8 calls run emulated)."""
+        """Whether the e4m3 ops take x and W for a recipe without emulate: the operands reach the
+        GEMM in bf16 (bf16 x and W, or under bf16 autocast an fp32 W and an fp32 or bf16 x), the
+        delayed state (if any) is fp32, and, on CUDA, the plan runs the e4m3 route there
+        (fp8.e4m3_kernels: the sm90 family in force and its e4m3 rows built; the sm80 family,
+        forced on a Hopper GPU, has none, and its FP8 calls run emulated). The CPU runs the e4m3
+        ops' reference."""
         w = self.gemm.weight
-        if x.device.type == "cuda" and (_family.current() == "sm80" or not e4m3_kernels(x.device)):
-            return False
         history, scale = self._buffers.get("fp8_amax_history"), self._buffers.get("fp8_scale")
         if scale is not None and not history.dtype == scale.dtype == torch.float32:
             return False  # a delayed state cast by module.to(dtype): the ops keep it in fp32 only
-        amp = torch.is_autocast_enabled(x.device.type)
-        if amp:
+        if torch.is_autocast_enabled(x.device.type):
             # x in bf16 too: the previous fused block's y under autocast (fuse()'s output_dtype).
-            return (torch.get_autocast_dtype(x.device.type) == torch.bfloat16 and w.dtype == torch.float32
-                    and x.dtype in (torch.float32, torch.bfloat16))
-        return x.dtype == w.dtype == torch.bfloat16
+            operands = torch.get_autocast_dtype(x.device.type)
+            if not (w.dtype == torch.float32 and x.dtype in (torch.float32, torch.bfloat16)):
+                return False
+        elif x.dtype == w.dtype:
+            operands = x.dtype
+        else:
+            return False
+        if x.device.type == "cuda":
+            return e4m3_kernels(x.device, _family.current(), operands)
+        return operands == torch.bfloat16
 
     def forward(self, x):
         moves = self.channels_last

@@ -394,3 +394,19 @@ def test_sixteen_byte_groups_need_aligned_data_and_whole_groups_of_columns():
     for kw in (dict(aligned=False), dict(n=8192 - 4)):
         got = plan(**{"m": 256, "n": 8192, "k": 1024, **kw}, **H100)
         assert (got["tail"], got["pieces"]) == ("cooperative", 0), kw
+
+
+def test_e4m3_route():
+    """The e4m3 route (cutlass_fused.fp8.e4m3_kernels asks it, the layer before taking the FP8
+    ops): bf16 operands, the sm90 family (auto or forced) on compute 9.0, and a built sm90 e4m3
+    row; never the sm80 family, another GPU, or other operands."""
+    from cutlass_fused.ops import ops
+    built = any(n.startswith("sm90_e4m3_") for n in ops.kernel_names())
+    assert ops.e4m3_runs("auto", 90, torch.bfloat16) == built
+    assert ops.e4m3_runs("sm90", 90, torch.bfloat16) == built
+    for family, cc, dt in [("sm80", 90, torch.bfloat16), ("auto", 80, torch.bfloat16), ("auto", 89, torch.bfloat16),
+                           ("auto", 100, torch.bfloat16), ("auto", 90, torch.float16), ("auto", 90, torch.float32),
+                           ("sm90", 90, torch.float64)]:
+        assert not ops.e4m3_runs(family, cc, dt), (family, cc, dt)
+    with pytest.raises(ValueError, match="expected family to be 'auto', 'sm90' or 'sm80', but got 'sm70'"):
+        ops.e4m3_runs("sm70", 90, torch.bfloat16)

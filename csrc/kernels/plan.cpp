@@ -404,6 +404,17 @@ Family resolve_family(std::string const& requested, int capability, int device_i
   return requested == "sm90" || capability == 90 ? Family::sm90 : Family::sm80;
 }
 
+bool e4m3_runs(std::string const& family, int capability, DType operands) {
+  check_family_name(family);
+  // resolve_family's sm90, without its refusals: the sm80 family, or any GPU but compute 9.0, has
+  // no e4m3 kernel to run.
+  if (operands != DType::bf16 || family == "sm80" || capability != 90) return false;
+  for (auto const* row = kernels_begin(); row != kernels_end(); ++row) {
+    if (row->family == Family::sm90 && is_e4m3(row->dtype) && row->entry != nullptr) return true;
+  }
+  return false;
+}
+
 Plan make_plan(Problem const& p) {
   Plan plan;
   if (p.op != Op::backward) plan.family = resolve_family(p.family, p.capability, p.device, p.device_name);

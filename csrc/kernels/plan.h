@@ -143,4 +143,11 @@ Family resolve_family(std::string const& requested, int capability, int device_i
 // Throws std::runtime_error unless `family` is "auto", "sm90" or "sm80".
 void check_family_name(std::string const& family);
 
+// Whether the e4m3 route (FP8 operands: the training and eval ops' e4m3 GEMMs) runs for `family`
+// on a GPU of compute capability `capability`, the operands rounding from `operands` (the dtype
+// x and W reach the GEMM in, after autocast): bf16 operands, the sm90 family, and an sm90 e4m3
+// row this build has. The layer asks this before it takes the route (cutlass_fused/fp8.py,
+// e4m3_kernels), and runs the FP8 rounding emulated on the 16-bit kernels where it is false.
+bool e4m3_runs(std::string const& family, int capability, DType operands);
+
 }  // namespace cutlass_fused
