@@ -89,17 +89,26 @@ def step_host(args):
         torch.cuda.empty_cache()
 
 
-def kernels_and_ops(row):
-    """One profiled step's kernels (by start) and host ops, from its chrome trace."""
-    row.step(row.x, row.target)
+def profiled_events(fn, calls=1):
+    """The chrome-trace events of `calls` calls of fn under torch.profiler (CPU and CUDA activity),
+    after one call unprofiled, with the wall time a call under the profiler (µs)."""
+    fn()
     torch.cuda.synchronize()
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "trace.json"
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            row.step(row.x, row.target)
+            t = time.perf_counter()
+            for _ in range(calls):
+                fn()
             torch.cuda.synchronize()
+            wall = (time.perf_counter() - t) / calls * 1e6
         prof.export_chrome_trace(str(path))
-        events = json.loads(path.read_text())["traceEvents"]
+        return json.loads(path.read_text())["traceEvents"], wall
+
+
+def kernels_and_ops(row):
+    """One profiled step's kernels (by start) and host ops, from its chrome trace."""
+    events, _ = profiled_events(lambda: row.step(row.x, row.target))
     kernels = sorted((e for e in events
                       if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy")),
                      key=lambda e: e["ts"])
@@ -439,20 +448,9 @@ def self_times(events):
 
 
 def traced_self_times(fn, calls):
-    """self_times of `calls` calls of fn under torch.profiler (CPU and CUDA activity), µs a call,
-    with the wall time a call under the profiler."""
-    fn()
-    torch.cuda.synchronize()
-    with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "trace.json"
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            t = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            torch.cuda.synchronize()
-            wall = (time.perf_counter() - t) / calls * 1e6
-        prof.export_chrome_trace(str(path))
-        events = json.loads(path.read_text())["traceEvents"]
+    """self_times of `calls` calls of fn under torch.profiler, µs a call, with the wall time a call
+    under the profiler."""
+    events, wall = profiled_events(fn, calls)
     return {k: v / calls for k, v in self_times(events).items()}, wall
 
 
