@@ -35,10 +35,12 @@ struct alignas(sizeof(Out) * kPack) OutPack {
 };
 
 // blockIdx.y picks the span; the blocks along x stride over it, 16-byte loads where in and out
-// are aligned for them, the values past the last whole pack one at a time.
+// are aligned for them, the values past the last whole pack one at a time. The span is picked
+// by constant indices: a runtime index into the parameter struct copies it to the stack.
 template <typename Out>
 __global__ void cast_kernel(Spans spans) {
-  CastSpan const sp = spans.s[blockIdx.y];
+  static_assert(kCastSpans == 3, "the pick below names each span");
+  CastSpan const sp = blockIdx.y == 0 ? spans.s[0] : blockIdx.y == 1 ? spans.s[1] : spans.s[2];
   auto in = sp.in;
   auto out = static_cast<Out*>(sp.out);
   int64_t stride = int64_t{gridDim.x} * kThreads, first = blockIdx.x * int64_t{kThreads} + threadIdx.x;
