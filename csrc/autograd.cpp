@@ -69,14 +69,14 @@ void linear_grads(at::Tensor const& dh, at::Tensor const& x, at::Tensor const& w
   if (need_w) out[1] = wide_dw(ctx) ? mm_to_fp32(dh.t(), x) : mm(dh.t(), x);
 }
 
+// The differentiable arguments come to apply() one by one, which makes them the node's inputs
+// (apply() sees no tensor inside a struct); forward() reads them from `a`, which holds the same.
+constexpr size_t kDifferentiable = 6;  // x, weight, bias, scale, bn_weight, bn_bias
+
 struct TrainFunction : torch::autograd::Function<TrainFunction> {
   static variable_list forward(AutogradContext* ctx, at::Tensor const& x, at::Tensor const& weight,
                                OptTensor const& bias, OptTensor const& scale, OptTensor const& bn_weight,
-                               OptTensor const& bn_bias, OptTensor const& running_mean, OptTensor const& running_var,
-                               OptTensor const& num_batches_tracked, c10::optional<double> momentum, double eps,
-                               c10::string_view family, bool cache, c10::string_view activation,
-                               double negative_slope, c10::optional<at::ScalarType> output_dtype) {
-    static auto op = op_handle<TrainSig>("cutlass_fused::linear_scale_batch_norm_train");
+                               OptTensor const& bn_bias, LayerArgs const& a) {
     save_needs(ctx, {x.requires_grad(), weight.requires_grad(), requires_grad(bias), requires_grad(scale),
                      requires_grad(bn_weight), requires_grad(bn_bias)});
     ctx->saved_data["dtypes"] = c10::List<int64_t>({dtype_of(bias), dtype_of(bn_bias)});
@@ -103,11 +103,9 @@ struct TrainFunction : torch::autograd::Function<TrainFunction> {
       if (bias.has_value() && autocast_casts(*bias, *dt)) gemm_bias = bias16;
       ctx->saved_data["wide_dw"] = true;
     }
-    auto [y, h, stats, mean, invstd] = op.call(gemm_x, gemm_weight, gemm_bias, scale, bn_weight, bn_bias, running_mean,
-                                               running_var, num_batches_tracked, momentum, eps, family, cache,
-                                               activation, negative_slope, output_dtype);
+    auto [y, h, stats, mean, invstd] = call_train(a.with_operands(gemm_x, gemm_weight, gemm_bias, scale));
     // The activation's derivative needs BN(z), recomputed from h with the BN bias.
-    bool act = activation_of(activation) != Activation::none;
+    bool act = activation_of(a.activation) != Activation::none;
     // h, mean and invstd are held outside the saved variables, so that the backward
     // can free them once dh exists (see take), unless saved-tensor hooks (activation
     // offload, checkpointing) are to see them.
@@ -129,10 +127,10 @@ struct TrainFunction : torch::autograd::Function<TrainFunction> {
       keep("mean", mean);
       keep("invstd", invstd);
     }
-    ctx->saved_data["eps"] = eps;
-    ctx->saved_data["family"] = std::string(family);
-    ctx->saved_data["activation"] = std::string(activation);
-    ctx->saved_data["negative_slope"] = negative_slope;
+    ctx->saved_data["eps"] = a.eps;
+    ctx->saved_data["family"] = std::string(a.family);
+    ctx->saved_data["activation"] = std::string(a.activation);
+    ctx->saved_data["negative_slope"] = a.negative_slope;
     ctx->mark_non_differentiable({h, stats, mean, invstd});
     // Their gradients are always undefined; materializing them costs four fills a step.
     ctx->set_materialize_grads(false);
@@ -166,7 +164,7 @@ struct TrainFunction : torch::autograd::Function<TrainFunction> {
   static variable_list backward(AutogradContext* ctx, variable_list& grads) {
     no_double_backward();
     static auto op = op_handle<BackwardSig>("cutlass_fused::batch_norm_backward");
-    variable_list out(16);  // one per forward argument
+    variable_list out(kDifferentiable + 1);  // one per argument of apply()
     at::Tensor dy = std::move(grads[0]);
     if (!dy.defined()) return out;  // y did not reach the loss
     auto s = ctx->get_saved_variables();
@@ -206,34 +204,29 @@ struct TrainFunction : torch::autograd::Function<TrainFunction> {
 struct EvalFunction : torch::autograd::Function<EvalFunction> {
   static variable_list forward(AutogradContext* ctx, at::Tensor const& x, at::Tensor const& weight,
                                OptTensor const& bias, OptTensor const& scale, OptTensor const& bn_weight,
-                               OptTensor const& bn_bias, at::Tensor const& running_mean,
-                               at::Tensor const& running_var, double eps, c10::string_view family, bool cache,
-                               c10::string_view activation, double negative_slope,
-                               c10::optional<at::ScalarType> output_dtype) {
-    static auto op = op_handle<EvalSig>("cutlass_fused::linear_scale_batch_norm_eval");
+                               OptTensor const& bn_bias, LayerArgs const& a) {
     save_needs(ctx, {x.requires_grad(), weight.requires_grad(), requires_grad(bias), requires_grad(scale),
                      requires_grad(bn_weight), requires_grad(bn_bias)});
     at::AutoDispatchBelowADInplaceOrView below;
-    auto y = op.call(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, eps, family, cache,
-                     activation, negative_slope, output_dtype);
+    auto y = call_eval(a);
     // relu's and leaky_relu's derivatives are taken from the sign of y itself (PyTorch's relu saves
     // its result too): BN(z) recomputed from h in another precision than the epilogue's may fall on
     // the other side of 0 than the y the forward returned.
-    Activation act = activation_of(activation);
-    bool by_sign = act == Activation::relu || (act == Activation::leaky_relu && negative_slope >= 0);
-    ctx->save_for_backward({x, weight, saved(bias), saved(scale), saved(bn_weight), running_mean, running_var,
-                            saved(bn_bias), by_sign ? y : at::Tensor()});
-    ctx->saved_data["eps"] = eps;
-    ctx->saved_data["activation"] = std::string(activation);
-    ctx->saved_data["negative_slope"] = negative_slope;
-    ctx->saved_data["family"] = std::string(family);
+    Activation act = activation_of(a.activation);
+    bool by_sign = act == Activation::relu || (act == Activation::leaky_relu && a.negative_slope >= 0);
+    ctx->save_for_backward({x, weight, saved(bias), saved(scale), saved(bn_weight), *a.running_mean,
+                            *a.running_var, saved(bn_bias), by_sign ? y : at::Tensor()});
+    ctx->saved_data["eps"] = a.eps;
+    ctx->saved_data["activation"] = std::string(a.activation);
+    ctx->saved_data["negative_slope"] = a.negative_slope;
+    ctx->saved_data["family"] = std::string(a.family);
     ctx->saved_data["dtypes"] = c10::List<int64_t>({dtype_of(bn_bias)});
     return {y};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     no_double_backward();
-    variable_list out(14);
+    variable_list out(kDifferentiable + 1);  // one per argument of apply()
     auto s = ctx->get_saved_variables();
     auto const &x = s[0], &weight = s[1], &bias = s[2], &scale = s[3], &bn_weight = s[4];
     auto const &running_mean = s[5], &running_var = s[6], &bn_bias = s[7], &y = s[8];
@@ -286,25 +279,13 @@ struct EvalFunction : torch::autograd::Function<EvalFunction> {
   }
 };
 
-TrainOut train_autograd(at::Tensor const& x, at::Tensor const& weight, OptTensor const& bias, OptTensor const& scale,
-                        OptTensor const& bn_weight, OptTensor const& bn_bias, OptTensor const& running_mean,
-                        OptTensor const& running_var, OptTensor const& num_batches_tracked,
-                        c10::optional<double> momentum, double eps, c10::string_view family, bool cache,
-                        c10::string_view activation, double negative_slope,
-                        c10::optional<at::ScalarType> output_dtype) {
-  auto out = TrainFunction::apply(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var,
-                                  num_batches_tracked, momentum, eps, family, cache, activation, negative_slope,
-                                  output_dtype);
+TrainOut train_autograd(LayerArgs const& a) {
+  auto out = TrainFunction::apply(a.x, a.weight, a.bias, a.scale, a.bn_weight, a.bn_bias, a);
   return {out[0], out[1], out[2], out[3], out[4]};
 }
 
-at::Tensor eval_autograd(at::Tensor const& x, at::Tensor const& weight, OptTensor const& bias,
-                         OptTensor const& scale, OptTensor const& bn_weight, OptTensor const& bn_bias,
-                         at::Tensor const& running_mean, at::Tensor const& running_var, double eps,
-                         c10::string_view family, bool cache, c10::string_view activation, double negative_slope,
-                         c10::optional<at::ScalarType> output_dtype) {
-  return EvalFunction::apply(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, eps, family,
-                             cache, activation, negative_slope, output_dtype)[0];
+at::Tensor eval_autograd(LayerArgs const& a) {
+  return EvalFunction::apply(a.x, a.weight, a.bias, a.scale, a.bn_weight, a.bn_bias, a)[0];
 }
 
 }  // namespace
@@ -318,8 +299,8 @@ TORCH_LIBRARY_IMPL(cutlass_fused, ADInplaceOrView, m) {
 }
 
 TORCH_LIBRARY_IMPL(cutlass_fused, Autograd, m) {
-  m.impl("linear_scale_batch_norm_train", &train_autograd);
-  m.impl("linear_scale_batch_norm_eval", &eval_autograd);
+  m.impl("linear_scale_batch_norm_train", &train_op<&train_autograd>);
+  m.impl("linear_scale_batch_norm_eval", &eval_op<&eval_autograd>);
 }
 
 }  // namespace cutlass_fused

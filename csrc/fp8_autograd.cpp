@@ -102,23 +102,18 @@ Operands e4m3_operands(at::Tensor const& x, at::Tensor const& weight, OptTensor 
   return o;
 }
 
-Forward e4m3_forward(at::Tensor const& x, at::Tensor const& weight, OptTensor const& bias, OptTensor const& scale,
-                     OptTensor const& bn_weight, OptTensor const& bn_bias, OptTensor const& running_mean,
-                     OptTensor const& running_var, OptTensor const& num_batches_tracked,
-                     c10::optional<double> momentum, double eps, c10::string_view family, c10::string_view activation,
-                     double negative_slope, c10::optional<at::ScalarType> output_dtype, int64_t margin, bool cache,
-                     bool transposed, Delayed const& delayed, bool fast_accum) {
-  static auto train = op_handle<Fp8TrainSig>("cutlass_fused::linear_scale_batch_norm_train_fp8");
+// transposed: x8 and W8 transposed too (the e5m2 backward's).
+Forward e4m3_forward(E4M3Args const& e, bool transposed) {
+  LayerArgs const& a = e.layer;
   // Below autocast: this op has no autocast kernel (x and W reach it as the caller has them), and
   // the ops it calls must not be cast either; e4m3 values and a bf16 bias / alpha are exact in the
   // bf16 an autocast would give, so the emulated path's casts change nothing there.
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   Forward f;
-  f.o = e4m3_operands(x, weight, bias, scale, margin, cache, transposed, delayed);
+  f.o = e4m3_operands(a.x, a.weight, a.bias, a.scale, e.margin, a.cache, transposed,
+                      {e.amax_history, e.fp8_scale, e.amax_compute_algo});
   at::Tensor stats;
-  std::tie(f.y, f.h, stats, f.mean, f.invstd) =
-      train.call(f.o.x8, f.o.w8, f.o.b, f.o.sc, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked,
-                 momentum, eps, family, activation, negative_slope, output_dtype, fast_accum);
+  std::tie(f.y, f.h, stats, f.mean, f.invstd) = call_train_fp8(a.with_operands(f.o.x8, f.o.w8, f.o.b, f.o.sc));
   return f;
 }
 
@@ -152,30 +147,24 @@ at::Tensor first(at::Tensor const& t, int64_t rows, int64_t cols) {
 }
 
 struct E4M3Function : torch::autograd::Function<E4M3Function> {
+  // x to bn_bias one by one for apply(), as autograd.cpp's functions take them; `e` holds the same.
   static variable_list forward(AutogradContext* ctx, at::Tensor const& x, at::Tensor const& weight,
                                OptTensor const& bias, OptTensor const& scale, OptTensor const& bn_weight,
-                               OptTensor const& bn_bias, OptTensor const& running_mean, OptTensor const& running_var,
-                               OptTensor const& num_batches_tracked, c10::optional<double> momentum, double eps,
-                               c10::string_view family, c10::string_view activation, double negative_slope,
-                               c10::optional<at::ScalarType> output_dtype, int64_t margin, c10::string_view backward,
-                               bool cache, OptTensor const& amax_history, OptTensor const& fp8_scale,
-                               c10::string_view amax_compute_algo, bool fast_accum) {
-    check_backward(backward);
+                               OptTensor const& bn_bias, E4M3Args const& e) {
+    check_backward(e.backward);
     save_needs(ctx, {x.requires_grad(), weight.requires_grad(), requires_grad(bias), requires_grad(scale),
                      requires_grad(bn_weight), requires_grad(bn_bias)});
     // Below Autograd only, so that ADInplaceOrView counts the inner op's running-stats update.
     at::AutoDispatchBelowAutograd below;
-    bool e5m2 = backward == "e5m2";
-    auto f = e4m3_forward(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked,
-                          momentum, eps, family, activation, negative_slope, output_dtype, margin, cache, e5m2,
-                          {amax_history, fp8_scale, amax_compute_algo}, fast_accum);
+    bool e5m2 = e.backward == "e5m2";
+    auto f = e4m3_forward(e, e5m2);
     auto const& o = f.o;
     // The e5m2 backward's GEMMs take x8 and W8 transposed (K-major), the bf16 one's as they are.
     ctx->save_for_backward({e5m2 ? o.x8_t : o.x8, e5m2 ? o.w8_t : o.w8, f.h, f.mean, f.invstd, o.sc, saved(bn_weight),
                             saved(bn_bias), o.s_x, o.s_w});
-    ctx->saved_data["eps"] = eps;
-    ctx->saved_data["activation"] = std::string(activation);
-    ctx->saved_data["negative_slope"] = negative_slope;
+    ctx->saved_data["eps"] = e.layer.eps;
+    ctx->saved_data["activation"] = std::string(e.layer.activation);
+    ctx->saved_data["negative_slope"] = e.layer.negative_slope;
     ctx->saved_data["e5m2"] = e5m2;
     ctx->saved_data["dtypes"] = c10::List<int64_t>(
         {static_cast<int64_t>(x.scalar_type()), static_cast<int64_t>(weight.scalar_type()),
@@ -191,7 +180,7 @@ struct E4M3Function : torch::autograd::Function<E4M3Function> {
     static auto quantize_t = op_handle<QuantizeTransposedSig>("cutlass_fused::quantize_transposed");
     static auto dequantize = op_handle<DequantizeSig>("cutlass_fused::dequantize");
     static auto backward_scales = op_handle<Fp8BackwardScalesSig>("cutlass_fused::fp8_backward_scales");
-    variable_list out(22);  // one per forward argument
+    variable_list out(7);  // one per argument of apply(): x to bn_bias, then `e`
     at::Tensor dy = grads[0];
     if (!dy.defined()) return out;
     auto s = ctx->get_saved_variables();
@@ -254,50 +243,27 @@ struct E4M3Function : torch::autograd::Function<E4M3Function> {
   }
 };
 
-at::Tensor e4m3_autograd(at::Tensor const& x, at::Tensor const& weight, OptTensor const& bias,
-                         OptTensor const& scale, OptTensor const& bn_weight, OptTensor const& bn_bias,
-                         OptTensor const& running_mean, OptTensor const& running_var,
-                         OptTensor const& num_batches_tracked, c10::optional<double> momentum, double eps,
-                         c10::string_view family, c10::string_view activation, double negative_slope,
-                         c10::optional<at::ScalarType> output_dtype, int64_t margin, c10::string_view backward,
-                         bool cache, OptTensor const& amax_history, OptTensor const& fp8_scale,
-                         c10::string_view amax_compute_algo, bool fast_accum) {
-  return E4M3Function::apply(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var,
-                             num_batches_tracked, momentum, eps, family, activation, negative_slope, output_dtype,
-                             margin, backward, cache, amax_history, fp8_scale, amax_compute_algo, fast_accum)[0];
+at::Tensor e4m3_autograd(E4M3Args const& e) {
+  LayerArgs const& a = e.layer;
+  return E4M3Function::apply(a.x, a.weight, a.bias, a.scale, a.bn_weight, a.bn_bias, e)[0];
 }
 
 // Without autograd (inference mode, or below Autograd): the forward alone.
-at::Tensor e4m3_plain(at::Tensor const& x, at::Tensor const& weight, OptTensor const& bias, OptTensor const& scale,
-                      OptTensor const& bn_weight, OptTensor const& bn_bias, OptTensor const& running_mean,
-                      OptTensor const& running_var, OptTensor const& num_batches_tracked,
-                      c10::optional<double> momentum, double eps, c10::string_view family,
-                      c10::string_view activation, double negative_slope,
-                      c10::optional<at::ScalarType> output_dtype, int64_t margin, c10::string_view backward,
-                      bool cache, OptTensor const& amax_history, OptTensor const& fp8_scale,
-                      c10::string_view amax_compute_algo, bool fast_accum) {
-  check_backward(backward);
-  return e4m3_forward(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked,
-                      momentum, eps, family, activation, negative_slope, output_dtype, margin, cache, false,
-                      {amax_history, fp8_scale, amax_compute_algo}, fast_accum)
-      .y;
+at::Tensor e4m3_plain(E4M3Args const& e) {
+  check_backward(e.backward);
+  return e4m3_forward(e, false).y;
 }
 
 // The e4m3 eval path (linear_scale_batch_norm_eval_e4m3): x and W rounded as the training path
 // rounds them (a delayed recipe's scales read, not updated), then the FP8 eval op with bias / alpha
 // and scale * alpha, which carries alpha into the fold (a = scale alpha gamma invstd): one e4m3
 // GEMM, the emulated path's y. No autograd.
-at::Tensor eval_e4m3(at::Tensor const& x, at::Tensor const& weight, OptTensor const& bias, OptTensor const& scale,
-                     OptTensor const& bn_weight, OptTensor const& bn_bias, at::Tensor const& running_mean,
-                     at::Tensor const& running_var, double eps, c10::string_view family, c10::string_view activation,
-                     double negative_slope, c10::optional<at::ScalarType> output_dtype, int64_t margin, bool cache,
-                     OptTensor const& fp8_scale, bool fast_accum) {
-  static auto eval = op_handle<Fp8EvalSig>("cutlass_fused::linear_scale_batch_norm_eval_fp8");
+at::Tensor eval_e4m3(E4M3Args const& e) {
+  LayerArgs const& a = e.layer;
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);  // as e4m3_forward's
   OptTensor no_history;
-  auto o = e4m3_operands(x, weight, bias, scale, margin, cache, false, {no_history, fp8_scale, "max"});
-  return eval.call(o.x8, o.w8, o.b, o.sc, bn_weight, bn_bias, running_mean, running_var, eps, family, activation,
-                   negative_slope, output_dtype, fast_accum);
+  auto o = e4m3_operands(a.x, a.weight, a.bias, a.scale, e.margin, a.cache, false, {no_history, e.fp8_scale, "max"});
+  return call_eval_fp8(a.with_operands(o.x8, o.w8, o.b, o.sc));
 }
 
 // fp8_delayed_operands as the ops it stands for (the CPU's; CUDA has its own, in fewer launches).
@@ -320,12 +286,12 @@ delayed_operands_ops(at::Tensor const& x, at::Tensor const& weight, OptTensor co
 
 TORCH_LIBRARY_IMPL(cutlass_fused, CompositeExplicitAutograd, m) {
   m.impl("fp8_delayed_operands", &delayed_operands_ops);
-  m.impl("linear_scale_batch_norm_train_e4m3", &e4m3_plain);
-  m.impl("linear_scale_batch_norm_eval_e4m3", &eval_e4m3);
+  m.impl("linear_scale_batch_norm_train_e4m3", &train_e4m3_op<&e4m3_plain>);
+  m.impl("linear_scale_batch_norm_eval_e4m3", &eval_e4m3_op<&eval_e4m3>);
 }
 
 TORCH_LIBRARY_IMPL(cutlass_fused, Autograd, m) {
-  m.impl("linear_scale_batch_norm_train_e4m3", &e4m3_autograd);
+  m.impl("linear_scale_batch_norm_train_e4m3", &train_e4m3_op<&e4m3_autograd>);
 }
 
 }  // namespace cutlass_fused

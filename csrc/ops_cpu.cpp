@@ -7,6 +7,7 @@
 #include <torch/library.h>
 
 #include "kernels/sync_stats.h"
+#include "layer_args.h"
 #include "ops.h"
 
 namespace cutlass_fused {
@@ -131,32 +132,26 @@ CastOut cast_linear_inputs_cpu(at::Tensor const& x, at::Tensor const& weight, c1
   return {cast(x), cast(weight), bias.has_value() ? cast(*bias) : at::empty({0}, x.options().dtype(dtype))};
 }
 
-TrainOut linear_scale_batch_norm_train_cpu(at::Tensor const& x, at::Tensor const& weight,
-                                           c10::optional<at::Tensor> const& bias,
-                                           c10::optional<at::Tensor> const& scale,
-                                           c10::optional<at::Tensor> const& bn_weight,
-                                           c10::optional<at::Tensor> const& bn_bias,
-                                           c10::optional<at::Tensor> const& running_mean,
-                                           c10::optional<at::Tensor> const& running_var,
-                                           c10::optional<at::Tensor> const& num_batches_tracked,
-                                           c10::optional<double> momentum, double eps, c10::string_view family,
-                                           bool cache, c10::string_view activation, double negative_slope,
-                                           c10::optional<at::ScalarType> output_dtype_) {
+TrainOut train_cpu(LayerArgs const& a) {
+  auto const &x = a.x, &weight = a.weight;
+  auto const &bias = a.bias, &scale = a.scale, &running_mean = a.running_mean, &running_var = a.running_var;
+  auto const& num_batches_tracked = a.num_batches_tracked;
   check_linear_args(x, weight, bias, scale);
-  Activation act = activation_of(activation);
-  auto y_dt = y_dtype(x.scalar_type(), scale, output_dtype_);
+  Activation act = activation_of(a.activation);
+  auto y_dt = y_dtype(x.scalar_type(), scale, a.output_dtype);
   check_batch(x.size(0), weight.size(0));
-  check_running_args(running_mean, running_var, num_batches_tracked, momentum);
+  check_running_args(running_mean, running_var, num_batches_tracked, a.momentum);
   if (running_mean.has_value()) {  // before anything is updated
     check_running_stats(*running_mean, *running_var, weight.size(0), output_dtype(x.scalar_type(), scale));
   }
-  auto [h, stats_h] = linear_stats_cpu(x, weight, bias, family, cache);
+  auto [h, stats_h] = linear_stats_cpu(x, weight, bias, a.family, a.cache);
   auto stats = with_overflow(stats_h, h, scale);
-  auto [y, mean, invstd] = normalize(h, stats, scale, x.size(0), bn_weight, bn_bias, eps, act, negative_slope, y_dt);
+  auto [y, mean, invstd] =
+      normalize(h, stats, scale, x.size(0), a.bn_weight, a.bn_bias, a.eps, act, a.negative_slope, y_dt);
   if (num_batches_tracked.has_value()) num_batches_tracked->add_(1);
   if (running_mean.has_value()) {
     at::Tensor rm = *running_mean, rv = *running_var;
-    update_running_stats_cpu(stats, scale, x.size(0), rm, rv, num_batches_tracked, momentum);
+    update_running_stats_cpu(stats, scale, x.size(0), rm, rv, num_batches_tracked, a.momentum);
   }
   return {y, h, stats, mean, invstd};
 }
@@ -243,21 +238,16 @@ at::Tensor batch_norm_backward_elemt_cpu(at::Tensor const& dy, at::Tensor const&
   return grad_input(g, h, hc, sums, count.reshape({}), scale, weight, invstd);
 }
 
-at::Tensor linear_scale_batch_norm_eval_cpu(at::Tensor const& x, at::Tensor const& weight,
-                                            c10::optional<at::Tensor> const& bias,
-                                            c10::optional<at::Tensor> const& scale,
-                                            c10::optional<at::Tensor> const& bn_weight,
-                                            c10::optional<at::Tensor> const& bn_bias, at::Tensor const& running_mean,
-                                            at::Tensor const& running_var, double eps, c10::string_view family,
-                                            bool /*cache*/, c10::string_view activation, double negative_slope,
-                                            c10::optional<at::ScalarType> output_dtype_) {
+at::Tensor eval_cpu(LayerArgs const& a) {
+  auto const &x = a.x, &weight = a.weight, &running_mean = *a.running_mean, &running_var = *a.running_var;
+  auto const &bias = a.bias, &scale = a.scale;
   check_linear_args(x, weight, bias, scale);
-  check_family(family);
-  Activation act = activation_of(activation);
-  auto y_dt = y_dtype(x.scalar_type(), scale, output_dtype_);
+  check_family(a.family);
+  Activation act = activation_of(a.activation);
+  auto y_dt = y_dtype(x.scalar_type(), scale, a.output_dtype);
   int64_t n = weight.size(0);
-  check_vector(bn_weight, "bn_weight", n);
-  check_vector(bn_bias, "bn_bias", n);
+  check_vector(a.bn_weight, "bn_weight", n);
+  check_vector(a.bn_bias, "bn_bias", n);
   auto out = output_dtype(x.scalar_type(), scale);
   check_running_stats(running_mean, running_var, n, out);
   // As the unfused model computes it: h rounded to x's dtype and z = h * scale to y's (so that
@@ -265,10 +255,10 @@ at::Tensor linear_scale_batch_norm_eval_cpu(at::Tensor const& x, at::Tensor cons
   auto acc = acc_type(out);
   auto h = linear_acc(x, weight, bias).to(x.scalar_type());
   auto z = scale.has_value() ? (h.to(acc) * scale->to(acc)).to(out) : h;
-  auto alpha = (running_var.to(at::kDouble) + eps).rsqrt() * opt64(bn_weight, 1.0);
-  auto beta = opt64(bn_bias, 0.0) - running_mean.to(at::kDouble) * alpha;
+  auto alpha = (running_var.to(at::kDouble) + a.eps).rsqrt() * opt64(a.bn_weight, 1.0);
+  auto beta = opt64(a.bn_bias, 0.0) - running_mean.to(at::kDouble) * alpha;
   // The activation on y as the unfused model has it (in its dtype), then the requested dtype.
-  return activated((z.to(acc) * alpha.to(acc) + beta.to(acc)).to(out), act, negative_slope).to(y_dt).contiguous();
+  return activated((z.to(acc) * alpha.to(acc) + beta.to(acc)).to(out), act, a.negative_slope).to(y_dt).contiguous();
 }
 
 // The FP8 ops' operands on the CPU: e4m3 values are exact in bfloat16, so the 16-bit ops over
@@ -288,45 +278,19 @@ Fp8Reference fp8_reference(at::Tensor const& x, at::Tensor const& weight, c10::o
           bias.has_value() ? c10::optional<at::Tensor>(bias->to(at::kBFloat16)) : c10::nullopt};
 }
 
-// The FP8 eval op on the CPU: the eval op over fp8_reference's operands.
-at::Tensor linear_scale_batch_norm_eval_fp8_cpu(at::Tensor const& x, at::Tensor const& weight,
-                                                c10::optional<at::Tensor> const& bias,
-                                                c10::optional<at::Tensor> const& scale,
-                                                c10::optional<at::Tensor> const& bn_weight,
-                                                c10::optional<at::Tensor> const& bn_bias,
-                                                at::Tensor const& running_mean, at::Tensor const& running_var,
-                                                double eps, c10::string_view family, c10::string_view activation,
-                                                double negative_slope, c10::optional<at::ScalarType> output_dtype_,
-                                                bool /*fast_accum: the CPU's sums are its bf16 reference's*/) {
-  auto r = fp8_reference(x, weight, bias, scale);
-  return linear_scale_batch_norm_eval_cpu(r.x, r.weight, r.bias, scale, bn_weight, bn_bias, running_mean, running_var,
-                                          eps, family, false, activation, negative_slope, output_dtype_);
+// The FP8 ops on the CPU: the training and eval ops over fp8_reference's operands. fast_accum is
+// ignored: the CPU's sums are its bf16 reference's.
+TrainOut train_fp8_cpu(LayerArgs const& a) {
+  auto r = fp8_reference(a.x, a.weight, a.bias, a.scale);
+  return train_cpu(a.with_operands(r.x, r.weight, r.bias, a.scale));
+}
+
+at::Tensor eval_fp8_cpu(LayerArgs const& a) {
+  auto r = fp8_reference(a.x, a.weight, a.bias, a.scale);
+  return eval_cpu(a.with_operands(r.x, r.weight, r.bias, a.scale));
 }
 
 at::Tensor matmul_cpu(at::Tensor const& a, at::Tensor const& b, c10::string_view) { return at::mm(a, b); }
-
-}  // namespace
-
-// The FP8 training op on the CPU: the training op over fp8_reference's operands.
-TrainOut linear_scale_batch_norm_train_fp8_cpu(at::Tensor const& x, at::Tensor const& weight,
-                                               c10::optional<at::Tensor> const& bias,
-                                               c10::optional<at::Tensor> const& scale,
-                                               c10::optional<at::Tensor> const& bn_weight,
-                                               c10::optional<at::Tensor> const& bn_bias,
-                                               c10::optional<at::Tensor> const& running_mean,
-                                               c10::optional<at::Tensor> const& running_var,
-                                               c10::optional<at::Tensor> const& num_batches_tracked,
-                                               c10::optional<double> momentum, double eps, c10::string_view family,
-                                               c10::string_view activation, double negative_slope,
-                                               c10::optional<at::ScalarType> output_dtype_,
-                                               bool /*fast_accum: the CPU's sums are its bf16 reference's*/) {
-  auto r = fp8_reference(x, weight, bias, scale);
-  return linear_scale_batch_norm_train_cpu(r.x, r.weight, r.bias, scale, bn_weight, bn_bias, running_mean,
-                                           running_var, num_batches_tracked, momentum, eps, family, false, activation,
-                                           negative_slope, output_dtype_);
-}
-
-namespace {
 
 // FP8 on the CPU: cutlass_fused/fp8.py's amax_of, scale_from_amax and quantize, op for op (its
 // largest / amax is torch's amax.reciprocal() * largest), so that both backends and the emulated
@@ -472,8 +436,8 @@ TORCH_LIBRARY_IMPL(cutlass_fused, CPU, m) {
   m.impl("matmul", &matmul_cpu);
   m.impl("linear_stats", &linear_stats_cpu);
   m.impl("cast_linear_inputs", &cast_linear_inputs_cpu);
-  m.impl("linear_scale_batch_norm_train", &linear_scale_batch_norm_train_cpu);
-  m.impl("linear_scale_batch_norm_train_fp8", &linear_scale_batch_norm_train_fp8_cpu);
+  m.impl("linear_scale_batch_norm_train", &train_op<&train_cpu>);
+  m.impl("linear_scale_batch_norm_train_fp8", &train_fp8_op<&train_fp8_cpu>);
   m.impl("quantize_e4m3", &quantize_e4m3_cpu);
   m.impl("quantize_transposed", &quantize_transposed_cpu);
   m.impl("dequantize", &dequantize_cpu);
@@ -489,8 +453,8 @@ TORCH_LIBRARY_IMPL(cutlass_fused, CPU, m) {
   m.impl("sync_batch_norm_row", &sync_batch_norm_row_cpu);
   m.impl("sync_batch_norm_merge", &sync_batch_norm_merge_cpu);
   m.impl("sync_batch_norm_grads", &sync_batch_norm_grads_cpu);
-  m.impl("linear_scale_batch_norm_eval", &linear_scale_batch_norm_eval_cpu);
-  m.impl("linear_scale_batch_norm_eval_fp8", &linear_scale_batch_norm_eval_fp8_cpu);
+  m.impl("linear_scale_batch_norm_eval", &eval_op<&eval_cpu>);
+  m.impl("linear_scale_batch_norm_eval_fp8", &eval_fp8_op<&eval_fp8_cpu>);
 }
 
 }  // namespace cutlass_fused

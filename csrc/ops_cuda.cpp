@@ -18,6 +18,7 @@
 #include "kernels/plan.h"
 #include "eval_fold_cuda.h"
 #include "fp8_cuda.h"
+#include "layer_args.h"
 #include "ops.h"
 #include "tf32x3_cuda.h"
 
@@ -377,25 +378,22 @@ void update_running_stats_cuda(at::Tensor const& stats, c10::optional<at::Tensor
 // The training forward: the plan's GEMM (the statistics GEMM where it fills the GPU), then one
 // kernel for everything after it (csrc/kernels/batch_norm.h, batch_norm_train).
 // fp8: x and W in e4m3 (linear_scale_batch_norm_train_fp8), h, y and the BN part as bf16's.
-TrainOut train_cuda(at::Tensor const& x, at::Tensor const& weight, c10::optional<at::Tensor> const& bias,
-                    c10::optional<at::Tensor> const& scale, c10::optional<at::Tensor> const& bn_weight,
-                    c10::optional<at::Tensor> const& bn_bias, c10::optional<at::Tensor> const& running_mean,
-                    c10::optional<at::Tensor> const& running_var,
-                    c10::optional<at::Tensor> const& num_batches_tracked, c10::optional<double> momentum,
-                    double eps, c10::string_view family, bool cache, c10::string_view activation,
-                    double negative_slope, c10::optional<at::ScalarType> output_dtype_, bool fp8,
-                    bool fast_accum) {
-  check_gemm_inputs(x, weight, bias, scale, fp8);
+TrainOut train_cuda(LayerArgs const& a) {
+  auto const &x = a.x, &weight = a.weight;
+  auto const &bias = a.bias, &scale = a.scale, &running_mean = a.running_mean, &running_var = a.running_var;
+  auto const &num_batches_tracked = a.num_batches_tracked;
+  auto const momentum = a.momentum;
+  check_gemm_inputs(x, weight, bias, scale, a.fp8);
   auto xt = element_dtype(x);  // h's dtype
   int64_t m = x.size(0), n = weight.size(0);
   check_batch(m, n);
-  Activation act = activation_of(activation);
-  auto y_dt = y_dtype(xt, scale, output_dtype_);
+  Activation act = activation_of(a.activation);
+  auto y_dt = y_dtype(xt, scale, a.output_dtype);
   auto dev = x.device();
   check_running_args(running_mean, running_var, num_batches_tracked, momentum);
   // Every device checked before the guard, which refuses a CPU device in its own words.
-  if (bn_weight.has_value()) check_device(*bn_weight, dev, "bn_weight");
-  if (bn_bias.has_value()) check_device(*bn_bias, dev, "bn_bias");
+  if (a.bn_weight.has_value()) check_device(*a.bn_weight, dev, "bn_weight");
+  if (a.bn_bias.has_value()) check_device(*a.bn_bias, dev, "bn_bias");
   auto out_dtype = output_dtype(xt, scale);
   auto rm_d = dense(running_mean), rv_d = dense(running_var);
   TrainArgs t{};
@@ -406,18 +404,18 @@ TrainOut train_cuda(at::Tensor const& x, at::Tensor const& weight, c10::optional
   }
   check_num_batches_tracked(num_batches_tracked, dev);
   c10::cuda::CUDAGuard guard(dev);
-  Problem pr = problem(Op::train, m, n, x.size(1), xt, out_dtype != xt, family, dev);
+  Problem pr = problem(Op::train, m, n, x.size(1), xt, out_dtype != xt, a.family, dev);
   pr.cumulative = !momentum.has_value();
-  pr.fp8 = fp8;
-  pr.fast_accum = fast_accum;
+  pr.fp8 = a.fp8;
+  pr.fast_accum = a.fast_accum;
   pr.aligned = true;  // h (padded rows) and y (contiguous) are fresh allocations
   ask_y(pr, y_dt);
   Plan plan = planned(pr);
-  auto [h, ws] = linear_h(plan, x, weight, bias, cache, xt);
-  auto scale_d = dense(scale), bn_weight_d = dense(bn_weight), bn_bias_d = dense(bn_bias);  // alive until the launch
-  auto out = normalized(h, scale_d, m, bn_weight_d, bn_bias_d, eps, plan.y_cast ? out_dtype : y_dt);
+  auto [h, ws] = linear_h(plan, x, weight, bias, a.cache, xt);
+  auto scale_d = dense(scale), bn_weight_d = dense(a.bn_weight), bn_bias_d = dense(a.bn_bias);  // alive until the launch
+  auto out = normalized(h, scale_d, m, bn_weight_d, bn_bias_d, a.eps, plan.y_cast ? out_dtype : y_dt);
   out.a.act = act;
-  out.a.slope = static_cast<float>(negative_slope);
+  out.a.slope = static_cast<float>(a.negative_slope);
   auto stats = at::empty({2, n}, x.options().dtype(at::kDouble));
   poison(stats);
   t.norm = out.a;
@@ -441,36 +439,6 @@ TrainOut train_cuda(at::Tensor const& x, at::Tensor const& weight, c10::optional
   write_back(running_mean, rm_d);
   write_back(running_var, rv_d);
   return {plan.y_cast ? out.y.to(y_dt) : out.y, h, stats, out.mean, out.invstd};
-}
-
-TrainOut linear_scale_batch_norm_train_cuda(at::Tensor const& x, at::Tensor const& weight,
-                                            c10::optional<at::Tensor> const& bias,
-                                            c10::optional<at::Tensor> const& scale,
-                                            c10::optional<at::Tensor> const& bn_weight,
-                                            c10::optional<at::Tensor> const& bn_bias,
-                                            c10::optional<at::Tensor> const& running_mean,
-                                            c10::optional<at::Tensor> const& running_var,
-                                            c10::optional<at::Tensor> const& num_batches_tracked,
-                                            c10::optional<double> momentum, double eps, c10::string_view family,
-                                            bool cache, c10::string_view activation, double negative_slope,
-                                            c10::optional<at::ScalarType> output_dtype_) {
-  return train_cuda(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked,
-                    momentum, eps, family, cache, activation, negative_slope, output_dtype_, false, false);
-}
-
-TrainOut linear_scale_batch_norm_train_fp8_cuda(at::Tensor const& x, at::Tensor const& weight,
-                                                c10::optional<at::Tensor> const& bias,
-                                                c10::optional<at::Tensor> const& scale,
-                                                c10::optional<at::Tensor> const& bn_weight,
-                                                c10::optional<at::Tensor> const& bn_bias,
-                                                c10::optional<at::Tensor> const& running_mean,
-                                                c10::optional<at::Tensor> const& running_var,
-                                                c10::optional<at::Tensor> const& num_batches_tracked,
-                                                c10::optional<double> momentum, double eps, c10::string_view family,
-                                                c10::string_view activation, double negative_slope,
-                                                c10::optional<at::ScalarType> output_dtype_, bool fast_accum) {
-  return train_cuda(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked,
-                    momentum, eps, family, false, activation, negative_slope, output_dtype_, true, fast_accum);
 }
 
 // The backward's kernel arguments for dy and h, with the tensors they point into (dense copies
@@ -639,19 +607,18 @@ at::Tensor sync_batch_norm_grads_cuda(at::Tensor const& local, at::Tensor const&
 
 // The eval forward: the plan's eval GEMM with the fold in its epilogue.
 // fp8: x and W in e4m3 (linear_scale_batch_norm_eval_fp8), y and the rest as bf16 x's.
-at::Tensor eval_cuda(at::Tensor const& x, at::Tensor const& weight, c10::optional<at::Tensor> const& bias,
-                     c10::optional<at::Tensor> const& scale_in, c10::optional<at::Tensor> const& bn_weight_in,
-                     c10::optional<at::Tensor> const& bn_bias_in, at::Tensor const& running_mean_in,
-                     at::Tensor const& running_var_in, double eps, c10::string_view family, bool cache,
-                     c10::string_view activation, double negative_slope,
-                     c10::optional<at::ScalarType> output_dtype_, bool fp8, bool fast_accum) {
-  check_gemm_inputs(x, weight, bias, scale_in, fp8);
+at::Tensor eval_cuda(LayerArgs const& a) {
+  auto const &x = a.x, &weight = a.weight, &running_mean_in = *a.running_mean, &running_var_in = *a.running_var;
+  auto const &bias = a.bias, &scale_in = a.scale;
+  bool const cache = a.cache;
+  double const negative_slope = a.negative_slope;
+  check_gemm_inputs(x, weight, bias, scale_in, a.fp8);
   int64_t m = x.size(0), n = weight.size(0), k = x.size(1);
   auto dev = x.device();
-  Activation act = activation_of(activation);
+  Activation act = activation_of(a.activation);
   auto xt = element_dtype(x);  // h's (and a 16-bit y's) dtype
   auto z = output_dtype(xt, scale_in);
-  auto y_dt = y_dtype(xt, scale_in, output_dtype_);
+  auto y_dt = y_dtype(xt, scale_in, a.output_dtype);
   check_running_stats(running_mean_in, running_var_in, n, z);
   // After the epilogue: the activation where the epilogue did not apply it (on y in its dtype, as
   // the unfused model applies it), then a requested dtype the epilogue does not write.
@@ -661,7 +628,7 @@ at::Tensor eval_cuda(at::Tensor const& x, at::Tensor const& weight, c10::optiona
   };
   auto scale = dense(scale_in);
   auto running_mean = *dense(running_mean_in), running_var = *dense(running_var_in);
-  auto bn_weight = dense(bn_weight_in), bn_bias = dense(bn_bias_in);
+  auto bn_weight = dense(a.bn_weight), bn_bias = dense(a.bn_bias);
   scale_vec(scale, n, dev);  // the checks eval_fold relies on
   col_vec(bn_weight, "bn_weight", n, dev);
   col_vec(bn_bias, "bn_bias", n, dev);
@@ -669,9 +636,9 @@ at::Tensor eval_cuda(at::Tensor const& x, at::Tensor const& weight, c10::optiona
   col_vec(running_var, "running_var", n, dev);
   if (m == 0) return at::empty({0, n}, x.options().dtype(y_dt));
   c10::cuda::CUDAGuard guard(dev);
-  Problem pr = problem(Op::eval, m, n, k, xt, z != xt, family, dev);
-  pr.fp8 = fp8;
-  pr.fast_accum = fast_accum;
+  Problem pr = problem(Op::eval, m, n, k, xt, z != xt, a.family, dev);
+  pr.fp8 = a.fp8;
+  pr.fast_accum = a.fast_accum;
   ask_y(pr, y_dt);
   Plan plan = planned(pr);
   auto out = plan.y_in_x ? xt : z;  // the dtype the epilogue writes y in
@@ -688,7 +655,7 @@ at::Tensor eval_cuda(at::Tensor const& x, at::Tensor const& weight, c10::optiona
   bool scale_apart = plan.fold_scale_apart && scale.has_value();
   at::Tensor ac;
   if (!fold_in_epilogue)
-    ac = eval_fold(scale, bn_weight, bn_bias, running_mean, running_var, eps, plan.gemm.kn, cache, scale_apart);
+    ac = eval_fold(scale, bn_weight, bn_bias, running_mean, running_var, a.eps, plan.gemm.kn, cache, scale_apart);
   if (plan.eval_in_fp32) {
     // y = h * a + c in one fp32 pass, which moves the bytes that widening a 16-bit y would.
     auto y =
@@ -700,7 +667,7 @@ at::Tensor eval_cuda(at::Tensor const& x, at::Tensor const& weight, c10::optiona
   bool in_epilogue = plan.act_in_epilogue;
   Epilogue e{nullptr, nullptr, nullptr, in_epilogue ? act : Activation::none, static_cast<float>(negative_slope)};
   if (fold_in_epilogue) {
-    e.fold = eval_fold_inputs(scale, bn_weight, bn_bias, running_mean, running_var, eps);
+    e.fold = eval_fold_inputs(scale, bn_weight, bn_bias, running_mean, running_var, a.eps);
   } else {
     e.a = ac[0].data_ptr<float>();
     e.c = ac[1].data_ptr<float>();
@@ -708,32 +675,6 @@ at::Tensor eval_cuda(at::Tensor const& x, at::Tensor const& weight, c10::optiona
   }
   run_gemm(plan, x, weight, bias, e, y, cache);
   return finish(y.is_contiguous() ? y : y.contiguous(), in_epilogue);
-}
-
-at::Tensor linear_scale_batch_norm_eval_cuda(at::Tensor const& x, at::Tensor const& weight,
-                                             c10::optional<at::Tensor> const& bias,
-                                             c10::optional<at::Tensor> const& scale,
-                                             c10::optional<at::Tensor> const& bn_weight,
-                                             c10::optional<at::Tensor> const& bn_bias,
-                                             at::Tensor const& running_mean, at::Tensor const& running_var,
-                                             double eps, c10::string_view family, bool cache,
-                                             c10::string_view activation, double negative_slope,
-                                             c10::optional<at::ScalarType> output_dtype_) {
-  return eval_cuda(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, eps, family, cache,
-                   activation, negative_slope, output_dtype_, false, false);
-}
-
-at::Tensor linear_scale_batch_norm_eval_fp8_cuda(at::Tensor const& x, at::Tensor const& weight,
-                                                 c10::optional<at::Tensor> const& bias,
-                                                 c10::optional<at::Tensor> const& scale,
-                                                 c10::optional<at::Tensor> const& bn_weight,
-                                                 c10::optional<at::Tensor> const& bn_bias,
-                                                 at::Tensor const& running_mean, at::Tensor const& running_var,
-                                                 double eps, c10::string_view family, c10::string_view activation,
-                                                 double negative_slope, c10::optional<at::ScalarType> output_dtype_,
-                                                 bool fast_accum) {
-  return eval_cuda(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, eps, family, false,
-                   activation, negative_slope, output_dtype_, true, fast_accum);
 }
 
 // The backward's GEMMs in the forward's precision: fp32 without TF32 on the
@@ -762,8 +703,8 @@ at::Tensor matmul_cuda(at::Tensor const& a, at::Tensor const& b, c10::string_vie
 TORCH_LIBRARY_IMPL(cutlass_fused, CUDA, m) {
   m.impl("matmul", &matmul_cuda);
   m.impl("linear_stats", &linear_stats_cuda);
-  m.impl("linear_scale_batch_norm_train", &linear_scale_batch_norm_train_cuda);
-  m.impl("linear_scale_batch_norm_train_fp8", &linear_scale_batch_norm_train_fp8_cuda);
+  m.impl("linear_scale_batch_norm_train", &train_op<&train_cuda>);
+  m.impl("linear_scale_batch_norm_train_fp8", &train_fp8_op<&train_cuda>);
   m.impl("quantize_e4m3", &quantize_e4m3_cuda);
   m.impl("quantize_transposed", &quantize_transposed_cuda);
   m.impl("dequantize", &dequantize_cuda);
@@ -780,8 +721,8 @@ TORCH_LIBRARY_IMPL(cutlass_fused, CUDA, m) {
   m.impl("sync_batch_norm_row", &sync_batch_norm_row_cuda);
   m.impl("sync_batch_norm_merge", &sync_batch_norm_merge_cuda);
   m.impl("sync_batch_norm_grads", &sync_batch_norm_grads_cuda);
-  m.impl("linear_scale_batch_norm_eval", &linear_scale_batch_norm_eval_cuda);
-  m.impl("linear_scale_batch_norm_eval_fp8", &linear_scale_batch_norm_eval_fp8_cuda);
+  m.impl("linear_scale_batch_norm_eval", &eval_op<&eval_cuda>);
+  m.impl("linear_scale_batch_norm_eval_fp8", &eval_fp8_op<&eval_cuda>);
 }
 
 }  // namespace cutlass_fused
