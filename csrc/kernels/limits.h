@@ -25,6 +25,11 @@ inline bool aligned16(int bytes, int64_t ld, std::initializer_list<void const*> 
 // sizes such as 769 columns).
 constexpr bool whole_groups16(int bytes, int64_t n) { return n % (16 / bytes) == 0; }
 
+// A statistics GEMM's per-CTA partials: the row stride, features rounded up to whole tiles of
+// `tile` (sm90's feature tile; sm80's batch tile, so that it is tile times the row reduction's M
+// stride: gemm/sm80_nodes.cuh). The plan sizes the workspace by it (StatsLayout).
+constexpr int64_t partials_ld(int64_t features, int tile) { return (features + tile - 1) / tile * tile; }
+
 // Whether m x n data of `bytes`-byte elements can be read in 16-byte groups: aligned, and n
 // whole groups. The launchers pick their vector width by it; the plan asks the same of its
 // problem (groups16 in plan.cpp), whose alignment the binding found with aligned16.

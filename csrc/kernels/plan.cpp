@@ -246,7 +246,7 @@ bool stats_gemm(Problem const& p, Family family, KernelDtype math, int64_t kn, G
   g.split = family == Family::sm90 && math == KernelDtype::f32x3;
   int bytes = info->stats == Stats::partial64 ? 8 : 4;
   int batch_tile = swapped ? info->tile_n : info->tile_m;
-  g.sums = {static_cast<int>(ceil_div(p.m, batch_tile)), ceil_div(kn, info->tile_m) * info->tile_m, bytes};
+  g.sums = {static_cast<int>(ceil_div(p.m, batch_tile)), limits::partials_ld(kn, info->tile_m), bytes};
   tile_order(*info, km, kb, p.sm_count, p.overrides, g);
   return true;
 }

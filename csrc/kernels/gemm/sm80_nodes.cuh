@@ -11,6 +11,7 @@
 #include "cutlass/epilogue/threadblock/fusion/visitors.hpp"
 #include "kernels/evt_extra.h"
 #include "kernels/gemm_evt.h"
+#include "kernels/limits.h"
 
 namespace cutlass_fused::gemm {
 namespace visitor = cutlass::epilogue::threadblock;
@@ -69,20 +70,13 @@ struct store_partial {
   CUTLASS_DEVICE void operator()(T* ptr, T const& value) const { *ptr = value; }
 };
 
-// The partials' row stride: features rounded up to whole batch tiles (plan.cpp's StatsLayout for
-// sm80), so that it is tile_m times the output's M stride.
-template <int TileM>
-constexpr int64_t partials_ld(int features) {
-  return (int64_t{features} + TileM - 1) / TileM * TileM;
-}
-
-// The row reduction's stride for `features` columns: its output's M stride is u_ld / tile_m, so
-// that a CTA's row 0 (m = t * tile_m, the only row the reduction writes) lands on row t of the
-// partials.
+// The row reduction's stride for `features` columns: its output's M stride is the partials' row
+// stride (limits::partials_ld, the plan's StatsLayout) over tile_m, so that a CTA's row 0
+// (m = t * tile_m, the only row the reduction writes) lands on row t of the partials.
 template <class Map>
 cute::Stride<int64_t, cute::_1, cute::_0> partials_stride(int features) {
   constexpr int kTileM = decltype(cute::size<0>(typename Map::CtaShapeMNL{}))::value;
-  return {partials_ld<kTileM>(features) / kTileM, cute::_1{}, cute::_0{}};
+  return {limits::partials_ld(features, kTileM) / kTileM, cute::_1{}, cute::_0{}};
 }
 
 }  // namespace cutlass_fused::gemm
