@@ -182,7 +182,7 @@ void set_overrides(std::string const& kernel, std::string const& tail, std::stri
 std::string plan_op(std::string const& op, int64_t m, int64_t n, int64_t k, at::ScalarType dtype, bool y_wider,
                     bool allow_tf32, std::string const& family, int64_t capability, int64_t sm_count,
                     bool cumulative, bool aligned, c10::string_view activation, c10::string_view fp8,
-                    c10::optional<at::ScalarType> output_dtype) {
+                    c10::optional<at::ScalarType> output_dtype, bool fold_kept) {
   TORCH_CHECK_VALUE(fp8 == "none" || fp8 == "e4m3" || fp8 == "e4m3_fast",
                     "cutlass_fused: expected fp8 to be 'none', 'e4m3' or 'e4m3_fast', but got '", fp8, "'");
   Problem p;
@@ -204,6 +204,7 @@ std::string plan_op(std::string const& op, int64_t m, int64_t n, int64_t k, at::
   p.sm_count = static_cast<int>(sm_count);
   p.cumulative = cumulative;
   p.aligned = aligned;
+  p.fold_kept = fold_kept;
   p.act = activation_of(activation);
   p.fp8 = fp8 != "none";
   p.fast_accum = fp8 == "e4m3_fast";
@@ -582,7 +583,7 @@ TORCH_LIBRARY(cutlass_fused, m) {
   // What the plan chooses for a problem (cutlass_fused.plan()), on any device.
   m.def("plan(str op, int m, int n, int k, ScalarType dtype, bool y_wider, bool allow_tf32, str family,"
         " int capability, int sm_count, bool cumulative, bool aligned, str activation=\"none\","
-        " str fp8=\"none\", ScalarType? output_dtype=None) -> str",
+        " str fp8=\"none\", ScalarType? output_dtype=None, bool fold_kept=False) -> str",
         &plan_op);
   // Whether the e4m3 route runs for the family on a GPU of that compute capability (major * 10 +
   // minor), x and W reaching the GEMM in `operands` (kernels/plan.h, e4m3_runs); on any device.

@@ -639,15 +639,14 @@ at::Tensor eval_cuda(LayerArgs const& a) {
   Problem pr = problem(Op::eval, m, n, k, xt, z != xt, a.family, dev);
   pr.fp8 = a.fp8;
   pr.fast_accum = a.fast_accum;
+  pr.fold_kept = eval_fold_kept(scale, bn_weight, bn_bias, running_mean, running_var, cache);
   ask_y(pr, y_dt);
   Plan plan = planned(pr);
   auto out = plan.y_in_x ? xt : z;  // the dtype the epilogue writes y in
   // Where the plan says, the sm90 eval kernel makes the fold in its epilogue (gemm/sm90_fold.cuh):
-  // one launch. Else, and where frozen_weights() keeps the vectors for the next call (cache,
-  // outside graph capture), the fold kernel's, as on sm80 and the fp32 route; both give y the
-  // same bits (eval_fold.cuh).
-  bool fold_in_epilogue =
-      plan.fold_in_epilogue && !eval_fold_kept(scale, bn_weight, bn_bias, running_mean, running_var, cache);
+  // one launch. Else the fold kernel's (kept for the next call where frozen_weights() keeps it),
+  // as on sm80 and the fp32 route; both give y the same bits (eval_fold.cuh).
+  bool const fold_in_epilogue = plan.fold_in_epilogue;
   // One (2 or 3, kn) allocation: each row starts a multiple of kn floats in,
   // which keeps it 16-byte aligned for the EVT.
   // fp16's rounding of z = h * scale apart from the fold needs a scale: without one z is h, whose

@@ -86,7 +86,7 @@ def overrides(**choices):
 def plan(m: int, n: int, k: int, dtype: torch.dtype = torch.bfloat16, mode: str = "train", *,
          family: str = "auto", capability: tuple = (9, 0), sm_count: int = 132, y_dtype: torch.dtype = None,
          allow_tf32: bool = None, cumulative: bool = False, aligned: bool = True, activation: str = "none",
-         fp8: str = "none", output_dtype: torch.dtype = None) -> dict:
+         fp8: str = "none", output_dtype: torch.dtype = None, fold_kept: bool = False) -> dict:
     """What the plan chooses for one call, as a dict, with the overrides in force; on any device.
 
     mode: train, linear (the split ops' GEMM), eval, matmul or backward. m is the batch, n the
@@ -95,13 +95,14 @@ def plan(m: int, n: int, k: int, dtype: torch.dtype = torch.bfloat16, mode: str 
     base pointers are 16-byte aligned (fresh allocations are). activation: the layer's (the
     backward's kernels depend on it). fp8: "e4m3" for the FP8 ops (x and W in e4m3, dtype bf16, h's),
     "e4m3_fast" for them under Float8Recipe(fast_accum=True). output_dtype: the ops' argument, the
-    dtype y is asked in (by default y_dtype's).
+    dtype y is asked in (by default y_dtype's). fold_kept: eval inside frozen_weights(), which
+    keeps the call's eval fold.
     """
     if allow_tf32 is None:
         allow_tf32 = torch.backends.cuda.matmul.allow_tf32
     y_wider = y_dtype is not None and y_dtype != dtype
     text = ops.plan(mode, m, n, k, dtype, y_wider, allow_tf32, family, capability[0] * 10 + capability[1], sm_count,
-                    cumulative, aligned, activation, fp8, output_dtype)
+                    cumulative, aligned, activation, fp8, output_dtype, fold_kept)
     out = {}
     for line in text.splitlines():
         key, value = line.split("=", 1)

@@ -268,6 +268,8 @@ def test_eval_routes():
     for m, n, k in [(16384, 4096, 4096), (4096, 4096, 4096)]:
         assert not plan(m, n, k, mode="eval", **H100)["fold_in_epilogue"], (m, n, k)
     assert not plan(128, 8192, 8192, mode="eval", family="sm80", **H100)["fold_in_epilogue"]
+    # Where frozen_weights() keeps the fold, the kept fold costs no launch: the fold kernel's route.
+    assert not plan(128, 8192, 8192, mode="eval", fold_kept=True, **H100)["fold_in_epilogue"]
     assert not plan(128, 8192, 8192, mode="eval", y_dtype=torch.float32, **H100)["fold_in_epilogue"]
     assert not plan(128, 8192, 8192, mode="train", **H100)["fold_in_epilogue"]
 

@@ -457,8 +457,9 @@ Plan make_plan(Problem const& p) {
       plan.eval_in_fp32 = p.y_wider && !plan.y_in_x;
       plan.fold_scale_apart = p.x == DType::f16 && !plan.eval_in_fp32;
       // The fold in the sm90 epilogue adds its latency to every tile a CTA takes; the fold kernel
-      // costs a launch a call. So the epilogue takes it up to two tiles a CTA (decisions.md, "Eval fold").
-      plan.fold_in_epilogue = plan.family == Family::sm90 && !plan.eval_in_fp32 &&
+      // costs a launch a call, none where frozen_weights() keeps its fold. So the epilogue takes it
+      // up to two tiles a CTA, unless it is kept (decisions.md, "Eval fold").
+      plan.fold_in_epilogue = plan.family == Family::sm90 && !plan.eval_in_fp32 && !p.fold_kept &&
                               cta_count(*plan.gemm.kernel, p.m, kn) <= 2 * int64_t{std::max(1, p.sm_count)};
       plan.act_in_epilogue = !plan.gemm.inf_fix;
       break;

@@ -72,6 +72,9 @@ struct Problem {
   // row strides, as fresh allocations have; the binding says so from its tensors. Whether n allows
   // 16-byte groups too is the plan's (groups16 in plan.cpp).
   bool aligned = true;
+  // eval: frozen_weights() keeps this call's eval fold between calls (the binding's fact from its
+  // tensors and the capture state: derived_cache.h's keeps()).
+  bool fold_kept = false;
   // For messages only ("cuda:0 (NVIDIA H100 80GB HBM3)"); -1: "the GPU".
   int device = -1;
   char const* device_name = "";
@@ -111,7 +114,8 @@ struct Plan {
   // (w * invstd, c, scale) instead of (scale * w * invstd, c).
   bool fold_scale_apart = false;
   // sm90 eval: the epilogue makes the fold itself, a CTA once a tile (gemm/sm90_fold.cuh), where
-  // the fold kernel's launch would cost more (plan.cpp); else the fold kernel runs before the GEMM.
+  // the fold kernel's launch would cost more (plan.cpp) and no kept fold saves it; else the fold
+  // kernel runs before the GEMM.
   bool fold_in_epilogue = false;
   // train: the kernels write y in z's dtype and the binding casts it to the one asked, which they
   // do not write (they write x's dtype or fp32).
