@@ -19,7 +19,7 @@
 // inference_mode, a frozen weight) the casts stay autocast's, cache and all.
 //
 // One boxed kernel serves both ops: it reads no signature but the schema's, so
-// the ops' signatures stay written once (csrc/ops.cpp, op_handles.h).
+// the ops' signatures stay written once (csrc/ops.cpp, layer_args.h).
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
