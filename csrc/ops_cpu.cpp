@@ -121,7 +121,6 @@ void update_running_stats_cpu(at::Tensor const& stats, c10::optional<at::Tensor>
   running_var.copy_(running_var.to(at::kDouble) * (1 - m) + unbiased * m);
 }
 
-// The three steps in order, as the CUDA kernel does them in one.
 // cast_linear_inputs: torch's own casts.
 CastOut cast_linear_inputs_cpu(at::Tensor const& x, at::Tensor const& weight, c10::optional<at::Tensor> const& bias,
                                at::ScalarType dtype) {
@@ -132,6 +131,7 @@ CastOut cast_linear_inputs_cpu(at::Tensor const& x, at::Tensor const& weight, c1
   return {cast(x), cast(weight), bias.has_value() ? cast(*bias) : at::empty({0}, x.options().dtype(dtype))};
 }
 
+// The three steps in order, as the CUDA kernel does them in one.
 TrainOut train_cpu(LayerArgs const& a) {
   auto const &x = a.x, &weight = a.weight;
   auto const &bias = a.bias, &scale = a.scale, &running_mean = a.running_mean, &running_var = a.running_var;
