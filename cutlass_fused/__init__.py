@@ -6,6 +6,7 @@ from .fp8 import Float8Recipe
 from .frozen import frozen_weights
 from .functional import linear_scale_batch_norm
 from .fuse import fuse
+from .graphs import graphed_step
 from .module import LinearBatchNorm1d, LinearScaleBatchNorm1d, convert_sync_batchnorm
 from .ops import ops
 from ._overrides import overrides, plan
@@ -17,4 +18,5 @@ def built_kernels() -> list[str]:
 
 
 __all__ = ["linear_scale_batch_norm", "LinearBatchNorm1d", "LinearScaleBatchNorm1d", "convert_sync_batchnorm", "use_kernel_family",
-           "built_kernels", "fuse", "frozen_weights", "overrides", "plan", "Float8Recipe"]
+           "built_kernels", "fuse", "frozen_weights", "overrides", "plan", "Float8Recipe",
+           "graphed_step"]

@@ -47,8 +47,9 @@ TORCHAO_ROWS = ("torchao-float8", "torchao-float8+compile", "torchao-float8-roww
 # fast_accum=True as well (the forward's GEMMs accumulate in the tensor cores alone).
 FP8_ROWS = ("fused-fp8", "fused-fp8-e5m2", "fused-fp8-delayed-e5m2", "fused-fp8-delayed-e5m2-fast")
 # +graph: the whole step (forward, backward, AdamW with capturable=True) as one CUDA graph, replayed
-# (Row.replayed): the GPU's time for the step with no host in the way, which a host-bound step
-# (the FP8 rows': docs/decisions.md) does not get eagerly.
+# by cutlass_fused.graphed_step (its batch copied in, its loss copied out): the GPU's time for the
+# step with little host in the way, which a host-bound step (the FP8 rows': docs/decisions.md) does
+# not get eagerly.
 GRAPH_ROWS = tuple(r + "+graph" for r in ("eager", "fused") + FP8_ROWS)
 # compile-ro: torch.compile(mode="reduce-overhead") of the model, or of the fused model: Inductor's
 # CUDA graphs of the forward and the backward (AdamW stays eager), which leave out the host time its
@@ -180,68 +181,43 @@ class Row:
                     layer.fp8 = recipe
         mode = compile_mode(name)
         self.call = module if mode is None else torch.compile(module, mode=mode)
-        self.graphed, self.graph, self.warm, self.capture_peak = name.endswith("+graph"), None, 0, None
+        self.graphed = name.endswith("+graph")
         if self.graphed and device.type != "cuda":
             raise RuntimeError("the +graph rows capture CUDA graphs: they need a GPU")
         self.opt = torch.optim.AdamW(module.parameters(), fused=device.type == "cuda", capturable=self.graphed)
-        losses = [self.step(*batch(case, device, i)).detach() for i in range(PARITY_STEPS)]
+        # A +graph row's step is cutlass_fused.graphed_step's: its first GRAPH_WARMUP calls eager, the
+        # next captured, then replays; its peak is the capturing call's (the graph's pool).
+        self.run = (cutlass_fused.graphed_step(self.body, module, self.opt, warmup=GRAPH_WARMUP) if self.graphed
+                    else self.body)
+        self.capture_peak, losses = None, []
+        for i in range(PARITY_STEPS):
+            x, target = batch(case, device, i)
+            if self.graphed and i == GRAPH_WARMUP:  # the capturing call
+                torch.cuda.synchronize(device)
+                before = torch.cuda.memory_allocated(device)
+                torch.cuda.reset_peak_memory_stats(device)
+            losses.append(self.step(x, target).detach())
+            if self.graphed and i == GRAPH_WARMUP:
+                torch.cuda.synchronize(device)
+                self.capture_peak = (torch.cuda.max_memory_allocated(device) - before) / 2**20
         self.losses = torch.stack(losses).float().tolist()
         self.x, self.target = batch(case, device, PARITY_STEPS)
         self.times = []
 
     def body(self, x, target):
-        # A graph replays the casts it captured: autocast's cache would keep them past the capture.
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.case.precision == "amp-bf16",
-                            cache_enabled=not self.graphed):
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.case.precision == "amp-bf16"):
             loss = loss_of(self.case, self.call, x, target)
         loss.backward()
         self.opt.step()
-        return loss
-
-    def step(self, x, target):
-        if self.graphed:
-            return self.replayed(x, target)
-        loss = self.body(x, target)
         # After the step, so that the memory before the next one is the weights and AdamW's states.
         self.opt.zero_grad(set_to_none=True)
         return loss
 
-    def replayed(self, x, target):
-        """A +graph row's step. The first GRAPH_WARMUP steps run eagerly on a side stream, as
-        torch.cuda.graph asks; they are real steps of the row (the parity steps' first), and make
-        AdamW's states. The next step is captured, with the gradients set to None so that the
-        captured backward makes them in the graph's pool, and every step from it copies its batch
-        into the captured inputs and replays. Returns a copy of the loss: the replay overwrites it."""
-        if self.graph is None and self.warm < GRAPH_WARMUP:
-            self.opt.zero_grad(set_to_none=True)
-            loss = timing.on_side_stream(lambda: self.body(x, target), self.device)
-            self.warm += 1
-            return loss
-        if self.graph is None:
-            self.x_in, self.target_in = x.clone(), target.clone()
-            self.opt.zero_grad(set_to_none=True)
-            torch.cuda.synchronize(self.device)
-            before = torch.cuda.memory_allocated(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
-                self.loss_out = self.body(self.x_in, self.target_in)
-            self.capture_peak = (torch.cuda.max_memory_allocated(self.device) - before) / 2**20
-        self.x_in.copy_(x)
-        self.target_in.copy_(target)
-        self.graph.replay()
-        return self.loss_out.clone()
+    def step(self, x, target):
+        return self.run(x, target)
 
     def time(self):
-        self.times.append(timing.median_ms(self.timed_step(), self.device.type == "cuda"))
-
-    def timed_step(self):
-        """The step the rounds time: a +graph row's replay alone, its batch copied in once."""
-        if not self.graphed:
-            return lambda: self.step(self.x, self.target)
-        self.x_in.copy_(self.x)
-        self.target_in.copy_(self.target)
-        return self.graph.replay
+        self.times.append(timing.median_ms(lambda: self.step(self.x, self.target), self.device.type == "cuda"))
 
     def peak(self):
         if self.graphed:

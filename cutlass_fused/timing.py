@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 import cutlass_fused
+from cutlass_fused.graphs import on_side_stream
 
 
 def alternating(items, rounds):
@@ -109,19 +110,6 @@ def profile(fn, calls=5, trace=None):
     return count / calls, kernels
 
 
-def on_side_stream(fn, device=None):
-    """fn() on a new stream that starts after the current stream's work and that the current
-    stream then waits for: the warm-up torch.cuda.graph asks for before a capture. Returns fn's
-    result."""
-    current = torch.cuda.current_stream(device)
-    side = torch.cuda.Stream(device)
-    side.wait_stream(current)
-    with torch.cuda.stream(side):
-        out = fn()
-    current.wait_stream(side)
-    return out
-
-
 def graphed(fn, before=None):
     """fn captured once in a CUDA graph, after three warm-up calls on a side stream; returns the
     replay. `before` (not captured) runs ahead of each warm-up call and of the capture: a training
@@ -132,7 +120,7 @@ def graphed(fn, before=None):
                 before()
             fn()
 
-    on_side_stream(warm_up)
+    on_side_stream(warm_up, torch.cuda.current_device())
     if before is not None:
         before()
     g = torch.cuda.CUDAGraph()
