@@ -21,8 +21,8 @@ class GraphedStep:
     """The callable graphed_step returns. Each call with a new signature runs `warmup` steps
     eagerly (on a side stream, as torch.cuda.graph asks), each a real step on its own arguments; the
     next call with it is captured and replayed, and every later one copies its tensors into the
-    captured inputs and replays. A call returns fn's result with each tensor copied out of the
-    graph, so that the next replay does not overwrite it."""
+    captured inputs and replays. A call returns fn's result with each tensor detached, and copied
+    out of the graph, so that the next replay does not overwrite it."""
 
     def __init__(self, fn, modules, optimizers, warmup, max_graphs):
         self.fn, self.modules, self.optimizers = fn, modules, optimizers
@@ -35,7 +35,7 @@ class GraphedStep:
         key = signature(args)
         device = next((a.device for a in args if isinstance(a, torch.Tensor) and a.is_cuda), None)
         if device is None or torch.cuda.is_current_stream_capturing():
-            return self.fn(*args)  # nothing on a GPU to capture (the CPU), or inside a user's own capture
+            return detached(self.fn(*args))  # nothing on a GPU to capture (the CPU), or in a user's own capture
         state = self.state_now()
         if state != self.state:
             self.graphs.clear()
@@ -46,7 +46,9 @@ class GraphedStep:
             check_autocast(device)
             check_capturable(self.optimizers)
             self.warm[key] += 1
-            return on_side_stream(lambda: self.fn(*args), device)
+            # Detached, as a replay's: a loss kept with its autograd graph keeps this call's
+            # AccumulateGrad nodes, made on the side stream, alive into the capture.
+            return detached(on_side_stream(lambda: self.fn(*args), device))
         if captured is None:
             check_autocast(device)
             captured = self.graphs[key] = Captured(self.fn, args, device)
@@ -83,6 +85,10 @@ class Captured:
                 static.copy_(a)
         self.graph.replay()
         return pytree.tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, self.out)
+
+
+def detached(out):
+    return pytree.tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, out)
 
 
 def signature(args):
@@ -125,6 +131,8 @@ def check_capturable(optimizers):
 
 
 def on_side_stream(fn, device):
+    """fn() on a new stream that starts after the current stream's work and that the current stream
+    then waits for: the warm-up torch.cuda.graph asks for before a capture. Returns fn's result."""
     current = torch.cuda.current_stream(device)
     side = torch.cuda.Stream(device)
     side.wait_stream(current)
@@ -149,7 +157,8 @@ def graphed_step(fn, modules=(), optimizers=(), warmup=3, max_graphs=4):
     The first `warmup` calls of each signature (tensor shapes, dtypes and devices, and the other
     arguments' values) run eagerly, the next is captured, later ones replay: each call is one step
     on its own arguments. A step with a new batch size is a new graph; `max_graphs` of them are
-    kept, the least recently used dropped past that. On the CPU, fn runs as it is.
+    kept, the least recently used dropped past that. A call returns fn's result with its tensors
+    detached (a replay's copied out of the graph). On the CPU, fn runs eagerly.
 
         step = cutlass_fused.graphed_step(train_step, model, opt)
         for x, target in loader:

@@ -2,6 +2,9 @@
 the same step run eagerly, over changing batches and sizes and across changes the graphs cannot
 see (a learning rate, a frozen weight, the model's mode); its bad arguments; on the CPU, fn as is."""
 import copy
+import re
+import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -63,10 +66,15 @@ def test_graphed_step_trains_as_eager(family, amp):
     graphed, eager = Trainer(base, "cuda", amp), Trainer(base, "cuda", amp)
     step = cutlass_fused.graphed_step(graphed.step, graphed.model, graphed.opt, warmup=2)
     data = batches([32] * 5 + [24] * 4 + [32] * 3, "cuda")
-    with cutlass_fused.use_kernel_family(family):
-        got = [step(x, t) for x, t in data]
+    with cutlass_fused.use_kernel_family(family), warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        got = [step(x, t) for x, t in data]  # kept, as a user keeps the losses
         want = [eager.step(x, t).detach() for x, t in data]
     assert len(step.graphs) == 2
+    # A warm-up's loss came back with its autograd graph, whose AccumulateGrad nodes (made on the
+    # side stream) torch then warned of at the next backward.
+    assert not [w for w in seen if "AccumulateGrad" in str(w.message)]
+    assert not any(loss.requires_grad for loss in got)
     assert_same_training(graphed, eager, got, want)
     # The unfused model in the same precision, for scale: the fused steps track it.
     ref = copy.deepcopy(base).cuda()
@@ -157,3 +165,21 @@ def test_graphed_step_bad_arguments():
         cutlass_fused.graphed_step(lambda: None, ["model"])
     with pytest.raises(TypeError, match="optimizers to be torch.optim optimizers, but got Linear"):
         cutlass_fused.graphed_step(lambda: None, (), [nn.Linear(2, 2)])
+
+
+
+@needs_cuda
+def test_readme_graphed_step_block():
+    """The README's graphed_step example, run as a user pastes it over a fused model and a loader:
+    the steps train (the loss falls on a repeated batch) and two batch sizes make two graphs."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    block, = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "graphed_step(train_step" in b]
+    torch.manual_seed(0)
+    model, _ = cutlass_fused.fuse(mlp().cuda())
+    x, target = torch.randn(64, 64), torch.randint(0, 7, (64,))
+    scope = {"torch": torch, "F": F, "cutlass_fused": cutlass_fused, "model": model, "losses": [],
+             "loader": [(x, target)] * 12 + [(x[:40], target[:40])] * 5}
+    exec(compile(block + "    losses.append(loss)\n", "README.md", "exec"), scope)
+    losses = scope["losses"]
+    assert len(losses) == 17 and losses[11] < losses[0]
+    assert len(scope["step"].graphs) == 2
