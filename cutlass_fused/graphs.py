@@ -47,7 +47,7 @@ class GraphedStep:
             check_capturable(self.optimizers)
             self.warm[key] += 1
             # Detached, as a replay's: a loss kept with its autograd graph keeps this call's
-            # AccumulateGrad nodes, made on the side stream, alive into the capture.
+            # AccumulateGrad nodes, made on the side stream, alive into the next call.
             return detached(on_side_stream(lambda: self.fn(*args), device))
         if captured is None:
             check_autocast(device)
@@ -77,7 +77,9 @@ class Captured:
         self.inputs = [a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args]
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.device(device), torch.cuda.graph(self.graph):
-            self.out = fn(*self.inputs)
+            # Detached: an output kept with its autograd graph would keep the AccumulateGrad nodes
+            # made on the capture's stream for the next eager call (another signature's warm-up).
+            self.out = detached(fn(*self.inputs))
 
     def replay(self, args):
         for static, a in zip(self.inputs, args):

@@ -71,8 +71,8 @@ def test_graphed_step_trains_as_eager(family, amp):
         got = [step(x, t) for x, t in data]  # kept, as a user keeps the losses
         want = [eager.step(x, t).detach() for x, t in data]
     assert len(step.graphs) == 2
-    # A warm-up's loss came back with its autograd graph, whose AccumulateGrad nodes (made on the
-    # side stream) torch then warned of at the next backward.
+    # An output kept with its autograd graph (the capture's, or a warm-up's) keeps the AccumulateGrad
+    # nodes made on its stream, which torch warns of at the next backward on another stream.
     assert not [w for w in seen if "AccumulateGrad" in str(w.message)]
     assert not any(loss.requires_grad for loss in got)
     assert_same_training(graphed, eager, got, want)
