@@ -82,6 +82,57 @@ def backward_time(args):
 
 
 @cli.command(
+    arg("--shape", action="append", type=shape, metavar="B,N,K",
+        help="batch, the layer's features, the next Linear's outputs; repeatable; default three shapes"),
+    arg("--act", action="append", choices=["none", "relu", "leaky_relu"], help="repeatable; default relu"),
+    ROUNDS, arg("--cold", action="store_true", help="a 256 MiB write before each call (L2 flushed)"))
+def backward_linear(args):
+    """The BN backward of a layer whose y feeds a Linear (issue 71, item 1), by route, bf16.
+
+    mm+backward: the next Linear's dX GEMM in torch.mm, then batch_norm_backward (its sums reading dy
+    and h, then dh); grad: batch_norm_backward_linear, whose GEMM makes g and the sums in its epilogue,
+    then one pass (dh). Each route's kernels summed (torch.profiler, 20 calls a round, median of
+    rounds), beside torch.mm's dX GEMM alone, and the wall time a call (do_bench) as a ratio to
+    torch.mm's.
+    """
+    dev = cuda_device("backward_linear")
+    for act in args.act or ["relu"]:
+        for m, n, k in args.shape or [(1024, 8192, 8192), (16384, 4096, 4096), (4096, 4096, 4096)]:
+            g = torch.Generator(device=dev).manual_seed(0)
+            h = torch.randn(m, n, device=dev, generator=g).bfloat16()
+            vec = lambda: torch.randn(n, device=dev, generator=g)
+            scale, gamma, beta = vec(), vec(), vec()
+            stats = torch.stack([h.double().sum(0), (h.double() ** 2).sum(0)])
+            _, mean, invstd = ops.batch_norm_finalize(h, stats, scale, m, gamma, beta, 1e-5)
+            dz = torch.randn(m, k, device=dev, generator=g).bfloat16()
+            w2 = (torch.randn(k, n, device=dev, generator=g) / k ** 0.5).bfloat16()
+            bn = (mean, invstd, scale, gamma, 1e-5, beta, act, 0.01, torch.float32)
+            calls = {"torch.mm": lambda: torch.mm(dz, w2),
+                     "mm+backward": lambda: ops.batch_norm_backward(torch.mm(dz, w2), h, *bn),
+                     "grad": lambda: ops.batch_norm_backward_linear(dz, w2, h, *bn, "sm90")}
+            flush = torch.empty(256 << 20, dtype=torch.uint8, device=dev) if args.cold else None
+            us = {c: [] for c in calls}
+            by_kernel = {c: {} for c in calls}
+            ms = {c: [] for c in calls}
+            for c in alternating(list(calls), args.rounds):
+                fn = (lambda f=calls[c]: (flush.zero_(), f())) if args.cold else calls[c]
+                kernels = profile(fn, calls=20)[1]
+                if args.cold:
+                    kernels = {name: t for name, t in kernels.items() if "elementwise" not in name and "fill" not in name}
+                us[c].append(sum(kernels.values()))
+                for name, t in kernels.items():
+                    by_kernel[c].setdefault(name, []).append(t)
+                ms[c].append(median_ms(calls[c], True))
+            mm = statistics.median(ms["torch.mm"])
+            print(f"bf16 {act} {m}x{n}x{k}: " + ", ".join(
+                f"{c} {statistics.median(v):7.1f} us GPU, x mm {statistics.median(ms[c]) / mm:.3f}"
+                for c, v in us.items()), flush=True)
+            for c in ("mm+backward", "grad"):
+                for name, v in by_kernel[c].items():
+                    print(f"    {c}: {statistics.median(v):7.1f} us  {name[:100]}")
+
+
+@cli.command(
     arg("--dtype", action="append", choices=bench.DTYPES, help="repeatable; default bf16 and tf32"),
     arg("--shape", action="append", type=shape, metavar="B,IN,OUT", help="repeatable; default three shapes"),
     ROUNDS,

@@ -76,3 +76,21 @@ def evaluate_residual(accum, b, a, c, r):
     Y = plus_activated(Z, c)
     D = Y + r
     return D
+
+
+
+def grad_sums(accum, h, h2, shift, shift2, mul, beta):
+    # The dX GEMM of the Linear after a layer (sm90, swapped: W2^T dz^T, a feature of the layer
+    # is a row of accum), with the layer's BatchNorm-backward sums in its epilogue. g = dy times
+    # the activation's derivative at BN(z) = (h - shift) * mul + beta, the forward's value
+    # (bn_common.cuh, pre_activation), with dy = accum rounded to h's dtype as torch.mm stores it;
+    # shift, mul and beta are the forward's fp32 mean_h, scale * invstd * gamma and BN bias. D is g
+    # rounded to h's dtype, as the unfused model's activation backward stores it, and per CTA and
+    # feature the partial sums of g and g (h - shift), which the BN backward's one pass takes
+    # (bn_backward.cu, batch_norm_backward_partials). h2 is h again, shift2 mean_h again: the tracer cannot give one leaf to two nodes where g feeds three (D, both sums).
+    G = bn_grad(accum, h, shift, mul, beta)
+    u_sum = partial_sum(G, dim=1)
+    GU = times_centered(G, h2, shift2)
+    u_sumsq = partial_sum(GU, dim=1)
+    D = take_last(GU, 0.0, G)
+    return D, u_sum, u_sumsq

@@ -59,6 +59,8 @@ def check_row(k: Kernel) -> None:
         bad("an e4m3 promote needs the promoted mainloop and a multiple of the k-tile's MMAs (tile K / 32)")
     if k.fast_accum and k.dtype != "e4m3":
         bad("the FP8 fast-accumulation schedule is for e4m3 rows only")
+    if k.mode == "grad" and (k.family != "sm90" or k.dtype not in ("bf16", "f16")):
+        bad("grad rows are sm90 16-bit kernels only (the swapped GEMM's column reductions)")
     if k.dtype == "e4m3" and k.family != "sm90":
         bad("e4m3 rows are sm90 kernels only (Hopper's FP8 tensor cores)")
     if k.family == "sm90":

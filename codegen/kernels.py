@@ -26,6 +26,10 @@ Fields
                     (features, batch, K).
                     sm80: not swapped (tile (batch, features, K)); fp32 partial sums
                     of h and h^2 laid out (ceil(batch / tile_m), round_up(features, tile_m))
+           "grad"   sm90, 16-bit: the dX GEMM of the Linear after a layer, swapped as "stats"
+                    (D' = W2^T dz^T, g row-major), with that layer's BN-backward sums: g = dy
+                    times the activation's derivative, per-CTA fp32 partial sums of g and
+                    g (h - mean_h) laid out as "stats"' (csrc/kernels/gemm/sm90_grad.cuh)
   tile     CTA tile (M, N, K)
   cluster  sm90 cluster shape
   schedule sm90 kernel schedule: "TmaWarpSpecializedCooperative",
@@ -63,7 +67,7 @@ class Kernel:
     @property
     def stats(self) -> str:
         """Where the kernel leaves its column statistics: partial, partial64 or none."""
-        if self.mode != "stats":
+        if self.mode not in ("stats", "grad"):
             return "none"
         return "partial64" if self.dtype == "f32x3" else "partial"
 
@@ -96,12 +100,14 @@ class Kernel:
         """The function of codegen/epilogues.py that its visitor tree is traced from."""
         if self.mode == "stats":
             return "stats" if self.family == "sm90" else "stats_unswapped"
+        if self.mode == "grad":
+            return "grad_sums"
         return "evaluate_rounded" if self.dtype == "f16" else "evaluate"
 
     @property
     def swapped(self) -> bool:
-        """Whether the kernel computes W x^T (sm90 stats: a feature is a row of its tile)."""
-        return self.family == "sm90" and self.mode == "stats"
+        """Whether the kernel computes W x^T (sm90 stats, grad: a feature is a row of its tile)."""
+        return self.family == "sm90" and self.mode in ("stats", "grad")
 
     @property
     def tree_dtype(self) -> str:
@@ -246,6 +252,12 @@ _SM90 += [Kernel("sm90", "e4m3", "stats", (128, 256, 128), (2, 1, 1), "TmaWarpSp
 _SM90 += [Kernel("sm90", "e4m3", "eval", (128, 128, 128), (1, 1, 1), default=True),
           Kernel("sm90", "e4m3", "eval", (256, 128, 128), (1, 2, 1), "TmaWarpSpecializedCooperativeFP8FastAccum",
                  default=True)]
+
+# The BN backward's sums in the next Linear's dX GEMM (issue 71; mode "grad"): the 16-bit statistics
+# tiles, 128 features x 256 batch rows with the pair along the features (sharing dz's tile), and
+# 128x128 for batches too small for it to fill half the GPU. Untuned.
+_SM90 += [Kernel("sm90", dt, "grad", tile, cluster, default=tile == (128, 256, 64))
+          for dt in ("bf16", "f16") for tile, cluster in (((128, 256, 64), (2, 1, 1)), ((128, 128, 64), (1, 1, 1)))]
 
 # sm80: the tile cutlass_cppgen picks by default for bf16 (256x128x64, 4 warps
 # of 64x64, 3 stages), known to run correctly on Hopper too. fp32 kernels use

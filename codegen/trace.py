@@ -48,6 +48,10 @@ ARGUMENTS = {
         "s": "{{p.s, 1.f}, p.fold}", "g": "{{p.a, 1.f}, p.fold}",
         "u_sum": "{p.u_sum}", "u_sumsq": "{p.u_sumsq}",
         "r": "{static_cast<Element const*>(p.r), Element(0), {p.ldr, cute::_1{}, cute::_0{}}}",  # an aux load
+        # grad_sums: h row-major is a column-major (feature, batch) aux load of the swapped tile
+        "h": "{static_cast<Element const*>(p.r), Element(0), {cute::_1{}, p.ldr, cute::_0{}}}",
+        "h2": "{static_cast<Element const*>(p.r), Element(0), {cute::_1{}, p.ldr, cute::_0{}}}",
+        "shift2": "{p.shift}", "mul": "{p.mul}", "beta": "{p.beta}",
     },
     "sm80": {
         "b": "{static_cast<Element const*>(p.b)}",
@@ -83,6 +87,9 @@ def ops(element: str) -> dict[str, Op]:
         "rounded_multiplies": Op("cutlass_fused::multiplies_rounded_to_f16" if element == "f16"
                                  else "cutlass::multiplies"),
         "take_last": Op("cutlass_fused::take_last"),
+        # grad_sums' g (the activation a runtime value) and g (h - mean_h): evt_extra.h
+        "bn_grad": Op(f"cutlass_fused::bn_grad_{element}", arguments=True),
+        "times_centered": Op("cutlass_fused::times_centered"),
         "square": Op("cutlass::square"),
         "plus_activated": Op("cutlass_fused::plus_activated", arguments=True),
         "multiply_add_activated": Op("cutlass_fused::multiply_add_activated", arguments=True),
@@ -153,9 +160,9 @@ def _examples(cg, element: str, swapped: bool) -> dict:
     else:
         mat = {"shape": (M, N), "layout_tag": LayoutType.RowMajor}
         vec = {"shape": (1, N), "layout_tag": LayoutType.RowMajor}
-    ex = {n: cg.Tensor(element=f32, **vec) for n in ("shift", "a", "c", "s", "g", "u_sum", "u_sumsq")}
+    ex = {n: cg.Tensor(element=f32, **vec) for n in ("shift", "a", "c", "s", "g", "u_sum", "u_sumsq", "mul", "beta", "shift2")}
     return ex | {"accum": cg.Tensor(element=f32, **mat), "D": cg.Tensor(element=el, **mat),
-                 "r": cg.Tensor(element=el, **mat), "b": cg.Tensor(element=el, **vec)}
+                 "r": cg.Tensor(element=el, **mat), "h": cg.Tensor(element=el, **mat), "h2": cg.Tensor(element=el, **mat), "b": cg.Tensor(element=el, **vec)}
 
 
 def trace(fn, dtype: str, family: str, swapped: bool = False):

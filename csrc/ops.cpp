@@ -232,6 +232,19 @@ void check_sums(at::Tensor const& sums, char const* name, int64_t n) {
               sums.scalar_type(), " ", sums.sizes());
 }
 
+void check_backward_linear(at::Tensor const& dz, at::Tensor const& next_weight, at::Tensor const& h) {
+  TORCH_CHECK(h.dim() == 2, "cutlass_fused: expected h to be 2-D (batch x features), but got ", h.sizes());
+  TORCH_CHECK(dz.dim() == 2 && dz.size(0) == h.size(0),
+              "cutlass_fused: expected dz to be 2-D with h's ", h.size(0), " rows (the next Linear's output "
+              "gradient), but got ", dz.sizes());
+  TORCH_CHECK(next_weight.dim() == 2 && next_weight.size(0) == dz.size(1) && next_weight.size(1) == h.size(1),
+              "cutlass_fused: expected next_weight of shape [", dz.size(1), ", ", h.size(1),
+              "] (the next Linear's weight: dz's columns x h's), but got ", next_weight.sizes());
+  TORCH_CHECK(dz.scalar_type() == h.scalar_type() && next_weight.scalar_type() == h.scalar_type(),
+              "cutlass_fused: expected dz and next_weight in h's dtype ", h.scalar_type(), ", but got ",
+              dz.scalar_type(), " and ", next_weight.scalar_type());
+}
+
 void check_sync_row_args(at::Tensor const& stats, int64_t count) {
   int64_t n = stats.dim() == 2 ? stats.size(1) : 0;
   check_sums(stats, "stats", n);
@@ -517,6 +530,14 @@ TORCH_LIBRARY(cutlass_fused, m) {
   m.def(
       "batch_norm_backward(Tensor dy, Tensor h, Tensor mean, Tensor invstd, Tensor? scale, Tensor? weight, float eps,"
       " Tensor? bias=None, str activation=\"none\", float negative_slope=0.01, ScalarType? linear_bias_dtype=None)"
+      " -> (Tensor dh, Tensor dscale, Tensor dweight, Tensor dbias, Tensor dlinear_bias)");
+  // batch_norm_backward(dz @ next_weight, h, ...) for a layer whose y is the input of a Linear
+  // (next_weight: its weight, dz: its output's gradient), with the GEMM's epilogue making the sums
+  // where the plan has a kernel for it (csrc/kernels/plan.h, Op::backward_linear).
+  m.def(
+      "batch_norm_backward_linear(Tensor dz, Tensor next_weight, Tensor h, Tensor mean, Tensor invstd, Tensor? scale,"
+      " Tensor? weight, float eps, Tensor? bias=None, str activation=\"none\", float negative_slope=0.01,"
+      " ScalarType? linear_bias_dtype=None, str family=\"auto\")"
       " -> (Tensor dh, Tensor dscale, Tensor dweight, Tensor dbias, Tensor dlinear_bias)");
   // SyncBatchNorm's backward: batch_norm_backward's two passes apart, the group all-reducing
   // `sums` (2 x n fp64: sum g, sum g (h - mean), g = dy times act's derivative) between them.

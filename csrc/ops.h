@@ -94,6 +94,9 @@ void check_family(c10::string_view family);
 void check_batch(int64_t count, int64_t n);
 // Column sums (2 x n fp64, contiguous: sum and sum of squares, or the backward's two) named `name`.
 void check_sums(at::Tensor const& sums, char const* name, int64_t n);
+// batch_norm_backward_linear's dz (batch x k), next_weight (k x n) and h (batch x n), dz and
+// next_weight in h's dtype.
+void check_backward_linear(at::Tensor const& dz, at::Tensor const& next_weight, at::Tensor const& h);
 // SyncBatchNorm's batch count: one fp64 element (on the device, where the ranks merged it).
 void check_count(at::Tensor const& count);
 // sync_batch_norm_row's arguments: linear_stats' sums (2 x n, n > 0) and a row count >= 0.

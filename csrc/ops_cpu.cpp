@@ -216,6 +216,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_nor
   return {dh, dscale_out, dweight.to(vec), sums[0].to(vec), dlinear_bias};
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_linear_cpu(
+    at::Tensor const& dz, at::Tensor const& next_weight, at::Tensor const& h, at::Tensor const& mean,
+    at::Tensor const& invstd, c10::optional<at::Tensor> const& scale, c10::optional<at::Tensor> const& weight,
+    double eps, c10::optional<at::Tensor> const& bias, c10::string_view activation, double negative_slope,
+    c10::optional<at::ScalarType> linear_bias_dtype, c10::string_view family) {
+  check_backward_linear(dz, next_weight, h);
+  check_family(family);
+  return batch_norm_backward_cpu(at::mm(dz, next_weight), h, mean, invstd, scale, weight, eps, bias, activation,
+                                 negative_slope, linear_bias_dtype);
+}
+
 at::Tensor batch_norm_backward_reduce_cpu(at::Tensor const& dy, at::Tensor const& h, at::Tensor const& mean,
                                           at::Tensor const& invstd, c10::optional<at::Tensor> const& scale,
                                           c10::optional<at::Tensor> const& weight, double /*eps*/,
@@ -448,6 +459,7 @@ TORCH_LIBRARY_IMPL(cutlass_fused, CPU, m) {
   m.impl("batch_norm_finalize", &batch_norm_finalize_cpu);
   m.impl("update_running_stats", &update_running_stats_cpu);
   m.impl("batch_norm_backward", &batch_norm_backward_cpu);
+  m.impl("batch_norm_backward_linear", &batch_norm_backward_linear_cpu);
   m.impl("batch_norm_backward_reduce", &batch_norm_backward_reduce_cpu);
   m.impl("batch_norm_backward_elemt", &batch_norm_backward_elemt_cpu);
   m.impl("sync_batch_norm_row", &sync_batch_norm_row_cpu);

@@ -494,17 +494,35 @@ Backward backward_args(at::Tensor const& dy_in, at::Tensor const& h, at::Tensor 
 // without a weight): what autograd hands to the parameters, with no cast. dscale has a value a
 // column (a 0-dim scale's gradient is their sum); without a scale it is empty (fp32) and no kernel
 // writes it.
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_cuda(
-    at::Tensor const& dy_in, at::Tensor const& h, at::Tensor const& mean, at::Tensor const& invstd,
-    c10::optional<at::Tensor> const& scale, c10::optional<at::Tensor> const& weight, double eps,
-    c10::optional<at::Tensor> const& bias, c10::string_view activation, double negative_slope,
-    c10::optional<at::ScalarType> linear_bias_dtype) {
+using BackwardOut = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+// The backward's outputs beside dh, allocated and pointed to by b.g: dscale, dweight, dbias and
+// dlinear_bias.
+BackwardOut backward_outputs(Backward& b, at::Tensor const& h, c10::optional<at::Tensor> const& scale,
+                             c10::optional<at::Tensor> const& weight,
+                             c10::optional<at::ScalarType> linear_bias_dtype) {
+  int64_t n = h.size(1);
+  BackwardArgs& g = b.g;
+  at::Tensor dscale = scale.has_value() ? grad_vector(scale, h) : at::empty({0}, h.options().dtype(at::kFloat));
+  at::Tensor dweight = grad_vector(weight, h), dbias = grad_vector(weight, h);
+  if (scale.has_value()) g.dscale = col_out(dscale, "dscale", n, h.device());
+  g.dweight = col_out(dweight, "dweight", n, h.device());
+  g.dbias = col_out(dbias, "dbias", n, h.device());
+  at::Tensor dlinear_bias =
+      at::empty({linear_bias_dtype ? n : 0}, h.options().dtype(linear_bias_dtype.value_or(dscale.scalar_type())));
+  if (linear_bias_dtype) g.dlinear_bias = col_out(dlinear_bias, "dlinear_bias", n, h.device());
+  return {b.dh, dscale, dweight, dbias, dlinear_bias};
+}
+
+BackwardOut batch_norm_backward_cuda(at::Tensor const& dy_in, at::Tensor const& h, at::Tensor const& mean,
+                                     at::Tensor const& invstd, c10::optional<at::Tensor> const& scale,
+                                     c10::optional<at::Tensor> const& weight, double eps,
+                                     c10::optional<at::Tensor> const& bias, c10::string_view activation,
+                                     double negative_slope, c10::optional<at::ScalarType> linear_bias_dtype) {
   int64_t m = h.size(0), n = h.size(1);
   c10::cuda::CUDAGuard guard(h.device());
   Backward b = backward_args(dy_in, h, mean, invstd, scale, weight, eps, bias, activation, negative_slope);
   BackwardArgs& g = b.g;
-  at::Tensor dscale = scale.has_value() ? grad_vector(scale, h) : at::empty({0}, h.options().dtype(at::kFloat));
-  at::Tensor dweight = grad_vector(weight, h), dbias = grad_vector(weight, h);
   Problem pr = problem(Op::backward, m, n, 0, h.scalar_type(), b.dy.scalar_type() != h.scalar_type(), "auto",
                        h.device());
   pr.aligned = limits::aligned16(static_cast<int>(c10::elementSize(h.scalar_type())), h.stride(0),
@@ -512,15 +530,85 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_nor
   pr.act = g.act;
   Plan plan = planned(pr);
   auto ws = at::empty({static_cast<int64_t>(plan.workspace)}, h.options().dtype(at::kByte));
-  if (scale.has_value()) g.dscale = col_out(dscale, "dscale", n, h.device());
-  g.dweight = col_out(dweight, "dweight", n, h.device());
-  g.dbias = col_out(dbias, "dbias", n, h.device());
-  at::Tensor dlinear_bias =
-      at::empty({linear_bias_dtype ? n : 0}, h.options().dtype(linear_bias_dtype.value_or(dscale.scalar_type())));
-  if (linear_bias_dtype) g.dlinear_bias = col_out(dlinear_bias, "dlinear_bias", n, h.device());
+  BackwardOut out = backward_outputs(b, h, scale, weight, linear_bias_dtype);
   g.workspace = ws.data_ptr();
   batch_norm_backward(g, plan.backward, plan.pieces, at::cuda::getCurrentCUDAStream().stream());
-  return {b.dh, dscale, dweight, dbias, dlinear_bias};
+  return out;
+}
+
+// batch_norm_backward of dz @ next_weight: where the plan has a grad kernel, that GEMM writes g
+// (dy times the activation's derivative) with this layer's sums in its epilogue, and one pass
+// makes dh and the vectors (batch_norm.h, batch_norm_backward_partials); else torch.mm, then the
+// backward op.
+BackwardOut batch_norm_backward_linear_cuda(at::Tensor const& dz, at::Tensor const& next_weight, at::Tensor const& h,
+                                            at::Tensor const& mean, at::Tensor const& invstd,
+                                            c10::optional<at::Tensor> const& scale,
+                                            c10::optional<at::Tensor> const& weight, double eps,
+                                            c10::optional<at::Tensor> const& bias, c10::string_view activation,
+                                            double negative_slope, c10::optional<at::ScalarType> linear_bias_dtype,
+                                            c10::string_view family) {
+  check_backward_linear(dz, next_weight, h);
+  check_device(dz, h.device(), "dz");
+  check_device(next_weight, h.device(), "next_weight");
+  int64_t m = h.size(0), n = h.size(1), k = dz.size(1);
+  c10::cuda::CUDAGuard guard(h.device());
+  Problem pr = problem(Op::backward_linear, m, n, k, h.scalar_type(), false, family, h.device());
+  pr.act = activation_of(activation);
+  int bytes = static_cast<int>(c10::elementSize(h.scalar_type()));
+  pr.aligned = h.stride(1) == 1 && dz.stride(1) == 1 && next_weight.stride(1) == 1 &&
+               limits::aligned16(bytes, h.stride(0), {h.data_ptr()}) &&
+               limits::aligned16(bytes, dz.stride(0), {dz.data_ptr()}) &&
+               limits::aligned16(bytes, next_weight.stride(0), {next_weight.data_ptr()});
+  Plan plan = planned(pr);
+  if (plan.gemm.kernel == nullptr)
+    return batch_norm_backward_cuda(at::mm(dz, next_weight), h, mean, invstd, scale, weight, eps, bias, activation,
+                                    negative_slope, linear_bias_dtype);
+  KernelInfo const& info = *plan.gemm.kernel;
+  TORCH_CHECK(info.entry != nullptr, "cutlass_fused: this build has no ", to_string(info.family), " ",
+              to_string(info.dtype), " grad kernel; rebuild with that architecture in CUTLASS_FUSED_CUDA_ARCHS");
+  at::Tensor g_out = at::empty({m, n}, h.options());  // the GEMM writes g here
+  poison(g_out);
+  Backward b = backward_args(g_out, h, mean, invstd, scale, weight, eps, bias, activation, negative_slope);
+  BackwardOut out = backward_outputs(b, h, scale, weight, linear_bias_dtype);
+  GemmEvtArgs p;
+  p.m = static_cast<int>(n);
+  p.n = static_cast<int>(m);
+  p.k = static_cast<int>(k);
+  p.x = next_weight.data_ptr();
+  p.ldx = next_weight.stride(0);
+  p.w = dz.data_ptr();
+  p.ldw = dz.stride(0);
+  p.out = g_out.data_ptr();
+  p.ldo = g_out.stride(0);
+  p.r = h.data_ptr();
+  p.ldr = h.stride(0);
+  p.act = b.g.act;
+  p.slope = b.g.slope;
+  p.swizzle = plan.gemm.swizzle;
+  p.raster = plan.gemm.raster;
+  p.device = h.get_device();
+  p.sm_count = b.g.sm_count;
+  auto const& entry = info.entry();
+  int64_t own = (static_cast<int64_t>(entry.workspace_size(p)) + 255) / 256 * 256;
+  auto ws = at::empty({own + static_cast<int64_t>(plan.workspace)}, h.options().dtype(at::kByte));
+  if (poison_outputs()) ws.fill_(0xff);  // NaN partials and sums
+  char* base = static_cast<char*>(ws.data_ptr());
+  if (own > 0) p.workspace = base;
+  StatsLayout const& s = plan.gemm.sums;
+  char* partials = base + own;
+  p.u_sum = partials;
+  p.u_sumsq = partials + int64_t{s.tiles} * s.ld * s.bytes;
+  auto* sums = reinterpret_cast<double*>(partials + plan.bn_offset);
+  auto* shift = reinterpret_cast<float*>(sums + 2 * n);
+  p.shift = shift;
+  p.mul = shift + n;
+  p.beta = shift + 2 * n;
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream(p.device).stream();
+  grad_gemm_columns(b.g, shift, shift + n, shift + 2 * n, stream);
+  entry.run(p, stream);
+  GradPartials parts{static_cast<float const*>(p.u_sum), static_cast<float const*>(p.u_sumsq), s.tiles, s.ld, shift};
+  batch_norm_backward_partials(b.g, parts, sums, stream);
+  return out;
 }
 
 at::Tensor batch_norm_backward_reduce_cuda(at::Tensor const& dy, at::Tensor const& h, at::Tensor const& mean,
@@ -715,6 +803,7 @@ TORCH_LIBRARY_IMPL(cutlass_fused, CUDA, m) {
   m.impl("batch_norm_finalize", &batch_norm_finalize_cuda);
   m.impl("update_running_stats", &update_running_stats_cuda);
   m.impl("batch_norm_backward", &batch_norm_backward_cuda);
+  m.impl("batch_norm_backward_linear", &batch_norm_backward_linear_cuda);
   m.impl("batch_norm_backward_reduce", &batch_norm_backward_reduce_cuda);
   m.impl("batch_norm_backward_elemt", &batch_norm_backward_elemt_cuda);
   m.impl("sync_batch_norm_row", &sync_batch_norm_row_cuda);

@@ -165,8 +165,8 @@ def _(stats, scale, count, running_mean, running_var, num_batches_tracked, momen
 
 
 @torch.library.register_fake("cutlass_fused::batch_norm_backward")
-def _(dy, h, mean, invstd, scale, weight, eps, bias=None, activation="none", negative_slope=0.01,
-      linear_bias_dtype=None):
+def _backward_fake(dy, h, mean, invstd, scale, weight, eps, bias=None, activation="none", negative_slope=0.01,
+                   linear_bias_dtype=None):
     n = h.shape[1]
     vec = _stat_dtype(h.dtype) if weight is None else weight.dtype
     # dscale: a value a column in scale's dtype; empty fp32 without a scale.
@@ -174,6 +174,18 @@ def _(dy, h, mean, invstd, scale, weight, eps, bias=None, activation="none", neg
     dlinear_bias = (h.new_empty((0,), dtype=dscale.dtype) if linear_bias_dtype is None
                     else h.new_empty((n,), dtype=linear_bias_dtype))
     return h.new_empty(h.shape), dscale, h.new_empty((n,), dtype=vec), h.new_empty((n,), dtype=vec), dlinear_bias
+
+
+@torch.library.register_fake("cutlass_fused::batch_norm_backward_linear")
+def _(dz, next_weight, h, mean, invstd, scale, weight, eps, bias=None, activation="none", negative_slope=0.01,
+      linear_bias_dtype=None, family="auto"):
+    torch._check(dz.dim() == 2 and next_weight.dim() == 2 and h.dim() == 2,
+                 lambda: "cutlass_fused: expected 2-D dz, next_weight and h")
+    torch._check(dz.shape[0] == h.shape[0] and next_weight.shape[0] == dz.shape[1]
+                 and next_weight.shape[1] == h.shape[1],
+                 lambda: f"cutlass_fused: expected dz (batch x k) and next_weight (k x n) for h {tuple(h.shape)}, "
+                         f"but got {tuple(dz.shape)} and {tuple(next_weight.shape)}")
+    return _backward_fake(h, h, mean, invstd, scale, weight, eps, bias, activation, negative_slope, linear_bias_dtype)
 
 
 @torch.library.register_fake("cutlass_fused::batch_norm_backward_reduce")

@@ -150,6 +150,24 @@ void batch_norm_backward(BackwardArgs const& a, BackwardKernels kernels, int pie
 void batch_norm_backward_reduce(BackwardArgs const& a, double* sums, cudaStream_t stream);
 void batch_norm_backward_elemt(BackwardArgs const& a, double const* sums, double const* count, cudaStream_t stream);
 
+// The backward of a layer whose y is the input of a Linear, after that Linear's dX GEMM with this
+// layer's sums in its epilogue (gemm_evt.h, grad kernels; the plan's Op::backward_linear):
+// grad_gemm_columns: the GEMM's fp32 vectors of the forward's BN(z) (forward_column's constants:
+//   mean_h, scale * invstd * weight, bias), n each;
+// batch_norm_backward_partials: the GEMM's per-CTA sums of g and g (h - shift), `tiles` rows of `ld`
+//   floats, added up in tile order into `sums` (2 x n fp64, as batch_norm_backward_reduce leaves
+//   them), then the one pass: dh, dscale, dweight, dbias (and dlinear_bias) from g, which a.dy
+//   points to (the activation's derivative already applied), and h.
+struct GradPartials {
+  float const* g = nullptr;
+  float const* gu = nullptr;
+  int tiles = 0;
+  int64_t ld = 0;
+  float const* shift = nullptr;   // the GEMM's mean_h, as it centered g (h - shift)
+};
+void grad_gemm_columns(BackwardArgs const& a, float* shift, float* mul, float* beta, cudaStream_t stream);
+void batch_norm_backward_partials(BackwardArgs const& a, GradPartials const& p, double* sums, cudaStream_t stream);
+
 // SyncBatchNorm's column arithmetic between the collectives, a thread a column (sync_stats.h has
 // the formulas and what each array holds): this rank's [count, mean, M2] row (2n + 1); the
 // merge of `world` such rows into finalize's sums, update_running_stats' sums (2 x n each) and

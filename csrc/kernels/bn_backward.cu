@@ -422,7 +422,51 @@ void input_pass(BackwardArgs const& g, double const* sums, double const* count, 
   });
 }
 
+// forward_column's constants in fp32, a thread a column: the grad GEMM's vectors.
+__global__ void grad_gemm_columns_kernel(BackwardArgs g, float* __restrict__ shift, float* __restrict__ mul,
+                                         float* __restrict__ beta) {
+  int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= g.n) return;
+  Column<float> col = forward_column<float>(g, c);
+  shift[c] = col.mean_h;
+  mul[c] = col.mul;
+  beta[c] = col.b;
+}
+
+// The grad GEMM's per-CTA sums of g and g (h - shift) added up tile by tile (a fixed order), in
+// fp64, and centered on mean_h: sum g (h - mean_h) = sum g (h - shift) + (shift - mean_h) sum g.
+__global__ void reduce_grad_partials_kernel(GradPartials p, int n, double const* __restrict__ mean_h,
+                                            double* __restrict__ sums) {
+  int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= n) return;
+  double sg = 0, sgu = 0;
+  for (int t = 0; t < p.tiles; ++t) {
+    sg += p.g[t * p.ld + c];
+    sgu += p.gu[t * p.ld + c];
+  }
+  sums[c] = sg;
+  sums[n + c] = __fma_rn(static_cast<double>(p.shift[c]) - mean_h[c], sg, sgu);
+}
+
 }  // namespace
+
+void grad_gemm_columns(BackwardArgs const& g, float* shift, float* mul, float* beta, cudaStream_t stream) {
+  if (g.n == 0) return;
+  grad_gemm_columns_kernel<<<static_cast<unsigned>(blocks(g.n, 256)), 256, 0, stream>>>(g, shift, mul, beta);
+  check_cuda(cudaGetLastError(), "grad_gemm_columns");
+}
+
+void batch_norm_backward_partials(BackwardArgs const& g, GradPartials const& p, double* sums, cudaStream_t stream) {
+  if (g.n == 0) return;
+  reduce_grad_partials_kernel<<<static_cast<unsigned>(blocks(g.n, 256)), 256, 0, stream>>>(p, g.n, g.mean_h, sums);
+  // g.dy holds g, the activation's derivative applied: dh's pass takes it as it is.
+  BackwardArgs a = g;
+  a.act = Activation::none;
+  dispatch_pair(a.dt, a.dt, [&](auto t, auto) {
+    input_pass<decltype(t), decltype(t), ActSet::none>(a, sums, nullptr, stream);
+  });
+  check_cuda(cudaGetLastError(), "batch_norm_backward_partials");
+}
 
 void batch_norm_backward(BackwardArgs const& g, BackwardKernels kernels, int pieces, cudaStream_t stream) {
   auto* sums = static_cast<double*>(g.workspace);

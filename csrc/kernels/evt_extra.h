@@ -105,4 +105,46 @@ struct activated<Op, cutlass::Array<E, N>> {
 template <class T> using plus_activated = activated<cutlass::plus, T>;
 template <class T> using multiply_add_activated = activated<cutlass::multiply_add, T>;
 
+// grad_sums' g (codegen/epilogues.py): dy = accum rounded to R (as torch.mm stores the next
+// Linear's input gradient), times the activation's derivative at the forward's BN(z) =
+// fma(h - shift, mul, beta) (bn_common.cuh, pre_activation), rounded to R again (as the unfused
+// model's activation backward stores it) and widened back. Only none, relu and leaky_relu: the
+// plan takes this kernel for those alone. Chosen once a fragment, as `activated` is.
+template <class R, class T>
+struct bn_grad_to {
+  using Arguments = ActivationArgs;
+};
+
+template <class R, class E, int N>
+struct bn_grad_to<R, cutlass::Array<E, N>> {
+  using T = cutlass::Array<E, N>;
+  using Arguments = ActivationArgs;
+  CUTLASS_DEVICE T operator()(T const& acc, T const& h, T const& shift, T const& mul, T const& beta,
+                              Arguments const& p) const {
+    cutlass::NumericArrayConverter<R, E, N> down;
+    cutlass::NumericArrayConverter<E, R, N> up;
+    T dy = up(down(acc));
+    if (p.act == Activation::none) return dy;
+    E slope = p.act == Activation::relu ? E(0) : E(p.slope);
+    T g;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < N; ++i) {
+      E z = __fmaf_rn(h[i] - shift[i], mul[i], beta[i]);
+      g[i] = dy[i] * (z > E(0) ? E(1) : slope);  // bn_backward.cu's bn_grad: dy times the derivative
+    }
+    return up(down(g));
+  }
+};
+
+template <class T> using bn_grad_bf16 = bn_grad_to<cutlass::bfloat16_t, T>;
+template <class T> using bn_grad_f16 = bn_grad_to<cutlass::half_t, T>;
+
+// g (h - shift): grad_sums' centered product.
+template <class T>
+struct times_centered {
+  CUTLASS_HOST_DEVICE T operator()(T const& g, T const& h, T const& shift) const {
+    return cutlass::multiplies<T>{}(g, cutlass::minus<T>{}(h, shift));
+  }
+};
+
 }  // namespace cutlass_fused

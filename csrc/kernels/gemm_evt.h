@@ -8,6 +8,10 @@
 //   per-CTA sums of u = h - shift and u^2 per feature in u_sum / u_sumsq
 //   (fp32; fp64 for f32x3, see KernelInfo::stats). shift is always null (0): the node stays in
 //   the kernels' epilogue so that their code is unchanged.
+//   grad kernels (the next Linear's dX GEMM, swapped: x is that Linear's weight W2 (k x n,
+//   column-major A: ldx its row stride), w its output gradient dz (m x k), out g = dy times the
+//   activation's derivative, column-major as h) read h (r, ldr) and leave per-CTA sums of g and
+//   g (h - shift) in u_sum / u_sumsq (codegen/epilogues.py, grad_sums).
 #pragma once
 
 #include <cstddef>
@@ -34,7 +38,9 @@ struct GemmEvtArgs {
   void* out = nullptr;      int64_t ldo = 0;  // M x N, row-major
   void const* r = nullptr;  int64_t ldr = 0;  // M x N, row-major, in out's dtype: a tree that reads a tensor of
                                               //   y's shape (docs/epilogues.md's residual); no kernel row does
-  float const* shift = nullptr;               // stats kernels: per feature, or nullptr for zero
+  float const* shift = nullptr;               // stats kernels: per feature, or nullptr for zero; grad: mean_h
+  float const* mul = nullptr;                 // grad kernels: per feature, scale * invstd * gamma (fp32)
+  float const* beta = nullptr;                //   and the BN bias, as the forward's BN(z) takes them
   void* u_sum = nullptr;                      // stats kernels: (ceil(batch / tile_n), round_up(features, tile_m)),
   void* u_sumsq = nullptr;                    // fp32 ("partial") or fp64 ("partial64", f32x3)
   void* workspace = nullptr;                  // workspace_size() bytes, 16-byte aligned

@@ -30,6 +30,10 @@ constexpr bool whole_groups16(int bytes, int64_t n) { return n % (16 / bytes) ==
 // stride: gemm/sm80_nodes.cuh). The plan sizes the workspace by it (StatsLayout).
 constexpr int64_t partials_ld(int64_t features, int tile) { return (features + tile - 1) / tile * tile; }
 
+// Op::backward_linear's BatchNorm scratch after the grad GEMM's partials: the reduced sums (2 x n
+// fp64), then the GEMM's three fp32 column vectors (batch_norm.h, grad_gemm_columns).
+constexpr size_t grad_linear_workspace(int64_t n) { return static_cast<size_t>(2 * n * 8 + 3 * n * 4); }
+
 // Whether m x n data of `bytes`-byte elements can be read in 16-byte groups: aligned, and n
 // whole groups. The launchers pick their vector width by it; the plan asks the same of its
 // problem (groups16 in plan.cpp), whose alignment the binding found with aligned16.

@@ -251,6 +251,26 @@ bool stats_gemm(Problem const& p, Family family, KernelDtype math, int64_t kn, G
   return true;
 }
 
+// The next Linear's dX GEMM with the layer's backward sums ("grad" kernels; Op::backward_linear):
+// sm90, 16-bit, dz in h's dtype, an activation whose derivative is a select, and 16-byte rows for
+// the GEMM's operands and D (n and k whole groups: the kernel computes no padding). Swapped as the
+// statistics GEMM (features are the kernel's M, the batch its N). false: torch.mm, then the
+// backward op's kernels.
+bool grad_gemm(Problem const& p, Family family, KernelDtype math, GemmPlan& g) {
+  bool sixteen_bit = math == KernelDtype::bf16 || math == KernelDtype::f16;
+  if (!p.overrides.stats_gemm || family != Family::sm90 || !sixteen_bit || p.y_wider || !p.aligned || p.m == 0 ||
+      act_set(p.act) == ActSet::smooth || p.n % 8 != 0 || p.k % 8 != 0)
+    return false;
+  auto const* info = find_kernel(family, math, Mode::grad, p.n, p.m, p.k, p.sm_count, p.overrides.kernel);
+  if (info == nullptr) return false;
+  g.kernel = info;
+  g.kn = p.n;
+  g.swapped = true;
+  g.sums = {static_cast<int>(ceil_div(p.m, info->tile_n)), limits::partials_ld(p.n, info->tile_m), 4};
+  tile_order(*info, p.n, p.m, p.sm_count, p.overrides, g);
+  return true;
+}
+
 // --- the BatchNorm kernels ---------------------------------------------------------------
 
 // The call's data can be read in 16-byte groups (the launchers' vector width: limits::groups16):
@@ -376,7 +396,8 @@ Activation parse_activation(std::string const& name) {
 Op parse_op(std::string const& name) {
   static constexpr std::pair<char const*, Op> kOps[] = {{"train", Op::train},   {"linear", Op::linear},
                                                         {"eval", Op::eval},     {"matmul", Op::matmul},
-                                                        {"backward", Op::backward}};
+                                                        {"backward", Op::backward},
+                                                        {"backward_linear", Op::backward_linear}};
   return parse_choice("op", name, kOps);
 }
 
@@ -473,12 +494,17 @@ Plan make_plan(Problem const& p) {
       plan.backward = pick_backward(p, &plan.pieces);
       if (plan.backward != BackwardKernels::slab) plan.pieces = 0;
       break;
+    case Op::backward_linear:
+      // The GEMM's route runs the two-pass backward's dh pass; the other route plans the backward op.
+      if (grad_gemm(p, plan.family, plan.math, plan.gemm)) plan.backward = BackwardKernels::passes;
+      break;
   }
   int m = static_cast<int>(p.m), n = static_cast<int>(p.n);
   size_t sums = size_t{2} * plan.gemm.sums.tiles * plan.gemm.sums.ld * plan.gemm.sums.bytes;
   size_t bn = p.op == Op::train ? limits::train_workspace(m, n)
               : p.op == Op::linear ? limits::column_stats_workspace(m, n)
               : p.op == Op::backward ? limits::backward_workspace(m, n)
+              : p.op == Op::backward_linear && plan.gemm.kernel ? limits::grad_linear_workspace(n)
                                      : 0;
   plan.bn_offset = sums == 0 ? 0 : static_cast<size_t>(round_up(static_cast<int64_t>(sums), 256));
   plan.workspace = bn == 0 ? sums : plan.bn_offset + bn;

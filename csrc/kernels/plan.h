@@ -18,8 +18,12 @@ namespace cutlass_fused {
 //   linear   h = x W^T + b and its exact column sums (linear_stats, the split ops for SyncBN);
 //   eval     y = the eval fold applied in the GEMM's epilogue;
 //   matmul   a @ b for the backward's dX and dW (m x k by k x n);
-//   backward dh, dscale, dweight, dbias from dy and h (m x n).
-enum class Op { train, linear, eval, matmul, backward };
+//   backward dh, dscale, dweight, dbias from dy and h (m x n);
+//   backward_linear  the same for a layer whose y is the input of a Linear (k outputs), from that
+//            Linear's output gradient dz (m x k) and weight (k x n): its dX GEMM dy = dz W with
+//            this layer's sums in the epilogue (grad kernels), then dh in one pass; where no grad
+//            kernel takes the problem, torch.mm and the backward op.
+enum class Op { train, linear, eval, matmul, backward, backward_linear };
 
 // Overrides of the plan's choices, for tests and python -m cutlass_fused.tune. Parsed once
 // (parse_overrides), from the environment at import or from cutlass_fused.overrides().
@@ -51,7 +55,8 @@ Activation parse_activation(std::string const& name);
 
 struct Problem {
   Op op = Op::train;
-  int64_t m = 0, n = 0, k = 0;     // batch rows, features (out_features), in_features
+  int64_t m = 0, n = 0, k = 0;     // batch rows, features (out_features), in_features (backward_linear:
+                                   // the next Linear's out_features)
   DType x = DType::bf16;           // of x and W (backward: of h)
   // z = h * scale (train, eval) or dy (backward) has a wider dtype than x (or h): a 16-bit layer
   // with an fp32 scale, as under autocast, where PyTorch promotes h * scale.
@@ -91,9 +96,10 @@ struct StatsLayout {
 };
 
 struct GemmPlan {
-  KernelInfo const* kernel = nullptr;  // nullptr: torch's own mm (matmul) or none (backward)
+  KernelInfo const* kernel = nullptr;  // nullptr: torch's own mm (matmul, backward_linear) or none (backward)
   int64_t kn = 0;                      // the kernel's columns: features padded to 16 bytes
-  bool swapped = false;                // an sm90 stats kernel: W is its A operand, h^T its column-major D
+  bool swapped = false;                // an sm90 stats (grad) kernel: W (W2^T) is its A operand, h^T (g^T) its
+                                       // column-major D
   bool split = false;                  // operands split for 3xTF32 through the TF32 kernel (sm90)
   bool inf_fix = false;                // sm80 3xTF32: rewrite the outputs infinite rows reach
   int swizzle = 1, raster = 0;         // the sm90 persistent scheduler's tile order

@@ -25,7 +25,12 @@ struct Launch {
     typename Kernel::StrideA stride_x{};
     typename Kernel::StrideB stride_w{};
     typename Kernel::StrideD stride_out{};
-    cute::get<0>(stride_x) = p.ldx;
+    // Row-major A: (ldx, 1); column-major A (grad kernels' W2^T): (1, ldx).
+    if constexpr (cute::is_static_v<cute::remove_cvref_t<decltype(cute::get<0>(stride_x))>>) {
+      cute::get<1>(stride_x) = p.ldx;
+    } else {
+      cute::get<0>(stride_x) = p.ldx;
+    }
     cute::get<0>(stride_w) = p.ldw;
     // Row-major D: (ldo, 1); column-major D (stats kernels' W x^T): (1, ldo).
     if constexpr (cute::is_static_v<cute::remove_cvref_t<decltype(cute::get<0>(stride_out))>>) {

@@ -49,7 +49,7 @@ char const* to_string(KernelDtype d) {
   return "?";
 }
 
-char const* to_string(Mode m) { return m == Mode::eval ? "eval" : "stats"; }
+char const* to_string(Mode m) { return m == Mode::eval ? "eval" : m == Mode::stats ? "stats" : "grad"; }
 
 char const* to_string(Tail t) {
   switch (t) {

@@ -39,8 +39,9 @@ enum class KernelDtype { bf16, f16, tf32, f32x3, e4m3, e4m3_fast };
 
 constexpr bool is_e4m3(KernelDtype d) { return d == KernelDtype::e4m3 || d == KernelDtype::e4m3_fast; }
 // eval: out = ((x W^T) + b) * a + c. stats: the operands swapped (W x^T, i.e. h row-major),
-// plus per-CTA sums of h and h^2 for the training tail.
-enum class Mode { eval, stats };
+// plus per-CTA sums of h and h^2 for the training tail. grad: the next Linear's dX GEMM, swapped,
+// with the BN backward's per-CTA sums (gemm_evt.h).
+enum class Mode { eval, stats, grad };
 // Where a kernel leaves its column statistics: stats kernels fp32 ("partial") or fp64
 // ("partial64") per-CTA sums; eval kernels none.
 enum class Stats { none, partial, partial64 };

@@ -1,6 +1,6 @@
 // The sm90a kernel around an epilogue visitor tree (EVT): CUTLASS 3.x's collective
-// builders for a TMA warp-specialized schedule, fp32 accumulation, A row-major and B
-// column-major (x and the nn.Linear weight, both K-contiguous), no C operand, and D
+// builders for a TMA warp-specialized schedule, fp32 accumulation, A row-major (or, grad
+// kernels, column-major) and B column-major (x and the nn.Linear weight, both K-contiguous), no C operand, and D
 // stored by the collective epilogue with the EVT's output as its value.
 // The EVT is a traced tree (csrc/generated/evt_sm90_*.h); sm90_eval.cuh and sm90_stats.cuh give
 // D's layout.
@@ -63,9 +63,10 @@ struct Sm90Mainloop<dtype::f32x3, Mainloop> {
 // epilogue's subtile or EpilogueTileAuto. StrideD: D's stride, row-major
 // (int64_t, _1, _0) or column-major (_1, int64_t, _0). Evt: the fusion, whose
 // broadcasts and reductions take the same CTA tile (each CTA's nodes cover its own
-// tile, not its cluster's).
+// tile, not its cluster's). LayoutA: row-major (K-contiguous), or column-major for the grad
+// kernels' A, the next Linear's weight read transposed (sm90_grad.cuh).
 template <class Dtype, class TileShape, class ClusterShape, class EpilogueTile, class Schedule, class StrideD,
-          class Evt>
+          class Evt, class LayoutA = cutlass::layout::RowMajor>
 struct Sm90Kernel {
   using Element = typename Dtype::Element;
   using Operand = typename Dtype::Operand;
@@ -85,7 +86,7 @@ struct Sm90Kernel {
   using CollectiveMainloop = typename Sm90Mainloop<
       Dtype, typename cutlass::gemm::collective::CollectiveBuilder<
                  cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
-                 Operand, cutlass::layout::RowMajor, OperandAlignment,
+                 Operand, LayoutA, OperandAlignment,
                  Operand, cutlass::layout::ColumnMajor, OperandAlignment,
                  float,
                  TileShape, ClusterShape,
@@ -102,11 +103,11 @@ struct Sm90Kernel {
 // templated on the CTA tile, epilogue tile and epilogue schedule, with its Tree and
 // args(GemmEvtArgs). sm90_eval.cuh and sm90_stats.cuh name it with their D layouts.
 template <class Dtype, template <class, class, class> class Evt, class StrideD, class TileShape, class ClusterShape,
-          class EpilogueTile, class Schedule>
+          class EpilogueTile, class Schedule, class LayoutA = cutlass::layout::RowMajor>
 struct Sm90Gemm {
   using Epilogue = Evt<TileShape, EpilogueTile, typename Schedule::Epilogue>;
   using GemmKernel = typename Sm90Kernel<Dtype, TileShape, ClusterShape, EpilogueTile, Schedule, StrideD,
-                                         typename Epilogue::Tree>::type;
+                                         typename Epilogue::Tree, LayoutA>::type;
 
   static sm90::Fusion<GemmKernel> fusion_args(GemmEvtArgs const& p) { return Epilogue::args(p); }
 };
