@@ -81,10 +81,16 @@ def backward_time(args):
                         print(f"    {c}: {statistics.median(v):7.1f} us  {name[:110]}")
 
 
+def forced_call(fn, row):
+    with cutlass_fused.overrides(kernel=row):
+        return fn()
+
+
 @cli.command(
     arg("--shape", action="append", type=shape, metavar="B,N,K",
         help="batch, the layer's features, the next Linear's outputs; repeatable; default three shapes"),
     arg("--act", action="append", choices=["none", "relu", "leaky_relu"], help="repeatable; default relu"),
+    arg("--kernel", action="append", default=[], help="also the grad route forced to this grad row; repeatable"),
     ROUNDS, arg("--cold", action="store_true", help="a 256 MiB write before each call (L2 flushed)"))
 def backward_linear(args):
     """The BN backward of a layer whose y feeds a Linear (issue 71, item 1), by route, bf16.
@@ -107,9 +113,11 @@ def backward_linear(args):
             dz = torch.randn(m, k, device=dev, generator=g).bfloat16()
             w2 = (torch.randn(k, n, device=dev, generator=g) / k ** 0.5).bfloat16()
             bn = (mean, invstd, scale, gamma, 1e-5, beta, act, 0.01, torch.float32)
+            grad = lambda: ops.batch_norm_backward_linear(dz, w2, h, *bn, "sm90")
             calls = {"torch.mm": lambda: torch.mm(dz, w2),
-                     "mm+backward": lambda: ops.batch_norm_backward(torch.mm(dz, w2), h, *bn),
-                     "grad": lambda: ops.batch_norm_backward_linear(dz, w2, h, *bn, "sm90")}
+                     "mm+backward": lambda: ops.batch_norm_backward(torch.mm(dz, w2), h, *bn), "grad": grad}
+            for row in args.kernel:
+                calls[row] = lambda row=row: forced_call(grad, row)
             flush = torch.empty(256 << 20, dtype=torch.uint8, device=dev) if args.cold else None
             us = {c: [] for c in calls}
             by_kernel = {c: {} for c in calls}
@@ -127,7 +135,7 @@ def backward_linear(args):
             print(f"bf16 {act} {m}x{n}x{k}: " + ", ".join(
                 f"{c} {statistics.median(v):7.1f} us GPU, x mm {statistics.median(ms[c]) / mm:.3f}"
                 for c, v in us.items()), flush=True)
-            for c in ("mm+backward", "grad"):
+            for c in ("mm+backward", "grad", *args.kernel):
                 for name, v in by_kernel[c].items():
                     print(f"    {c}: {statistics.median(v):7.1f} us  {name[:100]}")
 

@@ -433,16 +433,31 @@ __global__ void grad_gemm_columns_kernel(BackwardArgs g, float* __restrict__ shi
   beta[c] = col.b;
 }
 
-// The grad GEMM's per-CTA sums of g and g (h - shift) added up tile by tile (a fixed order), in
-// fp64, and centered on mean_h: sum g (h - mean_h) = sum g (h - shift) + (shift - mean_h) sum g.
-__global__ void reduce_grad_partials_kernel(GradPartials p, int n, double const* __restrict__ mean_h,
-                                            double* __restrict__ sums) {
-  int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= n) return;
+// The grad GEMM's per-CTA sums of g and g (h - shift) added up in a fixed order, in fp64, and
+// centered on mean_h: sum g (h - mean_h) = sum g (h - shift) + (shift - mean_h) sum g. A block
+// takes 32 columns, its 8 warps every 8th tile each (a thread a column per tile), then warp 0 adds
+// the 8 warps' sums in order: one thread a column over 64 tiles (16384 rows) took 9.2 us.
+__global__ void __launch_bounds__(256) reduce_grad_partials_kernel(GradPartials p, int n,
+                                                                   double const* __restrict__ mean_h,
+                                                                   double* __restrict__ sums) {
+  __shared__ double part[2][8][32];
+  int c = blockIdx.x * 32 + threadIdx.x, w = threadIdx.y;
   double sg = 0, sgu = 0;
-  for (int t = 0; t < p.tiles; ++t) {
-    sg += p.g[t * p.ld + c];
-    sgu += p.gu[t * p.ld + c];
+  if (c < n) {
+    for (int t = w; t < p.tiles; t += 8) {
+      sg += p.g[t * p.ld + c];
+      sgu += p.gu[t * p.ld + c];
+    }
+  }
+  part[0][w][threadIdx.x] = sg;
+  part[1][w][threadIdx.x] = sgu;
+  __syncthreads();
+  if (w != 0 || c >= n) return;
+  sg = 0;
+  sgu = 0;
+  for (int i = 0; i < 8; ++i) {
+    sg += part[0][i][threadIdx.x];
+    sgu += part[1][i][threadIdx.x];
   }
   sums[c] = sg;
   sums[n + c] = __fma_rn(static_cast<double>(p.shift[c]) - mean_h[c], sg, sgu);
@@ -458,7 +473,8 @@ void grad_gemm_columns(BackwardArgs const& g, float* shift, float* mul, float* b
 
 void batch_norm_backward_partials(BackwardArgs const& g, GradPartials const& p, double* sums, cudaStream_t stream) {
   if (g.n == 0) return;
-  reduce_grad_partials_kernel<<<static_cast<unsigned>(blocks(g.n, 256)), 256, 0, stream>>>(p, g.n, g.mean_h, sums);
+  reduce_grad_partials_kernel<<<static_cast<unsigned>(blocks(g.n, 32)), dim3(32, 8), 0, stream>>>(p, g.n, g.mean_h,
+                                                                                                sums);
   // g.dy holds g, the activation's derivative applied: dh's pass takes it as it is.
   BackwardArgs a = g;
   a.act = Activation::none;
