@@ -87,7 +87,8 @@ def grad_sums(accum, h, h2, shift, shift2, mul, beta):
     # shift, mul and beta are the forward's fp32 mean_h, scale * invstd * gamma and BN bias. D is g
     # rounded to h's dtype, as the unfused model's activation backward stores it, and per CTA and
     # feature the partial sums of g and g (h - shift), which the BN backward's one pass takes
-    # (bn_backward.cu, batch_norm_backward_partials). h2 is h again, shift2 mean_h again: the tracer cannot give one leaf to two nodes where g feeds three (D, both sums).
+    # (bn_backward.cu, batch_norm_backward_partials). h2 is h again and shift2 mean_h again: the
+    # tracer nests no topological visitors, so one leaf may not feed two nodes while g feeds three.
     G = bn_grad(accum, h, shift, mul, beta)
     u_sum = partial_sum(G, dim=1)
     GU = times_centered(G, h2, shift2)

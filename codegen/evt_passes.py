@@ -6,8 +6,7 @@ edits emitted text. trace.py imports this after cutlass_cppgen (its import has a
 from cutlass_library import DataType, DataTypeSize, DataTypeTag
 
 from cutlass_cppgen.backend.evt.backend.sm80_nodes import Sm80ComputeImpl, Sm80RowReductionImpl
-from cutlass_cppgen.backend.evt.backend.sm90_nodes import (Sm90AuxLoadImpl, Sm90ColumnReductionImpl,
-                                                           Sm90RowBroadcastImpl)
+from cutlass_cppgen.backend.evt.backend.sm90_nodes import Sm90ColumnReductionImpl, Sm90RowBroadcastImpl
 from cutlass_cppgen.backend.evt.ir import ComputeNode, TopoVisitorNode
 from cutlass_cppgen.backend.evt.passes import PassDAG2Tree, PassFixElementD, PassGetImpl
 from cutlass_cppgen.backend.evt.passes.pass_manager import EVTPassBase
@@ -52,25 +51,6 @@ using {self.name_camel} = cutlass::epilogue::fusion::Sm90ColReduction<
     {128 // DataTypeSize[self.element]} /* Alignment */, true /* EnableNullptr */, false /* FinalReduction */
 >;
 """
-
-
-class Sm90DirectAuxLoad(Sm90AuxLoadImpl):
-    """An aux load with no shared memory (CUTLASS's Stages = 0 form: each thread reads its
-    fragment from global memory), for a second read of a tensor another aux load already brings
-    through TMA: a TMA aux load keeps the epilogue's four load stages of its tile, which the
-    mainloop's stages pay for (codegen/epilogues.py, grad_sums)."""
-
-    @property
-    def type_decl(self):
-        return f"""
-using {self.name_camel} = cutlass::epilogue::fusion::Sm90AuxLoad<
-    0 /* Stages */, typename EpilogueDescriptor::EpilogueTile, {DataTypeTag[self.element]},
-    {self.stride_mnl}, void, void
->;
-"""
-
-    def get_smem_size(self, *args):
-        return (0, 1)
 
 
 class Sm80ComputeWithArgs(Sm80ComputeImpl):
@@ -175,15 +155,6 @@ def sm80_stored_h_in_fp32(h_op):
             if isinstance(m, ComputeNode) and m.fn is h_op:
                 m.underlying_impl.element_output = m.underlying_impl.element_compute
     return Sm80StoredH
-
-
-def direct_aux_loads(names):
-    class DirectAuxLoads(_Pass):
-        def call(self):
-            for _, m, impl in metas(self.dag_ir):
-                if isinstance(impl, Sm90AuxLoadImpl) and m.name in names:
-                    impl.__class__ = Sm90DirectAuxLoad
-    return DirectAuxLoads
 
 
 def fold_broadcast(parts):

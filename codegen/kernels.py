@@ -257,16 +257,12 @@ _SM90 += [Kernel("sm90", "e4m3", "eval", (128, 128, 128), (1, 1, 1), default=Tru
 
 # The BN backward's sums in the next Linear's dX GEMM (issue 71; mode "grad"): the 16-bit statistics
 # tiles, 128 features x 256 batch rows with the pair along the features (sharing dz's tile), and
-# 128x128 for batches too small for it to fill half the GPU. The epilogue tile is 128x16: h's TMA
-# load keeps four stages of it, and at 128x32 those (32 KiB) and D's left the mainloop three stages
-# of 48 KiB, not four (cuBLAS's dX kernel runs four).
-_SM90 += [Kernel("sm90", dt, "grad", tile, cluster, epi_tile=(128, 16), default=tile == (128, 256, 64))
+# 128x128 for batches too small for it to fill half the GPU. Its two TMA loads of h keep four
+# epilogue stages each, which leaves the mainloop three stages, not cuBLAS's four; a second read
+# of h from global memory instead (CUTLASS's Stages = 0 aux load) ran the GEMM 17-41% slower
+# (docs/decisions.md, "Backward").
+_SM90 += [Kernel("sm90", dt, "grad", tile, cluster, default=tile == (128, 256, 64))
           for dt in ("bf16", "f16") for tile, cluster in (((128, 256, 64), (2, 1, 1)), ((128, 128, 64), (1, 1, 1)))]
-# Candidates (benchmarks/kernels.py backward_linear --kernel): the automatic epilogue tile; no
-# cluster; 256 features x 128 batch rows, the pair along the batch (sharing W2's tile).
-_SM90 += [Kernel("sm90", "bf16", "grad", (128, 256, 64), (2, 1, 1)),
-          Kernel("sm90", "bf16", "grad", (128, 256, 64), (1, 1, 1), epi_tile=(128, 16)),
-          Kernel("sm90", "bf16", "grad", (256, 128, 64), (1, 2, 1), epi_tile=(128, 16))]
 
 # sm80: the tile cutlass_cppgen picks by default for bf16 (256x128x64, 4 warps
 # of 64x64, 3 stages), known to run correctly on Hopper too. fp32 kernels use

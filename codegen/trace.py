@@ -17,9 +17,7 @@ never by editing the emitted text:
       sm80_stored_h_in_fp32  sm80's statistics read h in fp32, not through D's type (its store
                       converts; sm90's does not, hence CUTLASS's PassFixElementD);
       fold_broadcast  sm90 eval reads a, c, s and g through Sm90FoldBroadcast, which makes the
-                      fold in the epilogue where the plan asks (csrc/kernels/gemm/sm90_fold.cuh);
-      direct_aux_loads  sm90 grad_sums reads its second h from global memory, not through TMA
-                      and shared memory (CUTLASS's Stages = 0 aux load).
+                      fold in the epilogue where the plan asks (csrc/kernels/gemm/sm90_fold.cuh).
 The epilogue descriptor and sm80's thread map, which the emitted types name, are made from the
 template parameters of the generated struct (generate.py), not text put in.
 
@@ -67,8 +65,6 @@ ARGUMENTS = {
 }
 # sm90 eval's vectors of the fold, by name: Sm90FoldBroadcast makes them (FoldPart, eval_fold.cuh).
 FOLD_PARTS = ("a", "c", "s", "g")
-# sm90 aux loads read without shared memory (evt_passes.direct_aux_loads): grad_sums' second h.
-DIRECT_LOADS = ("h2",)
 
 
 @dataclass(frozen=True)
@@ -193,5 +189,5 @@ def _passes(family: str, dtype: str, named: dict) -> list:
     if family == "sm80":
         out += [evt_passes.sm80_arguments(), evt_passes.sm80_stored_h_in_fp32(named["rounded_plus"])]
     else:
-        out += [evt_passes.fold_broadcast(FOLD_PARTS), evt_passes.direct_aux_loads(DIRECT_LOADS)]
+        out.append(evt_passes.fold_broadcast(FOLD_PARTS))
     return out

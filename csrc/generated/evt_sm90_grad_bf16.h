@@ -26,9 +26,11 @@ struct sm90_grad_bf16 {
       cute::Stride<cute::Int<1>, int64_t, cute::Int<0>>, typename HDescriptor::SmemLayoutAtom, typename HDescriptor::CopyOpS2R
   >;
 
+  using H2Descriptor = cutlass::epilogue::collective::detail::AuxLoadDescriptor<EpilogueDescriptor, cute::Stride<cute::Int<1>, int64_t, cute::Int<0>>, cutlass::bfloat16_t>;
+
   using H2 = cutlass::epilogue::fusion::Sm90AuxLoad<
-      0 /* Stages */, typename EpilogueDescriptor::EpilogueTile, cutlass::bfloat16_t,
-      cute::Stride<cute::Int<1>, int64_t, cute::Int<0>>, void, void
+      H2Descriptor::Stages, typename H2Descriptor::EpilogueTile, cutlass::bfloat16_t,
+      cute::Stride<cute::Int<1>, int64_t, cute::Int<0>>, typename H2Descriptor::SmemLayoutAtom, typename H2Descriptor::CopyOpS2R
   >;
 
   using Imm00K0 = cutlass::epilogue::fusion::Sm90ScalarBroadcast<
