@@ -591,7 +591,7 @@ BackwardOut batch_norm_backward_linear_cuda(at::Tensor const& dz, at::Tensor con
   auto const& entry = info.entry();
   int64_t own = (static_cast<int64_t>(entry.workspace_size(p)) + 255) / 256 * 256;
   auto ws = at::empty({own + static_cast<int64_t>(plan.workspace)}, h.options().dtype(at::kByte));
-  if (poison_outputs()) ws.fill_(0xff);  // NaN partials and sums
+  if (poison_outputs()) ws.narrow(0, own, plan.workspace).fill_(0xff);  // NaN partials, sums and vectors
   char* base = static_cast<char*>(ws.data_ptr());
   if (own > 0) p.workspace = base;
   StatsLayout const& s = plan.gemm.sums;

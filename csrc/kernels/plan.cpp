@@ -253,12 +253,12 @@ bool stats_gemm(Problem const& p, Family family, KernelDtype math, int64_t kn, G
 
 // The next Linear's dX GEMM with the layer's backward sums ("grad" kernels; Op::backward_linear):
 // sm90, 16-bit, dz in h's dtype, an activation whose derivative is a select, and 16-byte rows for
-// the GEMM's operands and D (n and k whole groups: the kernel computes no padding). Swapped as the
-// statistics GEMM (features are the kernel's M, the batch its N). false: torch.mm, then the
-// backward op's kernels.
+// the GEMM's operands and D (n and k whole groups: the kernel computes no padding), none of them
+// empty. Swapped as the statistics GEMM (features are the kernel's M, the batch its N). false:
+// torch.mm, then the backward op's kernels.
 bool grad_gemm(Problem const& p, Family family, KernelDtype math, GemmPlan& g) {
   bool sixteen_bit = math == KernelDtype::bf16 || math == KernelDtype::f16;
-  if (!p.overrides.stats_gemm || family != Family::sm90 || !sixteen_bit || p.y_wider || !p.aligned || p.m == 0 ||
+  if (!p.overrides.stats_gemm || family != Family::sm90 || !sixteen_bit || p.y_wider || !p.aligned || p.m == 0 || p.n == 0 || p.k == 0 ||
       act_set(p.act) == ActSet::smooth || p.n % 8 != 0 || p.k % 8 != 0)
     return false;
   auto const* info = find_kernel(family, math, Mode::grad, p.n, p.m, p.k, p.sm_count, p.overrides.kernel);
