@@ -259,8 +259,8 @@ _SM90 += [Kernel("sm90", "e4m3", "eval", (128, 128, 128), (1, 1, 1), default=Tru
 # tiles, 128 features x 256 batch rows with the pair along the features (sharing dz's tile), and
 # 128x128 for batches too small for it to fill half the GPU. Its two TMA loads of h keep four
 # epilogue stages each, which leaves the mainloop three stages, not cuBLAS's four; a second read
-# of h from global memory instead (CUTLASS's Stages = 0 aux load) ran the GEMM 17-41% slower
-# (docs/decisions.md, "Backward").
+# of h from global memory instead (CUTLASS's Stages = 0 aux load), and h as the C operand with a
+# 128x16 epilogue tile, ran the GEMM slower (docs/decisions.md, "Backward").
 _SM90 += [Kernel("sm90", dt, "grad", tile, cluster, default=tile == (128, 256, 64))
           for dt in ("bf16", "f16") for tile, cluster in (((128, 256, 64), (2, 1, 1)), ((128, 128, 64), (1, 1, 1)))]
 

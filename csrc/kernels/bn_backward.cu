@@ -436,7 +436,8 @@ __global__ void grad_gemm_columns_kernel(BackwardArgs g, float* __restrict__ shi
 // The grad GEMM's per-CTA sums of g and g (h - shift) added up in a fixed order, in fp64, and
 // centered on mean_h: sum g (h - mean_h) = sum g (h - shift) + (shift - mean_h) sum g. A block
 // takes 32 columns, its 8 warps every 8th tile each (a thread a column per tile), then warp 0 adds
-// the 8 warps' sums in order: one thread a column over 64 tiles (16384 rows) took 9.2 us.
+// the 8 warps' sums in order: a thread a column over every tile left most of the GPU idle and ran
+// longest at the largest batches (docs/decisions.md, "Backward").
 __global__ void __launch_bounds__(256) reduce_grad_partials_kernel(GradPartials p, int n,
                                                                    double const* __restrict__ mean_h,
                                                                    double* __restrict__ sums) {

@@ -258,8 +258,9 @@ bool stats_gemm(Problem const& p, Family family, KernelDtype math, int64_t kn, G
 // torch.mm, then the backward op's kernels.
 bool grad_gemm(Problem const& p, Family family, KernelDtype math, GemmPlan& g) {
   bool sixteen_bit = math == KernelDtype::bf16 || math == KernelDtype::f16;
-  if (!p.overrides.stats_gemm || family != Family::sm90 || !sixteen_bit || p.y_wider || !p.aligned || p.m == 0 || p.n == 0 || p.k == 0 ||
-      act_set(p.act) == ActSet::smooth || p.n % 8 != 0 || p.k % 8 != 0)
+  bool shapes = p.m > 0 && p.n > 0 && p.k > 0 && p.n % 8 == 0 && p.k % 8 == 0;
+  if (!p.overrides.stats_gemm || family != Family::sm90 || !sixteen_bit || p.y_wider || !p.aligned || !shapes ||
+      act_set(p.act) == ActSet::smooth)
     return false;
   auto const* info = find_kernel(family, math, Mode::grad, p.n, p.m, p.k, p.sm_count, p.overrides.kernel);
   if (info == nullptr) return false;
