@@ -126,7 +126,8 @@ def backward_linear(args):
                 fn = (lambda f=calls[c]: (flush.zero_(), f())) if args.cold else calls[c]
                 kernels = profile(fn, calls=20)[1]
                 if args.cold:
-                    kernels = {name: t for name, t in kernels.items() if "elementwise" not in name and "fill" not in name}
+                    kernels = {name: t for name, t in kernels.items()
+                               if "elementwise" not in name and "fill" not in name}
                 us[c].append(sum(kernels.values()))
                 for name, t in kernels.items():
                     by_kernel[c].setdefault(name, []).append(t)

@@ -78,7 +78,6 @@ def evaluate_residual(accum, b, a, c, r):
     return D
 
 
-
 def grad_sums(accum, h, h2, shift, shift2, mul, beta):
     # The dX GEMM of the Linear after a layer (sm90, swapped: W2^T dz^T, a feature of the layer
     # is a row of accum), with the layer's BatchNorm-backward sums in its epilogue. g = dy times

@@ -160,9 +160,10 @@ def _examples(cg, element: str, swapped: bool) -> dict:
     else:
         mat = {"shape": (M, N), "layout_tag": LayoutType.RowMajor}
         vec = {"shape": (1, N), "layout_tag": LayoutType.RowMajor}
-    ex = {n: cg.Tensor(element=f32, **vec) for n in ("shift", "a", "c", "s", "g", "u_sum", "u_sumsq", "mul", "beta", "shift2")}
-    return ex | {"accum": cg.Tensor(element=f32, **mat), "D": cg.Tensor(element=el, **mat),
-                 "r": cg.Tensor(element=el, **mat), "h": cg.Tensor(element=el, **mat), "h2": cg.Tensor(element=el, **mat), "b": cg.Tensor(element=el, **vec)}
+    vectors = ("shift", "a", "c", "s", "g", "u_sum", "u_sumsq", "mul", "beta", "shift2")
+    ex = {n: cg.Tensor(element=f32, **vec) for n in vectors}
+    ex |= {n: cg.Tensor(element=el, **mat) for n in ("D", "r", "h", "h2")}
+    return ex | {"accum": cg.Tensor(element=f32, **mat), "b": cg.Tensor(element=el, **vec)}
 
 
 def trace(fn, dtype: str, family: str, swapped: bool = False):
