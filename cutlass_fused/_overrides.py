@@ -90,14 +90,13 @@ def plan(m: int, n: int, k: int, dtype: torch.dtype = torch.bfloat16, mode: str 
     """What the plan chooses for one call, as a dict, with the overrides in force; on any device.
 
     mode: train, linear (the split ops' GEMM), eval, matmul, backward or backward_linear (k: the
-    next Linear's out_features). m is the batch, n the features, k the input features. y_dtype:
-    y's (or dy's) dtype, by default dtype (a wider one is the autocast case). allow_tf32: torch's
+    next Linear's out_features). m is the batch, n the features, k the input features. y_dtype: y's
+    (or dy's) dtype, by default dtype (a wider one is the autocast case). allow_tf32: torch's
     current setting by default. aligned: the data's base pointers are 16-byte aligned (fresh
-    allocations are). activation: the layer's (the
-    backward's kernels depend on it). fp8: "e4m3" for the FP8 ops (x and W in e4m3, dtype bf16, h's),
-    "e4m3_fast" for them under Float8Recipe(fast_accum=True). output_dtype: the ops' argument, the
-    dtype y is asked in (by default y_dtype's). fold_kept: eval inside frozen_weights(), which
-    keeps the call's eval fold.
+    allocations are). activation: the layer's (the backward's kernels depend on it). fp8: "e4m3" for
+    the FP8 ops (x and W in e4m3, dtype bf16, h's), "e4m3_fast" for them under
+    Float8Recipe(fast_accum=True). output_dtype: the ops' argument, the dtype y is asked in (by
+    default y_dtype's). fold_kept: eval inside frozen_weights(), which keeps the call's eval fold.
     """
     if allow_tf32 is None:
         allow_tf32 = torch.backends.cuda.matmul.allow_tf32
