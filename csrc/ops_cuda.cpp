@@ -168,6 +168,26 @@ struct Workspace {
   void* u_sumsq = nullptr;
 };
 
+// The call's one workspace for a GEMM's args `p`: the kernel's own bytes (p.workspace), then
+// the plan's, poisoned, with a statistics or grad kernel's per-CTA partials at its start.
+Workspace gemm_workspace(Plan const& plan, KernelEntry const& entry, GemmEvtArgs& p, at::TensorOptions options) {
+  int64_t own = (static_cast<int64_t>(entry.workspace_size(p)) + 255) / 256 * 256;
+  Workspace ws;
+  int64_t total = own + static_cast<int64_t>(plan.workspace);
+  if (total > 0) {
+    ws.bytes = at::empty({total}, options.dtype(at::kByte));
+    if (own > 0) p.workspace = ws.bytes.data_ptr();
+    ws.scratch = static_cast<char*>(ws.bytes.data_ptr()) + own;
+    if (poison_outputs() && plan.workspace > 0) ws.bytes.narrow(0, own, plan.workspace).fill_(0xff);  // NaN sums
+  }
+  StatsLayout const& s = plan.gemm.sums;
+  if (s.bytes > 0) {
+    p.u_sum = ws.u_sum = ws.scratch;
+    p.u_sumsq = ws.u_sumsq = ws.scratch + int64_t{s.tiles} * s.ld * s.bytes;
+  }
+  return ws;
+}
+
 // The one way a GEMM runs: the plan's kernel over x and W (laid out or split as it says) into
 // `out` (h, or y with the eval epilogue), in its tile order, then the sm80 3xTF32 infinity fix
 // where the plan asks for it. The caller holds a device guard and has checked the inputs.
@@ -206,19 +226,7 @@ Workspace run_gemm(Plan const& plan, at::Tensor const& x, at::Tensor const& weig
   p.device = x.get_device();
   p.sm_count = at::cuda::getDeviceProperties(p.device)->multiProcessorCount;
   auto const& entry = info.entry();
-  int64_t own = (static_cast<int64_t>(entry.workspace_size(p)) + 255) / 256 * 256;
-  Workspace ws;
-  int64_t total = own + static_cast<int64_t>(plan.workspace);
-  if (total > 0) {
-    ws.bytes = at::empty({total}, x.options().dtype(at::kByte));
-    if (own > 0) p.workspace = ws.bytes.data_ptr();
-    ws.scratch = static_cast<char*>(ws.bytes.data_ptr()) + own;
-    if (poison_outputs() && plan.workspace > 0) ws.bytes.narrow(0, own, plan.workspace).fill_(0xff);  // NaN sums
-  }
-  if (g.sums.bytes > 0) {  // a statistics GEMM's per-CTA sums
-    p.u_sum = ws.u_sum = ws.scratch;
-    p.u_sumsq = ws.u_sumsq = ws.scratch + int64_t{g.sums.tiles} * g.sums.ld * g.sums.bytes;
-  }
+  Workspace ws = gemm_workspace(plan, entry, p, x.options());
   entry.run(p, at::cuda::getCurrentCUDAStream(p.device).stream());
   if (g.inf_fix) fix_infinite_operands(ops, weight, weight.size(0), cache, p.b, e.a, e.c, out);
   return ws;
@@ -589,16 +597,9 @@ BackwardOut batch_norm_backward_linear_cuda(at::Tensor const& dz, at::Tensor con
   p.device = h.get_device();
   p.sm_count = b.g.sm_count;
   auto const& entry = info.entry();
-  int64_t own = (static_cast<int64_t>(entry.workspace_size(p)) + 255) / 256 * 256;
-  auto ws = at::empty({own + static_cast<int64_t>(plan.workspace)}, h.options().dtype(at::kByte));
-  if (poison_outputs()) ws.narrow(0, own, plan.workspace).fill_(0xff);  // NaN partials, sums and vectors
-  char* base = static_cast<char*>(ws.data_ptr());
-  if (own > 0) p.workspace = base;
+  Workspace ws = gemm_workspace(plan, entry, p, h.options());  // partials, then sums and vectors
   StatsLayout const& s = plan.gemm.sums;
-  char* partials = base + own;
-  p.u_sum = partials;
-  p.u_sumsq = partials + int64_t{s.tiles} * s.ld * s.bytes;
-  auto* sums = reinterpret_cast<double*>(partials + plan.bn_offset);
+  auto* sums = reinterpret_cast<double*>(ws.scratch + plan.bn_offset);
   auto* shift = reinterpret_cast<float*>(sums + 2 * n);
   p.shift = shift;
   p.mul = shift + n;

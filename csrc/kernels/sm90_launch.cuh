@@ -11,6 +11,17 @@ namespace cutlass_fused::sm90 {
 template <class Kernel>
 using Fusion = typename Kernel::CollectiveEpilogue::FusionCallbacks::Arguments;
 
+// A 2-D stride's leading dimension: the non-unit one, (ld, 1) for row-major, (1, ld) for
+// column-major.
+template <class Stride>
+void set_ld(Stride& stride, int64_t ld) {
+  if constexpr (cute::is_static_v<cute::remove_cvref_t<decltype(cute::get<0>(stride))>>) {
+    cute::get<1>(stride) = ld;
+  } else {
+    cute::get<0>(stride) = ld;
+  }
+}
+
 // PromotionInterval: for the promoted mainloops (f32x3's, e4m3's), the MMAs between
 // promotions (codegen/kernels.py `promote`); 0 keeps the mainloop's default.
 template <class Kernel, Fusion<Kernel> (*fusion_args)(GemmEvtArgs const&), char const* (*name)(),
@@ -25,19 +36,9 @@ struct Launch {
     typename Kernel::StrideA stride_x{};
     typename Kernel::StrideB stride_w{};
     typename Kernel::StrideD stride_out{};
-    // Row-major A: (ldx, 1); column-major A (grad kernels' W2^T): (1, ldx).
-    if constexpr (cute::is_static_v<cute::remove_cvref_t<decltype(cute::get<0>(stride_x))>>) {
-      cute::get<1>(stride_x) = p.ldx;
-    } else {
-      cute::get<0>(stride_x) = p.ldx;
-    }
+    set_ld(stride_x, p.ldx);  // row-major x; column-major for the grad kernels' W2^T
     cute::get<0>(stride_w) = p.ldw;
-    // Row-major D: (ldo, 1); column-major D (stats kernels' W x^T): (1, ldo).
-    if constexpr (cute::is_static_v<cute::remove_cvref_t<decltype(cute::get<0>(stride_out))>>) {
-      cute::get<1>(stride_out) = p.ldo;
-    } else {
-      cute::get<0>(stride_out) = p.ldo;
-    }
+    set_ld(stride_out, p.ldo);  // row-major h or y; column-major for the stats kernels' W x^T
     typename Gemm::Arguments args{};
     args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
     args.problem_shape = {p.m, p.n, p.k, 1};
