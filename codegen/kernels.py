@@ -263,6 +263,10 @@ _SM90 += [Kernel("sm90", "e4m3", "eval", (128, 128, 128), (1, 1, 1), default=Tru
 # 128x16 epilogue tile, ran the GEMM slower (docs/decisions.md, "Backward").
 _SM90 += [Kernel("sm90", dt, "grad", tile, cluster, default=tile == (128, 256, 64))
           for dt in ("bf16", "f16") for tile, cluster in (((128, 256, 64), (2, 1, 1)), ((128, 128, 64), (1, 1, 1)))]
+# bf16 grad candidates for the tuner: 256 features x 128 batch rows (cuBLAS's dX tile), the pair
+# along the batch (sharing W2's tile) or along the features, and the default tile without its pair.
+_SM90 += [Kernel("sm90", "bf16", "grad", tile, cluster)
+          for tile, cluster in (((256, 128, 64), (1, 2, 1)), ((256, 128, 64), (2, 1, 1)), ((128, 256, 64), (1, 1, 1)))]
 
 # sm80: the tile cutlass_cppgen picks by default for bf16 (256x128x64, 4 warps
 # of 64x64, 3 stages), known to run correctly on Hopper too. fp32 kernels use
