@@ -256,17 +256,14 @@ _SM90 += [Kernel("sm90", "e4m3", "eval", (128, 128, 128), (1, 1, 1), default=Tru
                  default=True)]
 
 # The BN backward's sums in the next Linear's dX GEMM (issue 71; mode "grad"): the 16-bit statistics
-# tiles, 128 features x 256 batch rows with the pair along the features (sharing dz's tile), and
-# 128x128 for batches too small for it to fill half the GPU. Its two TMA loads of h keep four
-# epilogue stages each, which leaves the mainloop three stages, not cuBLAS's four; a second read
-# of h from global memory instead (CUTLASS's Stages = 0 aux load), and h as the C operand with a
-# 128x16 epilogue tile, ran the GEMM slower (docs/decisions.md, "Backward").
-_SM90 += [Kernel("sm90", dt, "grad", tile, cluster, default=tile == (128, 256, 64))
-          for dt in ("bf16", "f16") for tile, cluster in (((128, 256, 64), (2, 1, 1)), ((128, 128, 64), (1, 1, 1)))]
-# bf16 grad candidates for the tuner: 256 features x 128 batch rows (cuBLAS's dX tile), the pair
-# along the batch (sharing W2's tile) or along the features, and the default tile without its pair.
-_SM90 += [Kernel("sm90", "bf16", "grad", tile, cluster)
-          for tile, cluster in (((256, 128, 64), (1, 2, 1)), ((256, 128, 64), (2, 1, 1)), ((128, 256, 64), (1, 1, 1)))]
+# tile, 128 features x 256 batch rows, without a cluster (as the statistics rows at 1024 x 8192^2),
+# faster than the pair along the features (sharing dz's tile), kept as a bf16 candidate, and than
+# 256x128 tiles; 128x128 for batches too small for 128x256 to fill half the GPU. A second read of h
+# from global memory (CUTLASS's Stages = 0 aux load) and h as the C operand with a 128x16 epilogue
+# tile ran the GEMM slower (docs/decisions.md, "Backward").
+_SM90 += [Kernel("sm90", dt, "grad", tile, (1, 1, 1), default=tile == (128, 256, 64))
+          for dt in ("bf16", "f16") for tile in ((128, 256, 64), (128, 128, 64))]
+_SM90 += [Kernel("sm90", "bf16", "grad", (128, 256, 64), (2, 1, 1))]
 
 # sm80: the tile cutlass_cppgen picks by default for bf16 (256x128x64, 4 warps
 # of 64x64, 3 stages), known to run correctly on Hopper too. fp32 kernels use
