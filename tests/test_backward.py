@@ -6,7 +6,8 @@ from torch import nn
 import cutlass_fused
 from cutlass_fused.seed import SeedModel as Seed
 from cutlass_fused.ops import ops
-from common import END_TO_END_BATCH, FAMILIES, FAMILY_IDS, MODES, assert_close_rule_scaled, modes_for, params, precision, tf32
+from common import (END_TO_END_BATCH, FAMILIES, FAMILY_IDS, MODES, assert_close_rule_scaled, modes_for, params,
+                    precision, tf32)
 
 NAMES = ["x", "weight", "bias", "scale", "bn_weight", "bn_bias"]
 
