@@ -22,11 +22,12 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 import cutlass_fused
 from _common import Commands, arg, case_arg, cuda_device, shape
-from cutlass_fused import bench_rows, bench_step
+from cutlass_fused import bench_rows, bench_step, timing
 from cutlass_fused.ops import ops
 from cutlass_fused.seed import SeedModel
 
 cli = Commands(__doc__)
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 def device():
@@ -400,15 +401,55 @@ def fp8_teacher(args):
         (args.out / "fp8_teacher.json").write_text(json.dumps(result, indent=1))
 
 
-@cli.command(arg("--family", default="auto", choices=("auto", "sm90", "sm80"), help="kernel family (default auto)"))
+@cli.command(arg("--family", default="auto", choices=("auto", "sm90", "sm80"), help="kernel family (default auto)"),
+             arg("--time", action="store_true", help="also time problems 33 and 39 as KernelBench's evaluator does"),
+             arg("--rounds", type=int, default=3, help="with --time: rounds, each timing Model then ModelNew"),
+             arg("--out", type=Path, help="with --time: write the times to OUT/kernelbench.json"))
 def kernelbench_check(args):
     """KernelBench's correctness check for level-2 problems 33 and 39 (and the original 39).
 
     Training mode under no_grad, fp32 with TF32 off, torch.rand inputs, five seeds,
     allclose(atol=rtol=1e-4) of the output and the running stats against the eager model. Exits 1
-    where a shape fails a seed.
+    where a shape fails a seed. With --time, then each problem file of examples/ is timed as the
+    evaluator times it (cutlass_fused.kernelbench.time_call: a fresh model, the median of 100
+    CUDA-event trials after 3 warm-up calls), Model and ModelNew in turn in each round; the speedup
+    is Model's median over ModelNew's, of the same round.
     """
     dev = cuda_device("kernelbench_check")
+    failures = check_seed_shapes(dev, args.family)
+    if args.time:
+        with cutlass_fused.use_kernel_family(args.family):
+            time_problems(args)
+    return 1 if failures else 0
+
+
+def time_problems(args):
+    """kernelbench_check --time: each problem's Model and ModelNew, as the evaluator times them."""
+    from cutlass_fused.kernelbench import time_call
+    rows = []
+    for number, file in [(33, "kernelbench_33_gemm_scale_batchnorm.py"), (39, "kernelbench_39_gemm_scale_batchnorm.py")]:
+        spec = importlib.util.spec_from_file_location(f"kernelbench_{number}", EXAMPLES / file)
+        problem = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(problem)
+        for r in range(args.rounds):
+            eager, _ = time_call(problem, problem.Model)
+            ours, _ = time_call(problem, problem.ModelNew)
+            rows.append({"problem": number, "round": r, "family": args.family, "eager_ms": eager, "ours_ms": ours,
+                         "speedup": eager / ours})
+            print(f"kernelbench time problem {number} round {r} family={args.family}: Model {eager:.3f} ms, "
+                  f"ModelNew {ours:.3f} ms, {eager / ours:.3f}x")
+            torch.cuda.empty_cache()
+        best = statistics.median(row["speedup"] for row in rows if row["problem"] == number)
+        print(f"kernelbench time problem {number}: median speedup {best:.3f}x over {args.rounds} rounds")
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        meta = timing.meta(sys.argv[1:], torch.device("cuda"))
+        meta["command"] = "python benchmarks/accuracy.py " + " ".join(sys.argv[1:])
+        (args.out / "kernelbench.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+
+
+def check_seed_shapes(dev, family):
+    """kernelbench_check's five seeds at each shape; the number of shapes that failed one."""
     torch.backends.cuda.matmul.allow_tf32 = False
     failures = 0
     for m, k, n in [(1024, 8192, 8192), (16384, 4096, 4096), (128, 1024, 512)]:
@@ -419,7 +460,7 @@ def kernelbench_check(args):
             ours = cutlass_fused.LinearScaleBatchNorm1d(k, n, device=dev)
             ours.load_state_dict(ref.state_dict())
             x = torch.rand(m, k, device=dev)
-            with torch.no_grad(), cutlass_fused.use_kernel_family(args.family):
+            with torch.no_grad(), cutlass_fused.use_kernel_family(family):
                 y_ref, y = ref(x), ours(x)
             pairs = [(y, y_ref), (ours.bn.running_mean, ref.bn.running_mean),
                      (ours.bn.running_var, ref.bn.running_var)]
@@ -427,8 +468,8 @@ def kernelbench_check(args):
             worst = max(worst, (y - y_ref).abs().max().item())
             passed += ok
         failures += passed < 5
-        print(f"kernelbench check {m}x{k}x{n} family={args.family}: {passed}/5 passed, max |y - eager| {worst:.3g}")
-    return 1 if failures else 0
+        print(f"kernelbench check {m}x{k}x{n} family={family}: {passed}/5 passed, max |y - eager| {worst:.3g}")
+    return failures
 
 
 if __name__ == "__main__":

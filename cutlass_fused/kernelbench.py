@@ -1,7 +1,10 @@
 """KernelBench level-2 problems 33 and 39 (Gemm_Scale_BatchNorm) with this package: `ModelNew`,
-the fused layer with KernelBench's `Model` constructor and state_dict, and `check`, which compares
-the two the way KernelBench's harness does. The problem files in examples/ are the drop-ins.
+the fused layer with KernelBench's `Model` constructor and state_dict; `check`, which compares
+the two the way KernelBench's harness does, and `time_call`, which times one the way its evaluator
+does. The problem files in examples/ are the drop-ins.
 """
+import statistics
+
 import torch
 
 from .module import LinearScaleBatchNorm1d
@@ -36,5 +39,33 @@ def check(problem, trials=5, seed=0):
                 x = [t.to(device) for t in problem.get_inputs()]
                 worst = max(worst, (models[0](*x) - models[1](*x)).abs().max().item())
         return worst
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def time_call(problem, cls, trials=100, warmup=3, seed=0):
+    """ms a call of `cls` (problem.Model or problem.ModelNew), timed as KernelBench's evaluator
+    times it: a fresh model from get_init_inputs() on the GPU, in training mode, under no_grad, fp32
+    with TF32 off, on torch.rand inputs from get_inputs(); `warmup` calls, then `trials` calls, each
+    between two CUDA events and followed by a synchronize. Returns the median and the list."""
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        with torch.no_grad():
+            torch.manual_seed(seed)
+            model = cls(*problem.get_init_inputs()).cuda()
+            x = [t.cuda() for t in problem.get_inputs()]
+            for _ in range(warmup):
+                model(*x)
+            torch.cuda.synchronize()
+            times = []
+            for _ in range(trials):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                model(*x)
+                end.record()
+                torch.cuda.synchronize()
+                times.append(start.elapsed_time(end))
+        return statistics.median(times), times
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old

@@ -84,6 +84,23 @@ def test_sm90_3xtf32_unaligned_and_non_finite(m, k, n):
 
 
 @needs_cuda
+@pytest.mark.skipif(not HOPPER, reason="needs an sm90 GPU for the sm90 3xTF32 path")
+@pytest.mark.parametrize("offset", [0, 1, 4])
+def test_sm90_3xtf32_row_views(offset):
+    """The split reads rows 16 bytes at a time only where a row's start is 16-byte aligned: views
+    of x and W whose rows start `offset` floats into a wider buffer (aligned at 0 and 4, not at 1)
+    give the bits their contiguous copies give."""
+    torch.manual_seed(offset)
+    m, k, n = 257, 1000, 136
+    xs, ws = torch.randn(m, k + 8, device="cuda"), torch.randn(n, k + 8, device="cuda") / k ** 0.5
+    x, w = xs[:, offset:offset + k], ws[:, offset:offset + k]
+    b = torch.randn(n, device="cuda")
+    with precision("cuda", "sm90", "f32"):
+        h_view = ops.linear_stats(x, w, b, "sm90")[0]
+        h_copy = ops.linear_stats(x.contiguous(), w.contiguous(), b, "sm90")[0]
+    assert torch.equal(h_view, h_copy)
+
+
 @pytest.mark.parametrize("device,family", CUDA_FAMILIES)
 def test_infinite_operands_in_a_forward_only_loop(device, family):
     """Eval under no_grad inside frozen_weights(), where what is derived from the weight is kept: an infinite x, an

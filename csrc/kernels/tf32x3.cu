@@ -2,6 +2,8 @@
 #include "kernels/grid.h"
 #include "kernels/tf32x3.h"
 
+#include <algorithm>
+
 namespace cutlass_fused {
 namespace {
 
@@ -31,32 +33,40 @@ __device__ __forceinline__ Parts split(float x) {
   return {big, small, finite ? big : 0.f};
 }
 
+__device__ __forceinline__ float4 part(Parts const (&p)[4], float Parts::*which) {
+  return {p[0].*which, p[1].*which, p[2].*which, p[3].*which};
+}
+
+// A thread splits 4 adjacent values of a row: one 16-byte load where the row allows it (`vector`:
+// in and ld_in 16-byte aligned) and three 16-byte streaming stores, since the GEMM reads `out` only
+// after the whole pass. Rows stride over blockIdx.y, so that no thread divides by the row length.
 __global__ void split_rows_kernel(float const* __restrict__ in, int64_t rows_in, int64_t cols, int64_t ld_in,
-                                  int64_t rows_out, int64_t seg, SplitOrder order, float* __restrict__ out) {
-  int64_t groups = seg / 4, total = rows_out * groups;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
-    int64_t r = i / groups, c0 = (i - r * groups) * 4;
-    float4 big{0.f, 0.f, 0.f, 0.f}, small{0.f, 0.f, 0.f, 0.f}, again{0.f, 0.f, 0.f, 0.f};
-    float* b = &big.x;
-    float* s = &small.x;
-    float* a = &again.x;
-    if (r < rows_in) {
+                                  bool vector, int64_t rows_out, int64_t seg, SplitOrder order,
+                                  float* __restrict__ out) {
+  int64_t groups = seg / 4;
+  bool small_first = order == SplitOrder::small_big_big;
+  for (int64_t r = blockIdx.y; r < rows_out; r += gridDim.y) {
+    float const* src = in + r * ld_in;
+    float* row = out + r * 3 * seg;
+    for (int64_t g = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; g < groups; g += int64_t{gridDim.x} * blockDim.x) {
+      int64_t c0 = g * 4;
+      float v[4] = {0.f, 0.f, 0.f, 0.f};
+      if (r < rows_in && vector && c0 + 4 <= cols) {
+        float4 q = __ldg(reinterpret_cast<float4 const*>(src + c0));
+        v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+      } else if (r < rows_in) {
 #pragma unroll
-      for (int v = 0; v < 4; ++v) {
-        if (c0 + v < cols) {
-          Parts p = split(in[r * ld_in + c0 + v]);
-          b[v] = p.big;
-          s[v] = p.small;
-          a[v] = p.again;
-        }
+        for (int i = 0; i < 4; ++i)
+          if (c0 + i < cols) v[i] = src[c0 + i];
       }
+      Parts p[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) p[i] = split(v[i]);
+      // split(0) is all zeros, so padding columns and rows come out zero.
+      __stcs(reinterpret_cast<float4*>(row + c0), part(p, small_first ? &Parts::small : &Parts::again));
+      __stcs(reinterpret_cast<float4*>(row + seg + c0), part(p, small_first ? &Parts::again : &Parts::small));
+      __stcs(reinterpret_cast<float4*>(row + 2 * seg + c0), part(p, &Parts::big));
     }
-    float4* row = reinterpret_cast<float4*>(out + r * 3 * seg + c0);
-    int64_t step = seg / 4;
-    bool small_first = order == SplitOrder::small_big_big;
-    row[0] = small_first ? small : again;
-    row[step] = small_first ? again : small;
-    row[2 * step] = big;
   }
 }
 
@@ -88,8 +98,11 @@ __global__ void split_transposed_kernel(float const* __restrict__ in, int64_t ro
 void split_tf32_rows(float const* in, int64_t rows_in, int64_t cols, int64_t stride_r, int64_t stride_c,
                      int64_t rows_out, int64_t seg, SplitOrder order, float* out, cudaStream_t stream) {
   if (stride_c == 1) {
-    split_rows_kernel<<<strided_grid(rows_out * (seg / 4), 256, 4096), 256, 0, stream>>>(in, rows_in, cols, stride_r,
-                                                                                          rows_out, seg, order, out);
+    // About 8k blocks of 256 threads: several waves on any current GPU, each block a row or more.
+    unsigned bx = strided_grid(seg / 4, 256, 64);
+    unsigned by = strided_grid(rows_out, 1, std::max<int64_t>(1, 8192 / bx));
+    bool vector = stride_r % 4 == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0;
+    split_rows_kernel<<<dim3(bx, by), 256, 0, stream>>>(in, rows_in, cols, stride_r, vector, rows_out, seg, order, out);
   } else {
     dim3 grid(static_cast<unsigned>((seg + 31) / 32), static_cast<unsigned>((rows_out + 31) / 32));
     split_transposed_kernel<<<grid, dim3(32, 8), 0, stream>>>(in, rows_in, cols, stride_c, rows_out, seg, order, out);
