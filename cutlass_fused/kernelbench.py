@@ -3,6 +3,7 @@ the fused layer with KernelBench's `Model` constructor and state_dict; `check`, 
 the two the way KernelBench's harness does, and `time_call`, which times one the way its evaluator
 does. The problem files in examples/ are the drop-ins.
 """
+import contextlib
 import statistics
 
 import torch
@@ -21,14 +22,23 @@ class ModelNew(LinearScaleBatchNorm1d):
         super().__init__(in_features, out_features, eps=eps, momentum=momentum)
 
 
+@contextlib.contextmanager
+def without_tf32():
+    """fp32 GEMMs with TF32 off, as KernelBench runs them; the flag as it was afterwards."""
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
 def check(problem, trials=5, seed=0):
     """Largest |Model - ModelNew| over `trials` calls of `problem` (a problem file's module), run as
     KernelBench does: both built under one seed, training mode under no_grad, fp32 with TF32 off,
     on the GPU when there is one. KernelBench passes when each call is allclose at 1e-4."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
+    with without_tf32():
         models = []
         for cls in (problem.Model, problem.ModelNew):
             torch.manual_seed(seed)
@@ -39,8 +49,6 @@ def check(problem, trials=5, seed=0):
                 x = [t.to(device) for t in problem.get_inputs()]
                 worst = max(worst, (models[0](*x) - models[1](*x)).abs().max().item())
         return worst
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = old
 
 
 def time_call(problem, cls, trials=100, warmup=3, seed=0):
@@ -48,24 +56,19 @@ def time_call(problem, cls, trials=100, warmup=3, seed=0):
     times it: a fresh model from get_init_inputs() on the GPU, in training mode, under no_grad, fp32
     with TF32 off, on torch.rand inputs from get_inputs(); `warmup` calls, then `trials` calls, each
     between two CUDA events and followed by a synchronize. Returns the median and the list."""
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        with torch.no_grad():
-            torch.manual_seed(seed)
-            model = cls(*problem.get_init_inputs()).cuda()
-            x = [t.cuda() for t in problem.get_inputs()]
-            for _ in range(warmup):
-                model(*x)
+    with without_tf32(), torch.no_grad():
+        torch.manual_seed(seed)
+        model = cls(*problem.get_init_inputs()).cuda()
+        x = [t.cuda() for t in problem.get_inputs()]
+        for _ in range(warmup):
+            model(*x)
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(trials):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            model(*x)
+            end.record()
             torch.cuda.synchronize()
-            times = []
-            for _ in range(trials):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                model(*x)
-                end.record()
-                torch.cuda.synchronize()
-                times.append(start.elapsed_time(end))
-        return statistics.median(times), times
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = old
+            times.append(start.elapsed_time(end))
+    return statistics.median(times), times

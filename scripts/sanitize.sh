@@ -43,19 +43,19 @@ KEYS=("cuda and (3x769x1000 or 1000x1000x769)" "cuda" "1000x96x5125 or 333x128x1
       "not no_affine and relu and (bf16 or f16)" "bf16 and spread and (200x32 or 512x64)"
       "cuda and relu and (3x256x1000 or 1000x769x512)" "row_views or 3-769-1000 or 1000-300-5125")
 rc=0
+runs=(${ONLY:-${!FILES[@]}})
 tools=("$@")
 [ ${#tools[@]} -eq 0 ] && tools=(memcheck racecheck synccheck)
 for tool in "${tools[@]}"; do
   log="$OUT/sanitize_$tool.log"
   : > "$log"
-  for i in ${ONLY:-${!FILES[@]}}; do
+  for i in "${runs[@]}"; do
     read -r -a files <<< "${FILES[$i]}"
     extra=()
     [ "$tool" = memcheck ] && extra=(env PYTORCH_NO_CUDA_MEMORY_CACHING=1)
     "${extra[@]}" env CUTLASS_FUSED_POISON=1 CUTLASS_FUSED_NO_PROFILER=1 compute-sanitizer --tool "$tool" --error-exitcode 9 \
       python3 -m pytest -q -p no:cacheprovider "${files[@]}" -k "${KEYS[$i]}" >> "$log" 2>&1 || rc=1
   done
-  runs=(${ONLY:-${!FILES[@]}})
   echo "$tool: $(grep -cE 'SUMMARY: 0 (errors|hazards)' "$log") of ${#runs[@]} runs clean;" \
     "$(grep -E 'SUMMARY: [1-9]' "$log" | head -1) pytest: $(grep -E '(passed|failed)' "$log" | tr '\n' ' ')"
 done
