@@ -1,5 +1,5 @@
 // What the CUDA ops derive from a layer's parameters and buffers (the eval
-// fold, the weight's 3xTF32 split, the sm80 family's flags of the weight's
+// fold, the weight's 3xTF32 split (or remainder), the sm80 family's flags of the weight's
 // infinite rows, the weight's e4m3 values and scale, and their transpose), kept for the next call only inside
 // cutlass_fused.frozen_weights(): the ops' `cache` argument (csrc/ops.cpp).
 //
@@ -20,7 +20,7 @@
 
 namespace cutlass_fused {
 
-enum class Derived { eval_fold, weight_split, weight_inf_rows, weight_e4m3, weight_e4m3_t };
+enum class Derived { eval_fold, weight_split, weight_remainder, weight_inf_rows, weight_e4m3, weight_e4m3_t };
 
 // make()'s value. Where `cache` is set, no CUDA graph is being captured on the
 // current stream (a graph must hold the work itself) and none of `from` is an

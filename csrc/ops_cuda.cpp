@@ -82,14 +82,21 @@ at::Tensor weight_rows(at::Tensor const& w, int64_t rows) {
 // The GEMM's operands: x and w as they are (16-byte aligned rows, w padded to
 // kn rows), or split for 3xTF32 with K tripled. Split, the segments of x
 // [small | again | big] meet W's [again | small | big] (csrc/kernels/tf32x3.h), in either
-// operand order (the stats kernels take W as A).
+// operand order (the stats kernels take W as A). The statistics kernels' W is itself beside its
+// remainder (`rest`, with its infinite rows' flags), x's segments whole K tiles
+// (csrc/kernels/remainder_mainloop.h).
 struct Operands {
   at::Tensor x, w;
+  c10::optional<at::Tensor> rest, w_flags;
 };
 
-Operands operands(at::Tensor const& x, at::Tensor const& weight, int64_t kn, bool split, bool cache) {
-  if (!split) return {aligned_rows(x), weight_rows(weight, kn)};
-  return {split_tf32x3(x, x.size(0), SplitOrder::small_big_big), split_weight_tf32x3(weight, kn, cache)};
+Operands operands(at::Tensor const& x, at::Tensor const& weight, GemmPlan const& g, bool cache) {
+  if (!g.split) return {aligned_rows(x), weight_rows(weight, g.kn)};
+  if (!g.remainder)
+    return {split_tf32x3(x, x.size(0), SplitOrder::small_big_big), split_weight_tf32x3(weight, g.kn, cache)};
+  auto wa = weight_rows(weight, g.kn);
+  auto r = remainder_weight_tf32x3(weight, wa, cache);
+  return {split_tf32x3(x, x.size(0), SplitOrder::small_big_big, g.kernel->tile_k), wa, r.rest, r.flags};
 }
 
 void const* ptr_or_null(c10::optional<at::Tensor> const& t) { return t.has_value() ? t->data_ptr() : nullptr; }
@@ -118,6 +125,28 @@ void fix_infinite_operands(Operands const& ops, at::Tensor const& weight, int64_
   f.m = static_cast<int>(ops.x.size(0));
   f.n = static_cast<int>(n);
   f.k = static_cast<int>(weight.size(1));
+  fix_inf_products(f, at::cuda::getCurrentCUDAStream().stream());
+}
+
+// The statistics kernels' 3xTF32 over W and its remainder: an infinite weight entry meets x's small
+// part there (NaN, or either sign), so the outputs of W's flagged rows are rewritten as an fp32
+// GEMM gives them (x's own infinities are whole in its split). h only: its columns' sums are then
+// not finite, and the tail sums them again from h.
+void fix_infinite_weight(at::Tensor const& x, Operands const& ops, int64_t n, void const* b, at::Tensor& out) {
+  auto xr = x.stride(1) == 1 ? x : x.contiguous();
+  InfFixArgs f{};
+  f.x = xr.data_ptr<float>();
+  f.ldx = xr.stride(0);
+  f.w = ops.w.data_ptr<float>();
+  f.ldw = ops.w.stride(0);
+  f.x_flags = nullptr;
+  f.w_flags = ops.w_flags->data_ptr<unsigned char>();
+  f.b = static_cast<float const*>(b);
+  f.out = out.data_ptr<float>();
+  f.ldo = out.stride(0);
+  f.m = static_cast<int>(x.size(0));
+  f.n = static_cast<int>(n);
+  f.k = static_cast<int>(x.size(1));
   fix_inf_products(f, at::cuda::getCurrentCUDAStream().stream());
 }
 
@@ -198,7 +227,7 @@ Workspace run_gemm(Plan const& plan, at::Tensor const& x, at::Tensor const& weig
   TORCH_CHECK(info.entry != nullptr, "cutlass_fused: this build has no ", to_string(info.family), " ",
               to_string(info.dtype), " ", to_string(info.mode),
               " kernel; rebuild with that architecture in CUTLASS_FUSED_CUDA_ARCHS");
-  auto ops = operands(x, weight, g.kn, g.split, cache);
+  auto ops = operands(x, weight, g, cache);
   auto b = bias_vector(bias, element_dtype(x), g.kn);
   GemmEvtArgs p;
   // Swapped (stats kernels): the weight is the A operand (kn rows), x the B operand, h^T the
@@ -207,9 +236,13 @@ Workspace run_gemm(Plan const& plan, at::Tensor const& x, at::Tensor const& weig
   at::Tensor const& b_op = g.swapped ? ops.x : ops.w;
   p.m = static_cast<int>(a_op.size(0));
   p.n = static_cast<int>(g.swapped ? x.size(0) : g.kn);
-  p.k = static_cast<int>(a_op.size(1));
+  p.k = static_cast<int>(b_op.size(1));
   p.x = a_op.data_ptr();
   p.ldx = a_op.stride(0);
+  if (g.remainder) {
+    p.x_rest = ops.rest->data_ptr();
+    p.k_x = static_cast<int>(a_op.size(1));
+  }
   p.w = b_op.data_ptr();
   p.ldw = b_op.stride(0);
   p.out = out.data_ptr();
@@ -228,7 +261,11 @@ Workspace run_gemm(Plan const& plan, at::Tensor const& x, at::Tensor const& weig
   auto const& entry = info.entry();
   Workspace ws = gemm_workspace(plan, entry, p, x.options());
   entry.run(p, at::cuda::getCurrentCUDAStream(p.device).stream());
-  if (g.inf_fix) fix_infinite_operands(ops, weight, weight.size(0), cache, p.b, e.a, e.c, out);
+  if (g.remainder) {
+    fix_infinite_weight(x, ops, weight.size(0), p.b, out);
+  } else if (g.inf_fix) {
+    fix_infinite_operands(ops, weight, weight.size(0), cache, p.b, e.a, e.c, out);
+  }
   return ws;
 }
 

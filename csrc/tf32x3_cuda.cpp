@@ -12,10 +12,10 @@
 
 namespace cutlass_fused {
 
-at::Tensor split_tf32x3(at::Tensor const& t, int64_t rows_out, SplitOrder order) {
+at::Tensor split_tf32x3(at::Tensor const& t, int64_t rows_out, SplitOrder order, int64_t seg_multiple) {
   // Rows or columns must be unit-stride for the kernel; anything else is copied first.
   auto src = t.stride(1) == 1 || t.stride(0) == 1 ? t : t.contiguous();
-  int64_t seg = (src.size(1) + 3) / 4 * 4;
+  int64_t seg = (src.size(1) + seg_multiple - 1) / seg_multiple * seg_multiple;
   auto out = at::empty({rows_out, 3 * seg}, src.options());
   split_tf32_rows(src.data_ptr<float>(), src.size(0), src.size(1), src.stride(0), src.stride(1), rows_out, seg, order,
                   out.data_ptr<float>(), at::cuda::getCurrentCUDAStream().stream());
@@ -25,6 +25,19 @@ at::Tensor split_tf32x3(at::Tensor const& t, int64_t rows_out, SplitOrder order)
 at::Tensor split_weight_tf32x3(at::Tensor const& w, int64_t rows_out, bool cache) {
   return derived(Derived::weight_split, {w}, {static_cast<double>(rows_out)}, cache,
                  [&] { return split_tf32x3(w, rows_out, SplitOrder::big_small_big); });
+}
+
+WeightRemainder remainder_weight_tf32x3(at::Tensor const& w, at::Tensor const& wa, bool cache) {
+  int64_t rows = wa.size(0), ld = wa.stride(0), elements = rows * ld;
+  // One allocation, kept as one value: rest, then the flags' bytes.
+  auto both = derived(Derived::weight_remainder, {w}, {static_cast<double>(rows), static_cast<double>(ld)}, cache, [&] {
+    auto out = at::empty({elements + (rows + 3) / 4}, wa.options());
+    tf32_remainder_rows(wa.data_ptr<float>(), rows, wa.size(1), ld, rows, ld, out.data_ptr<float>(),
+                        reinterpret_cast<unsigned char*>(out.data_ptr<float>() + elements),
+                        at::cuda::getCurrentCUDAStream().stream());
+    return out;
+  });
+  return {both.narrow(0, 0, elements).view({rows, ld}), both.narrow(0, elements, (rows + 3) / 4).view(at::kByte)};
 }
 
 at::Tensor inf_rows(at::Tensor const& t) {

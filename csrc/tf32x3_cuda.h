@@ -11,11 +11,20 @@ namespace cutlass_fused {
 // t (R x C, fp32, CUDA, any strides) as a GEMM operand over K' = 3 round_up(C, 4):
 // rows_out x K', each row's three segments in `order`, zero rows past R. x
 // takes small_big_big, the weight (and the backward's second operand) big_small_big.
-at::Tensor split_tf32x3(at::Tensor const& t, int64_t rows_out, SplitOrder order);
+// seg_multiple: each segment's length a multiple of it (4, or the statistics kernel's K tile).
+at::Tensor split_tf32x3(at::Tensor const& t, int64_t rows_out, SplitOrder order, int64_t seg_multiple = 4);
 
 // w (N x K) as the B operand; kept for the next call only where `cache` (the
 // ops' schema argument, csrc/ops.cpp) allows: derived_cache.h.
 at::Tensor split_weight_tf32x3(at::Tensor const& w, int64_t rows_out, bool cache);
+
+// The statistics GEMM's weight operand beside w itself (wa: w's 16-byte aligned rows, padded to
+// the kernel's rows; csrc/kernels/tf32x3.h): rest, wa's shape and stride, and the byte flags of
+// wa's rows that hold +-inf. Kept as split_weight_tf32x3 keeps its split.
+struct WeightRemainder {
+  at::Tensor rest, flags;
+};
+WeightRemainder remainder_weight_tf32x3(at::Tensor const& w, at::Tensor const& wa, bool cache);
 
 // Byte flags of t's rows (R x C, fp32, CUDA, unit column stride) that hold +-inf
 // (csrc/kernels/inf_fix.h); weight_inf_rows keeps w's as split_weight_tf32x3 does.

@@ -107,7 +107,7 @@ def plan(m: int, n: int, k: int, dtype: torch.dtype = torch.bfloat16, mode: str 
     for line in text.splitlines():
         key, value = line.split("=", 1)
         out[key] = int(value) if value.lstrip("-").isdigit() else value
-    for key in ("stats_gemm", "split", "inf_fix", "eval_in_fp32", "fold_scale_apart", "fold_in_epilogue",
+    for key in ("stats_gemm", "split", "remainder", "inf_fix", "eval_in_fp32", "fold_scale_apart", "fold_in_epilogue",
                 "y_cast", "y_in_x", "act_in_epilogue"):
         out[key] = bool(out[key])
     return out

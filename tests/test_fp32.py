@@ -9,7 +9,7 @@ import torch
 import cutlass_fused
 from cutlass_fused.ops import ops
 from cutlass_fused.seed import SeedModel as Seed
-from common import CUDA, FAMILIES, FAMILY_IDS, HOPPER, max_err, needs_cuda, precision
+from common import CUDA, FAMILIES, FAMILY_IDS, HOPPER, cuda_kernels, max_err, needs_cuda, precision
 
 CUDA_FAMILIES = [pytest.param(d, f, id=i) for (d, f), i in zip(FAMILIES, FAMILY_IDS) if d == "cuda"]
 
@@ -81,6 +81,103 @@ def test_sm90_3xtf32_unaligned_and_non_finite(m, k, n):
     assert finite.sum() >= (m - 2) * (n - 1), "the non-finite values reach more of h than their rows and column"
     if finite.any():
         assert max_err(h[finite], ref[finite]) <= 2 * max_err(sgemm[finite], ref[finite]) + 1e-6 * ref[finite].abs().max()
+
+
+def train_h(x, w, b):
+    """The training op's h (sm90), and whether its statistics GEMM ran: the route that reads the
+    weight as itself and its remainder (csrc/kernels/remainder_mainloop.h)."""
+    n = w.shape[0]
+    ones, zeros = torch.ones(n, device="cuda"), torch.zeros(n, device="cuda")
+    rm, rv = zeros.clone(), ones.clone()
+    out, kernels = cuda_kernels(lambda: ops.linear_scale_batch_norm_train(x, w, b, None, ones, zeros, rm, rv, None,
+                                                                          0.1, 1e-5, "sm90"))
+    return out[1][:, :n], rm, rv, any("f32x3_stats" in k for k in kernels)
+
+
+@pytest.mark.skipif(not HOPPER, reason="needs an sm90 GPU for the sm90 3xTF32 path")
+@pytest.mark.parametrize("k", [48, 1024, 8192, 16384])
+def test_train_h_error_within_twice_sgemm(k):
+    """The statistics GEMM's h (the weight unsplit beside its remainder) against float64: at most
+    2x cuBLAS SGEMM's error (plus 1e-7 relative), a batch of 1000 (a partial tile) and 1160
+    features (enough tiles for the statistics GEMM)."""
+    torch.manual_seed(k)
+    m, n = 1000, 1160
+    x, w, b = torch.randn(m, k, device="cuda"), torch.randn(n, k, device="cuda") / k ** 0.5, torch.randn(n, device="cuda")
+    ref = torch.nn.functional.linear(x.double(), w.double(), b.double())
+    with precision("cuda", "sm90", "f32"):
+        h, _, _, stats_gemm = train_h(x, w, b)
+        sgemm = torch.nn.functional.linear(x, w, b)
+    assert stats_gemm
+    scale = ref.abs().max().item()
+    e_ours, e_sgemm = max_err(h, ref) / scale, max_err(sgemm, ref) / scale
+    assert e_ours <= 2 * e_sgemm + 1e-7, f"K={k}: relative error {e_ours:.3g} > 2 x SGEMM's {e_sgemm:.3g} + 1e-7"
+
+
+@pytest.mark.skipif(not HOPPER, reason="needs an sm90 GPU for the sm90 3xTF32 path")
+def test_train_weight_bits_below_tf32():
+    """The statistics GEMM reads the fp32 weight itself as its big part (the tensor cores drop an fp32
+    operand's low 13 bits there) beside its remainder, rounded to TF32: weight entries whose low 13
+    bits lie below, at and above half a TF32 ulp, of both signs, give h within 2^-21 of w (x a
+    one-hot row: h is the entry), where a big part read rounded would be a TF32 ulp (2^-10) off,
+    and exactly w where the remainder fits in TF32."""
+    m, n, k = 1000, 1160, 64
+    ulp = 2.0 ** -10
+    fractions = torch.tensor([0.0, 2 ** -13, 0.25, 0.5 - 2 ** -13, 0.5, 0.5 + 2 ** -13, 0.75, 1 - 2 ** -13])
+    values = torch.cat([1 + fractions * ulp, -(1.5 + fractions * ulp), 3e-20 * (1 + fractions * ulp)])
+    w = torch.zeros(n, k, device="cuda")
+    w[: values.numel(), 5] = values.to("cuda")
+    x = torch.zeros(m, k, device="cuda")
+    x[:, 5] = 1.0
+    with precision("cuda", "sm90", "f32"):
+        h, _, _, stats_gemm = train_h(x, w, None)
+    assert stats_gemm
+    got = h[0, : values.numel()].cpu()
+    assert ((got - values).abs() <= 2.0 ** -21 * values.abs()).all(), f"h {got.tolist()} against w {values.tolist()}"
+    # 1 and -1.5 plus a fraction of an ulp whose remainder fits in TF32's 11 bits (the 3e-20 ones'
+    # mantissas are arbitrary).
+    exact = torch.tensor([True, True, True, False, True, False, True, False] * 2 + [False] * 8)
+    assert torch.equal(got[exact], values[exact])
+
+
+@pytest.mark.skipif(not HOPPER, reason="needs an sm90 GPU for the sm90 3xTF32 path")
+@pytest.mark.parametrize("k", [300, 1027])
+@pytest.mark.parametrize("case", ["weight", "both"])
+def test_train_non_finite_as_sgemm(k, case):
+    """The statistics GEMM with non-finite W (and x): an infinite weight entry meets x's small part
+    (NaN or either sign), so its row's outputs are rewritten after the GEMM, and the tail sums
+    those columns again. h and the running stats have NaN and +-Inf where the unfused fp32 model
+    has them, the other columns' stats its values: infinities of both signs in a column, a NaN
+    whose payload lies only in the bits TF32 drops (an infinity as the tensor cores read it), and
+    in "both" an infinite x meeting an infinite and a zero weight entry (inf x inf, 0 x inf) and a
+    NaN row of x (every column's statistics NaN then)."""
+    torch.manual_seed(k)
+    m, n = 1000, 1160
+    x, w, b = torch.randn(m, k, device="cuda"), torch.randn(n, k, device="cuda") / k ** 0.5, torch.randn(n, device="cuda")
+    w[10, 7] = float("inf")
+    w[20, k - 1] = -float("inf")
+    w[30, 2] = torch.tensor(0x7F800001, dtype=torch.int32).view(torch.float32).item()
+    if case == "both":
+        x[3, 7] = float("inf")
+        w[11, 7] = 0.0
+        x[5, :] = float("nan")
+    ones, zeros = torch.ones(n, device="cuda"), torch.zeros(n, device="cuda")
+    with precision("cuda", "sm90", "f32"):
+        h, rm, rv, stats_gemm = train_h(x, w, b)
+        sgemm = torch.nn.functional.linear(x, w, b)
+        rm_ref, rv_ref = zeros.clone(), ones.clone()
+        torch.nn.functional.batch_norm(sgemm, rm_ref, rv_ref, ones, zeros, True, 0.1, 1e-5)
+    assert stats_gemm and torch.isnan(w[30, 2]) and torch.isnan(sgemm[:, 30]).all()
+    for what, mask in (("NaN", torch.isnan), ("+Inf", torch.isposinf), ("-Inf", torch.isneginf)):
+        assert torch.equal(mask(h), mask(sgemm)), f"h: {what} at {(mask(h) ^ mask(sgemm)).nonzero().tolist()[:8]}"
+        for got, want, name in ((rm, rm_ref, "running_mean"), (rv, rv_ref, "running_var")):
+            assert torch.equal(mask(got), mask(want)), f"{name}: {what} at {(mask(got) ^ mask(want)).nonzero().tolist()}"
+    finite = torch.isfinite(sgemm)
+    ref = torch.nn.functional.linear(x.double(), w.double(), b.double())
+    assert max_err(h[finite], ref[finite]) <= 2 * max_err(sgemm[finite], ref[finite]) + 1e-6 * ref[finite].abs().max()
+    ok = torch.isfinite(rm_ref)
+    assert ok.sum() == (0 if case == "both" else n - 3)
+    torch.testing.assert_close(rm[ok], rm_ref[ok], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(rv[ok], rv_ref[ok], atol=1e-5, rtol=1e-5)
 
 
 @needs_cuda
@@ -155,6 +252,37 @@ def test_weight_split_cache_follows_the_weight(device, family):
         ours.gemm.weight = torch.nn.Parameter(torch.randn(40, 96, device=device))
         ref.gemm.weight = torch.nn.Parameter(ours.gemm.weight.detach().clone())
         assert max_err(ours(x), ref(x)) < 1e-4, "after a new weight"
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if HOPPER else []))
+def test_weight_remainder_cache_follows_the_weight(device):
+    """KernelBench's loop inside frozen_weights(): training mode under no_grad at a size that takes
+    the statistics GEMM (sm90: the weight's remainder and its infinite rows' flags, kept), with the
+    weight updated in place between calls, an infinity written into it and taken out again. y and
+    the running stats follow the unfused fp32 model each call: NaN and +-Inf where it has them."""
+    torch.manual_seed(0)
+    k, n = 64, 1160
+    ref = Seed(k, n).to(device)
+    ours = cutlass_fused.LinearScaleBatchNorm1d(k, n, device=device)
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randn(1000, k, device=device)
+
+    def set_w(m, i, j, v):
+        m.gemm.weight[i, j] = v
+    updates = [lambda m: None, lambda m: m.gemm.weight.mul_(-0.5), lambda m: set_w(m, 7, 3, float("inf")),
+               lambda m: None, lambda m: set_w(m, 7, 3, 0.25), lambda m: m.gemm.weight.copy_(torch.ones(n, k))]
+    with torch.no_grad(), precision(device, "sm90" if device == "cuda" else "auto", "f32"), \
+            cutlass_fused.frozen_weights(ours):
+        for i, update in enumerate(updates):
+            update(ref)
+            update(ours)
+            y, y_ref = ours(x), ref(x)
+            for got, want, name in ((y, y_ref, "y"), (ours.bn.running_mean, ref.bn.running_mean, "running_mean"),
+                                    (ours.bn.running_var, ref.bn.running_var, "running_var")):
+                for what, mask in (("NaN", torch.isnan), ("+Inf", torch.isposinf), ("-Inf", torch.isneginf)):
+                    assert torch.equal(mask(got), mask(want)), f"update {i}: {name} {what}"
+                finite = torch.isfinite(want)
+                torch.testing.assert_close(got[finite], want[finite], atol=1e-4, rtol=1e-4, msg=f"update {i}: {name}")
 
 
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA else []))

@@ -40,6 +40,20 @@ def test_math_follows_torch_mm(family):
     got = plan(64, 64, 64, allow_tf32=False, mode="eval", **f32)
     assert got["math"] == "f32x3"
     assert (got["split"], got["inf_fix"]) == ((True, False) if family == "sm90" else (False, True))
+    assert not got["remainder"]
+
+
+@pytest.mark.parametrize("family", ["sm90", "sm80"])
+def test_fp32_statistics_gemm_reads_the_weight_and_its_remainder(family):
+    """sm90's 3xTF32 statistics GEMM takes the weight unsplit beside its remainder, and rewrites what
+    an infinite weight row reaches (csrc/kernels/remainder_mainloop.h); its eval GEMM, and sm80's
+    training (the eval kernel and the infinity fix), split as before."""
+    got = plan(1024, 8192, 8192, dtype=torch.float32, allow_tf32=False, family=family, **H100)
+    assert got["math"] == "f32x3"
+    if family == "sm90":
+        assert got["stats_gemm"] and (got["split"], got["remainder"], got["inf_fix"]) == (True, True, True)
+    else:
+        assert (got["split"], got["remainder"], got["inf_fix"]) == (False, False, True)
 
 
 # (batch, features, in_features) -> the eval GEMM: the default row where its tiles fill half the

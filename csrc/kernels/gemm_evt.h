@@ -27,6 +27,8 @@ struct GemmEvtArgs {
   int m = 0, n = 0, k = 0;
   void const* x = nullptr;  int64_t ldx = 0;  // M x K, row-major
   void const* w = nullptr;  int64_t ldw = 0;  // N x K, row-major (nn.Linear weight)
+  void const* x_rest = nullptr;               // sm90 f32x3 stats kernels: x (there the weight) unsplit, this its
+  int k_x = 0;                                //   remainder (ldx too), k_x their K; k is w's split K (tf32x3.h)
   void const* b = nullptr;                    // N, in the input dtype (fp32 for tf32/f32x3), or nullptr for zero
   float const* a = nullptr;                   // N, or nullptr for one
   float const* c = nullptr;                   // N, or nullptr for zero

@@ -19,7 +19,7 @@ void flag_inf_rows(float const* t, int64_t rows, int64_t cols, int64_t ld, unsig
 struct InfFixArgs {
   float const* x;  int64_t ldx;      // m x k
   float const* w;  int64_t ldw;      // n x k
-  unsigned char const* x_flags;      // m, from flag_inf_rows
+  unsigned char const* x_flags;      // m, from flag_inf_rows; nullptr: no row of x is
   unsigned char const* w_flags;      // n
   float const* b = nullptr;          // n, or nullptr for 0
   float const* a = nullptr;          // n, or nullptr for 1

@@ -244,6 +244,9 @@ bool stats_gemm(Problem const& p, Family family, KernelDtype math, int64_t kn, G
   g.kn = kn;
   g.swapped = swapped;
   g.split = family == Family::sm90 && math == KernelDtype::f32x3;
+  // The weight's split writes its remainder alone (decisions.md, "fp32 on sm90"); an infinite
+  // weight entry then meets x's small part, so its row's outputs are rewritten after the GEMM.
+  g.remainder = g.inf_fix = g.split;
   int bytes = info->stats == Stats::partial64 ? 8 : 4;
   int batch_tile = swapped ? info->tile_n : info->tile_m;
   g.sums = {static_cast<int>(ceil_div(p.m, batch_tile)), limits::partials_ld(kn, info->tile_m), bytes};
@@ -518,7 +521,7 @@ std::string describe(Plan const& plan) {
   s << "family=" << to_string(plan.family) << "\nmath=" << to_string(plan.math)
     << "\nkernel=" << (g.kernel ? g.kernel->name : "") << "\nswizzle=" << g.swizzle
     << "\nraster=" << (g.raster == 1 ? "m" : g.raster == 2 ? "n" : "auto") << "\nstats_gemm=" << int(g.sums.bytes > 0)
-    << "\nsplit=" << int(g.split) << "\ninf_fix=" << int(g.inf_fix) << "\nsum_tiles=" << g.sums.tiles
+    << "\nsplit=" << int(g.split) << "\nremainder=" << int(g.remainder) << "\ninf_fix=" << int(g.inf_fix) << "\nsum_tiles=" << g.sums.tiles
     << "\nsum_ld=" << g.sums.ld << "\nsum_bytes=" << g.sums.bytes << "\neval_in_fp32=" << int(plan.eval_in_fp32)
     << "\nfold_scale_apart=" << int(plan.fold_scale_apart) << "\nfold_in_epilogue=" << int(plan.fold_in_epilogue)
     << "\ny_cast=" << int(plan.y_cast) << "\ny_in_x=" << int(plan.y_in_x)

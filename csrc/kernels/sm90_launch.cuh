@@ -1,6 +1,8 @@
 // Host launcher for the sm90a TMA warp-specialized kernels (CUTLASS 3.x API).
 #pragma once
 
+#include <type_traits>
+
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "kernels/cutlass_check.h"
 #include "kernels/evt_extra.h"
@@ -21,6 +23,13 @@ void set_ld(Stride& stride, int64_t ld) {
     cute::get<0>(stride) = ld;
   }
 }
+
+// The statistics kernels' 3xTF32 mainloop takes the weight's remainder beside it
+// (kernels/remainder_mainloop.h).
+template <class Arguments, class = void>
+struct TakesRemainder : std::false_type {};
+template <class Arguments>
+struct TakesRemainder<Arguments, std::void_t<decltype(Arguments::ptr_A_rest)>> : std::true_type {};
 
 // PromotionInterval: for the promoted mainloops (f32x3's, e4m3's), the MMAs between
 // promotions (codegen/kernels.py `promote`); 0 keeps the mainloop's default.
@@ -46,6 +55,10 @@ struct Launch {
     // No C operand (ElementC = void); D is the EVT's output.
     args.epilogue = {fusion_args(p), nullptr, stride_out, static_cast<ElementD*>(p.out), stride_out};
     if constexpr (PromotionInterval > 0) args.mainloop.mma_promotion_interval = PromotionInterval;
+    if constexpr (TakesRemainder<typename Kernel::CollectiveMainloop::Arguments>::value) {
+      args.mainloop.ptr_A_rest = static_cast<ElementA const*>(p.x_rest);
+      args.mainloop.k_a = p.k_x;
+    }
     using Raster = cutlass::gemm::kernel::detail::RasterOrderOptions;
     args.scheduler.max_swizzle_size = p.swizzle;
     args.scheduler.raster_order = p.raster == 1 ? Raster::AlongM : p.raster == 2 ? Raster::AlongN : Raster::Heuristic;

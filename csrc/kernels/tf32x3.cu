@@ -37,9 +37,21 @@ __device__ __forceinline__ float4 part(Parts const (&p)[4], float Parts::*which)
   return {p[0].*which, p[1].*which, p[2].*which, p[3].*which};
 }
 
-// A thread splits 4 adjacent values of a row: one 16-byte load where the row allows it (`vector`:
-// in and ld_in 16-byte aligned) and three 16-byte streaming stores, since the GEMM reads `out` only
-// after the whole pass. Rows stride over blockIdx.y, so that no thread divides by the row length.
+// 4 adjacent values of a row from column c0, zero past the row's end or on a padding row: one
+// 16-byte load where the row allows it (`vector`: in and ld_in 16-byte aligned).
+__device__ __forceinline__ void load4(float const* src, int64_t c0, int64_t cols, bool in_row, bool vector,
+                                      float (&v)[4]) {
+  if (in_row && vector && c0 + 4 <= cols) {
+    float4 q = __ldg(reinterpret_cast<float4 const*>(src + c0));
+    v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) v[i] = in_row && c0 + i < cols ? src[c0 + i] : 0.f;
+}
+
+// A thread splits 4 adjacent values of a row (load4) with three 16-byte streaming stores, since the
+// GEMM reads `out` only after the whole pass. Rows stride over blockIdx.y, so that no thread divides by the row length.
 __global__ void split_rows_kernel(float const* __restrict__ in, int64_t rows_in, int64_t cols, int64_t ld_in,
                                   bool vector, int64_t rows_out, int64_t seg, SplitOrder order,
                                   float* __restrict__ out) {
@@ -50,15 +62,8 @@ __global__ void split_rows_kernel(float const* __restrict__ in, int64_t rows_in,
     float* row = out + r * 3 * seg;
     for (int64_t g = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; g < groups; g += int64_t{gridDim.x} * blockDim.x) {
       int64_t c0 = g * 4;
-      float v[4] = {0.f, 0.f, 0.f, 0.f};
-      if (r < rows_in && vector && c0 + 4 <= cols) {
-        float4 q = __ldg(reinterpret_cast<float4 const*>(src + c0));
-        v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
-      } else if (r < rows_in) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-          if (c0 + i < cols) v[i] = src[c0 + i];
-      }
+      float v[4];
+      load4(src, c0, cols, r < rows_in, vector, v);
       Parts p[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) p[i] = split(v[i]);
@@ -93,7 +98,47 @@ __global__ void split_transposed_kernel(float const* __restrict__ in, int64_t ro
   }
 }
 
+// w - tf32(w), rounded to TF32, for a finite w; see tf32_remainder_rows.
+__device__ __forceinline__ float remainder(float w, bool& inf) {
+  uint32_t u = __float_as_uint(w);
+  if ((u & 0x7f800000u) != 0x7f800000u) return tf32_round(w - __uint_as_float(u & 0xffffe000u));
+  bool nan = (u & 0x007fffffu) != 0;
+  inf |= !nan;
+  return nan ? __uint_as_float(0x7fc00000u) : 0.f;
+}
+
+// A thread 4 adjacent values of a row, as split_rows_kernel, one 16-byte streaming store.
+__global__ void remainder_rows_kernel(float const* __restrict__ in, int64_t rows_in, int64_t cols, int64_t ld_in,
+                                      bool vector, int64_t rows_out, int64_t ld, float* __restrict__ rest,
+                                      unsigned char* __restrict__ flags) {
+  int64_t groups = ld / 4;
+  for (int64_t r = blockIdx.y; r < rows_out; r += gridDim.y) {
+    float const* src = in + r * ld_in;
+    bool inf = false;
+    for (int64_t g = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; g < groups; g += int64_t{gridDim.x} * blockDim.x) {
+      int64_t c0 = g * 4;
+      float v[4];
+      load4(src, c0, cols, r < rows_in, vector, v);
+      float4 o = {remainder(v[0], inf), remainder(v[1], inf), remainder(v[2], inf), remainder(v[3], inf)};
+      __stcs(reinterpret_cast<float4*>(rest + r * ld + c0), o);
+    }
+    // flags were zeroed before the launch; any thread that saw an infinity marks the row.
+    if (inf) flags[r] = 1;
+  }
+}
+
 }  // namespace
+
+void tf32_remainder_rows(float const* in, int64_t rows_in, int64_t cols, int64_t ld_in, int64_t rows_out,
+                         int64_t ld, float* rest, unsigned char* flags, cudaStream_t stream) {
+  if (rows_out == 0) return;
+  check_cuda(cudaMemsetAsync(flags, 0, rows_out, stream), "tf32_remainder_rows");
+  unsigned bx = strided_grid(ld / 4, 256, 64);
+  unsigned by = strided_grid(rows_out, 1, std::max<int64_t>(1, 8192 / bx));
+  bool vector = ld_in % 4 == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0;
+  remainder_rows_kernel<<<dim3(bx, by), 256, 0, stream>>>(in, rows_in, cols, ld_in, vector, rows_out, ld, rest, flags);
+  check_cuda(cudaGetLastError(), "tf32_remainder_rows");
+}
 
 void split_tf32_rows(float const* in, int64_t rows_in, int64_t cols, int64_t stride_r, int64_t stride_c,
                      int64_t rows_out, int64_t seg, SplitOrder order, float* out, cudaStream_t stream) {

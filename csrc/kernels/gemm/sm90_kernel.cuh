@@ -14,6 +14,7 @@
 #include "cutlass/gemm/kernel/sm90_tile_scheduler.hpp"
 #include "kernels/gemm/dtype.cuh"
 #include "kernels/promoted_mainloop.h"
+#include "kernels/remainder_mainloop.h"
 #include "kernels/sm90_launch.cuh"
 
 namespace cutlass_fused::gemm {
@@ -49,14 +50,19 @@ struct PingpongFP8FastAccum {
 
 // The mainloop CollectiveBuilder chose, as the kernel runs it. 3xTF32 runs the TF32
 // mainloop (over operands the binding split, K tripled) with accumulator promotion:
-// see kernels/promoted_mainloop.h for why.
-template <class Dtype, class Mainloop>
+// see kernels/promoted_mainloop.h for why. The statistics kernels' (RemainderA) read their A
+// operand, the weight, as itself and its remainder (kernels/remainder_mainloop.h).
+template <class Dtype, class Mainloop, bool RemainderA>
 struct Sm90Mainloop {
   using type = Mainloop;
 };
 template <class Mainloop>
-struct Sm90Mainloop<dtype::f32x3, Mainloop> {
+struct Sm90Mainloop<dtype::f32x3, Mainloop, false> {
   using type = PromotedMainloop<Mainloop>;
+};
+template <class Mainloop>
+struct Sm90Mainloop<dtype::f32x3, Mainloop, true> {
+  using type = RemainderMainloop<Mainloop>;
 };
 
 // TileShape: the CTA tile (M, N, K), cute::Shape of static ints. EpilogueTile: the
@@ -64,9 +70,10 @@ struct Sm90Mainloop<dtype::f32x3, Mainloop> {
 // (int64_t, _1, _0) or column-major (_1, int64_t, _0). Evt: the fusion, whose
 // broadcasts and reductions take the same CTA tile (each CTA's nodes cover its own
 // tile, not its cluster's). LayoutA: row-major (K-contiguous), or column-major for the grad
-// kernels' A, the next Linear's weight read transposed (sm90_grad.cuh).
+// kernels' A, the next Linear's weight read transposed (sm90_grad.cuh). RemainderA: the
+// statistics kernels' (Sm90Mainloop).
 template <class Dtype, class TileShape, class ClusterShape, class EpilogueTile, class Schedule, class StrideD,
-          class Evt, class LayoutA = cutlass::layout::RowMajor>
+          class Evt, class LayoutA = cutlass::layout::RowMajor, bool RemainderA = false>
 struct Sm90Kernel {
   using Element = typename Dtype::Element;
   using Operand = typename Dtype::Operand;
@@ -92,7 +99,7 @@ struct Sm90Kernel {
                  TileShape, ClusterShape,
                  cutlass::gemm::collective::StageCountAutoCarveout<
                      static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
-                 typename Schedule::Kernel>::CollectiveOp>::type;
+                 typename Schedule::Kernel>::CollectiveOp, RemainderA>::type;
 
   // Problem shape (M, N, K, L); void: the default (persistent) tile scheduler.
   using type = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, CollectiveMainloop,
@@ -103,11 +110,11 @@ struct Sm90Kernel {
 // templated on the CTA tile, epilogue tile and epilogue schedule, with its Tree and
 // args(GemmEvtArgs). sm90_eval.cuh and sm90_stats.cuh name it with their D layouts.
 template <class Dtype, template <class, class, class> class Evt, class StrideD, class TileShape, class ClusterShape,
-          class EpilogueTile, class Schedule, class LayoutA = cutlass::layout::RowMajor>
+          class EpilogueTile, class Schedule, class LayoutA = cutlass::layout::RowMajor, bool RemainderA = false>
 struct Sm90Gemm {
   using Epilogue = Evt<TileShape, EpilogueTile, typename Schedule::Epilogue>;
   using GemmKernel = typename Sm90Kernel<Dtype, TileShape, ClusterShape, EpilogueTile, Schedule, StrideD,
-                                         typename Epilogue::Tree, LayoutA>::type;
+                                         typename Epilogue::Tree, LayoutA, RemainderA>::type;
 
   static sm90::Fusion<GemmKernel> fusion_args(GemmEvtArgs const& p) { return Epilogue::args(p); }
 };

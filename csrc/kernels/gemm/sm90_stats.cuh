@@ -9,6 +9,8 @@
 // (ceil(batch / tile_n) x round_up(features, tile_m), in dtype.cuh's StatsCompute; gemm_evt.h),
 // which the training tail (bn_train.cu) adds up in a fixed order.
 //
+// 3xTF32's read the weight as itself and its remainder, x split (kernels/remainder_mainloop.h).
+//
 // A row of the kernel table instantiates Gemm with its dtype (dtype.cuh), tree, CTA tile
 // (features, batch, K), cluster, epilogue tile and schedule (csrc/generated/sm90_*_stats_*.cu).
 #pragma once
@@ -20,6 +22,7 @@ namespace cutlass_fused::gemm::sm90_stats {
 template <class Dtype, template <class, class, class> class Evt, class TileShape, class ClusterShape,
           class EpilogueTile, class Schedule>
 using Gemm = Sm90Gemm<Dtype, Evt, cute::Stride<cute::_1, int64_t, cute::_0>,  // W x^T column-major: h
-                      TileShape, ClusterShape, EpilogueTile, Schedule>;
+                      TileShape, ClusterShape, EpilogueTile, Schedule, cutlass::layout::RowMajor,
+                      std::is_same_v<Dtype, dtype::f32x3>>;
 
 }  // namespace cutlass_fused::gemm::sm90_stats
