@@ -11,7 +11,8 @@
 # and fast-accumulating), delayed scaling's casts that measure the amax and its history step, the
 # FP8 ops' scale arithmetic), the eval fold that the sm90 eval epilogue makes itself, and the
 # small-batch training tails (registers and shared-memory slab), the grad GEMM of the next Linear's
-# dX with the BN backward's sums (batch_norm_backward_linear), and sm90's 3xTF32 split of row views.
+# dX with the BN backward's sums (batch_norm_backward_linear), sm90's 3xTF32 split of row views, and
+# sm90's fp32 statistics GEMM over the weight and its remainder, with the rewrite of infinite weight rows.
 # PyTorch's caching allocator would hide out-of-bounds accesses inside its
 # blocks, so memcheck runs with it off.
 # Usage: bash scripts/sanitize.sh [memcheck] [racecheck] [synccheck]   (default: all three)
@@ -35,13 +36,15 @@ FILES=(
   "tests/test_forward.py::test_training_tails_agree"
   "tests/test_backward_linear.py::test_against_float64"
   "tests/test_fp32.py::test_sm90_3xtf32_row_views tests/test_fp32.py::test_sm90_3xtf32_unaligned_and_non_finite"
+  "tests/test_fp32.py::test_train_non_finite_as_sgemm tests/test_fp32.py::test_train_weight_bits_below_tf32"
 )
 KEYS=("cuda and (3x769x1000 or 1000x1000x769)" "cuda" "1000x96x5125 or 333x128x130" "1000x96x5125 or falls_back"
       "cuda" "1000x96x5125 or 3x64x769" "spread and (bf16 or f32)"
       "(cuda and (values_transposed or torchs_cast or op_edges or e5m2_backward_in_the_layer or fast_accum)) or each_e4m3_row or (cuda and e4m3_eval_is_the_emulated_one and autocast-bf16-y and 3x769x1000) or (cuda and ((with_scale_is_fp8_rounding and bf16) or quantize_with_scale_edges or fp8_record_is or fp8_operand_scales_is_torchs or fp8_backward_scales_is_torchs or (delayed_operands_is_the_ops and bf16) or delayed_e5m2_backward))"
       "relu and (1500x1032-bf16 or 4096x2048-bf16 or 4096x2048-f32)"
       "not no_affine and relu and (bf16 or f16)" "bf16 and spread and (200x32 or 512x64)"
-      "cuda and relu and (3x256x1000 or 1000x769x512)" "row_views or 3-769-1000 or 1000-300-5125")
+      "cuda and relu and (3x256x1000 or 1000x769x512)" "row_views or 3-769-1000 or 1000-300-5125"
+      "1027 or bits")
 rc=0
 runs=(${ONLY:-${!FILES[@]}})
 tools=("$@")
