@@ -82,21 +82,25 @@ at::Tensor weight_rows(at::Tensor const& w, int64_t rows) {
 // The GEMM's operands: x and w as they are (16-byte aligned rows, w padded to
 // kn rows), or split for 3xTF32 with K tripled. Split, the segments of x
 // [small | again | big] meet W's [again | small | big] (csrc/kernels/tf32x3.h), in either
-// operand order (the stats kernels take W as A). The statistics kernels' W is itself beside its
-// remainder (`rest`, with its infinite rows' flags), x's segments whole K tiles
-// (csrc/kernels/remainder_mainloop.h).
+// operand order (the stats kernels take W as A). The statistics kernels read x and W themselves
+// beside their remainders (`x_rest`, `w_rest`, with their infinite rows' flags), over K'
+// = 3 `seg`, seg their K padded to the K tile (csrc/kernels/remainder_mainloop.h).
 struct Operands {
   at::Tensor x, w;
-  c10::optional<at::Tensor> rest, w_flags;
+  c10::optional<at::Tensor> x_rest, w_rest, x_flags, w_flags;
+  int64_t seg = 0;
 };
 
 Operands operands(at::Tensor const& x, at::Tensor const& weight, GemmPlan const& g, bool cache) {
   if (!g.split) return {aligned_rows(x), weight_rows(weight, g.kn)};
   if (!g.remainder)
     return {split_tf32x3(x, x.size(0), SplitOrder::small_big_big), split_weight_tf32x3(weight, g.kn, cache)};
+  auto xa = aligned_rows(x);
   auto wa = weight_rows(weight, g.kn);
-  auto r = remainder_weight_tf32x3(weight, wa, cache);
-  return {split_tf32x3(x, x.size(0), SplitOrder::small_big_big, g.kernel->tile_k), wa, r.rest, r.flags};
+  auto rx = remainder_tf32x3(xa);
+  auto rw = remainder_weight_tf32x3(weight, wa, cache);
+  int64_t tile_k = g.kernel->tile_k;
+  return {xa, wa, rx.rest, rw.rest, rx.flags, rw.flags, (xa.size(1) + tile_k - 1) / tile_k * tile_k};
 }
 
 void const* ptr_or_null(c10::optional<at::Tensor> const& t) { return t.has_value() ? t->data_ptr() : nullptr; }
@@ -128,18 +132,17 @@ void fix_infinite_operands(Operands const& ops, at::Tensor const& weight, int64_
   fix_inf_products(f, at::cuda::getCurrentCUDAStream().stream());
 }
 
-// The statistics kernels' 3xTF32 over W and its remainder: an infinite weight entry meets x's small
-// part there (NaN, or either sign), so the outputs of W's flagged rows are rewritten as an fp32
-// GEMM gives them (x's own infinities are whole in its split). h only: its columns' sums are then
-// not finite, and the tail sums them again from h.
-void fix_infinite_weight(at::Tensor const& x, Operands const& ops, int64_t n, void const* b, at::Tensor& out) {
-  auto xr = x.stride(1) == 1 ? x : x.contiguous();
+// The statistics kernels' 3xTF32 over x and W beside their remainders: an infinite entry of
+// either meets the other's remainder there (NaN, or either sign), so the outputs of their flagged
+// rows are rewritten as an fp32 GEMM gives them. h only: its columns' sums are then not finite,
+// and the tail sums them again from h.
+void fix_infinite_rows(at::Tensor const& x, Operands const& ops, int64_t n, void const* b, at::Tensor& out) {
   InfFixArgs f{};
-  f.x = xr.data_ptr<float>();
-  f.ldx = xr.stride(0);
+  f.x = ops.x.data_ptr<float>();
+  f.ldx = ops.x.stride(0);
   f.w = ops.w.data_ptr<float>();
   f.ldw = ops.w.stride(0);
-  f.x_flags = nullptr;
+  f.x_flags = ops.x_flags->data_ptr<unsigned char>();
   f.w_flags = ops.w_flags->data_ptr<unsigned char>();
   f.b = static_cast<float const*>(b);
   f.out = out.data_ptr<float>();
@@ -236,12 +239,14 @@ Workspace run_gemm(Plan const& plan, at::Tensor const& x, at::Tensor const& weig
   at::Tensor const& b_op = g.swapped ? ops.x : ops.w;
   p.m = static_cast<int>(a_op.size(0));
   p.n = static_cast<int>(g.swapped ? x.size(0) : g.kn);
-  p.k = static_cast<int>(b_op.size(1));
+  p.k = static_cast<int>(g.remainder ? 3 * ops.seg : b_op.size(1));
   p.x = a_op.data_ptr();
   p.ldx = a_op.stride(0);
   if (g.remainder) {
-    p.x_rest = ops.rest->data_ptr();
+    p.x_rest = ptr_or_null(g.swapped ? ops.w_rest : ops.x_rest);
+    p.w_rest = ptr_or_null(g.swapped ? ops.x_rest : ops.w_rest);
     p.k_x = static_cast<int>(a_op.size(1));
+    p.k_w = static_cast<int>(b_op.size(1));
   }
   p.w = b_op.data_ptr();
   p.ldw = b_op.stride(0);
@@ -262,7 +267,7 @@ Workspace run_gemm(Plan const& plan, at::Tensor const& x, at::Tensor const& weig
   Workspace ws = gemm_workspace(plan, entry, p, x.options());
   entry.run(p, at::cuda::getCurrentCUDAStream(p.device).stream());
   if (g.remainder) {
-    fix_infinite_weight(x, ops, weight.size(0), p.b, out);
+    fix_infinite_rows(x, ops, weight.size(0), p.b, out);
   } else if (g.inf_fix) {
     fix_infinite_operands(ops, weight, weight.size(0), cache, p.b, e.a, e.c, out);
   }

@@ -27,17 +27,34 @@ at::Tensor split_weight_tf32x3(at::Tensor const& w, int64_t rows_out, bool cache
                  [&] { return split_tf32x3(w, rows_out, SplitOrder::big_small_big); });
 }
 
-WeightRemainder remainder_weight_tf32x3(at::Tensor const& w, at::Tensor const& wa, bool cache) {
-  int64_t rows = wa.size(0), ld = wa.stride(0), elements = rows * ld;
-  // One allocation, kept as one value: rest, then the flags' bytes.
-  auto both = derived(Derived::weight_remainder, {w}, {static_cast<double>(rows), static_cast<double>(ld)}, cache, [&] {
-    auto out = at::empty({elements + (rows + 3) / 4}, wa.options());
-    tf32_remainder_rows(wa.data_ptr<float>(), rows, wa.size(1), ld, rows, ld, out.data_ptr<float>(),
-                        reinterpret_cast<unsigned char*>(out.data_ptr<float>() + elements),
-                        at::cuda::getCurrentCUDAStream().stream());
-    return out;
-  });
+namespace {
+
+// One allocation, kept as one value where it is kept: the remainder, then the flags' bytes.
+at::Tensor remainder_and_flags(at::Tensor const& t) {
+  int64_t rows = t.size(0), ld = t.stride(0), elements = rows * ld;
+  auto out = at::empty({elements + (rows + 3) / 4}, t.options());
+  tf32_remainder_rows(t.data_ptr<float>(), rows, t.size(1), ld, rows, ld, out.data_ptr<float>(),
+                      reinterpret_cast<unsigned char*>(out.data_ptr<float>() + elements),
+                      at::cuda::getCurrentCUDAStream().stream());
+  return out;
+}
+
+Remainder unpack(at::Tensor const& both, int64_t rows, int64_t ld) {
+  int64_t elements = rows * ld;
   return {both.narrow(0, 0, elements).view({rows, ld}), both.narrow(0, elements, (rows + 3) / 4).view(at::kByte)};
+}
+
+}  // namespace
+
+Remainder remainder_tf32x3(at::Tensor const& t) {
+  return unpack(remainder_and_flags(t), t.size(0), t.stride(0));
+}
+
+Remainder remainder_weight_tf32x3(at::Tensor const& w, at::Tensor const& wa, bool cache) {
+  int64_t rows = wa.size(0), ld = wa.stride(0);
+  auto both = derived(Derived::weight_remainder, {w}, {static_cast<double>(rows), static_cast<double>(ld)}, cache,
+                      [&] { return remainder_and_flags(wa); });
+  return unpack(both, rows, ld);
 }
 
 at::Tensor inf_rows(at::Tensor const& t) {

@@ -18,13 +18,15 @@ at::Tensor split_tf32x3(at::Tensor const& t, int64_t rows_out, SplitOrder order,
 // ops' schema argument, csrc/ops.cpp) allows: derived_cache.h.
 at::Tensor split_weight_tf32x3(at::Tensor const& w, int64_t rows_out, bool cache);
 
-// The statistics GEMM's weight operand beside w itself (wa: w's 16-byte aligned rows, padded to
-// the kernel's rows; csrc/kernels/tf32x3.h): rest, wa's shape and stride, and the byte flags of
-// wa's rows that hold +-inf. Kept as split_weight_tf32x3 keeps its split.
-struct WeightRemainder {
+// An operand of the statistics GEMM beside itself (t: 16-byte aligned rows, x's, or the weight's
+// padded to the kernel's rows; csrc/kernels/tf32x3.h): its remainder, t's shape and stride, and the
+// byte flags of t's rows that hold +-inf. remainder_weight_tf32x3 keeps w's as split_weight_tf32x3
+// keeps its split.
+struct Remainder {
   at::Tensor rest, flags;
 };
-WeightRemainder remainder_weight_tf32x3(at::Tensor const& w, at::Tensor const& wa, bool cache);
+Remainder remainder_tf32x3(at::Tensor const& t);
+Remainder remainder_weight_tf32x3(at::Tensor const& w, at::Tensor const& wa, bool cache);
 
 // Byte flags of t's rows (R x C, fp32, CUDA, unit column stride) that hold +-inf
 // (csrc/kernels/inf_fix.h); weight_inf_rows keeps w's as split_weight_tf32x3 does.

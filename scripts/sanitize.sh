@@ -36,7 +36,7 @@ FILES=(
   "tests/test_forward.py::test_training_tails_agree"
   "tests/test_backward_linear.py::test_against_float64"
   "tests/test_fp32.py::test_sm90_3xtf32_row_views tests/test_fp32.py::test_sm90_3xtf32_unaligned_and_non_finite"
-  "tests/test_fp32.py::test_train_non_finite_as_sgemm tests/test_fp32.py::test_train_weight_bits_below_tf32"
+  "tests/test_fp32.py::test_train_non_finite_as_sgemm tests/test_fp32.py::test_train_operand_bits_below_tf32"
 )
 KEYS=("cuda and (3x769x1000 or 1000x1000x769)" "cuda" "1000x96x5125 or 333x128x130" "1000x96x5125 or falls_back"
       "cuda" "1000x96x5125 or 3x64x769" "spread and (bf16 or f32)"

@@ -44,10 +44,10 @@ def test_math_follows_torch_mm(family):
 
 
 @pytest.mark.parametrize("family", ["sm90", "sm80"])
-def test_fp32_statistics_gemm_reads_the_weight_and_its_remainder(family):
-    """sm90's 3xTF32 statistics GEMM takes the weight unsplit beside its remainder, and rewrites what
-    an infinite weight row reaches (csrc/kernels/remainder_mainloop.h); its eval GEMM, and sm80's
-    training (the eval kernel and the infinity fix), split as before."""
+def test_fp32_statistics_gemm_reads_the_operands_and_their_remainders(family):
+    """sm90's 3xTF32 statistics GEMM takes x and the weight unsplit beside their remainders, and
+    rewrites what an infinite row of either reaches (csrc/kernels/remainder_mainloop.h); its eval
+    GEMM, and sm80's training (the eval kernel and the infinity fix), split as before."""
     got = plan(1024, 8192, 8192, dtype=torch.float32, allow_tf32=False, family=family, **H100)
     assert got["math"] == "f32x3"
     if family == "sm90":

@@ -27,8 +27,9 @@ struct GemmEvtArgs {
   int m = 0, n = 0, k = 0;
   void const* x = nullptr;  int64_t ldx = 0;  // M x K, row-major
   void const* w = nullptr;  int64_t ldw = 0;  // N x K, row-major (nn.Linear weight)
-  void const* x_rest = nullptr;               // sm90 f32x3 stats kernels: x (there the weight) unsplit, this its
-  int k_x = 0;                                //   remainder (ldx too), k_x their K; k is w's split K (tf32x3.h)
+  void const* x_rest = nullptr;               // sm90 f32x3 stats kernels: x and w (there the weight and x) unsplit,
+  void const* w_rest = nullptr;               //   these their remainders (ldx, ldw too), k_x and k_w their K; k is
+  int k_x = 0, k_w = 0;                       //   3 S, S their K padded to the K tile (remainder_mainloop.h)
   void const* b = nullptr;                    // N, in the input dtype (fp32 for tf32/f32x3), or nullptr for zero
   float const* a = nullptr;                   // N, or nullptr for one
   float const* c = nullptr;                   // N, or nullptr for zero

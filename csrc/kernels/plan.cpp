@@ -244,8 +244,8 @@ bool stats_gemm(Problem const& p, Family family, KernelDtype math, int64_t kn, G
   g.kn = kn;
   g.swapped = swapped;
   g.split = family == Family::sm90 && math == KernelDtype::f32x3;
-  // The weight's split writes its remainder alone (decisions.md, "fp32 on sm90"); an infinite
-  // weight entry then meets x's small part, so its row's outputs are rewritten after the GEMM.
+  // Each operand's split writes its remainder alone (decisions.md, "fp32 on sm90"); an infinite
+  // entry then meets the other's remainder, so its row's outputs are rewritten after the GEMM.
   g.remainder = g.inf_fix = g.split;
   int bytes = info->stats == Stats::partial64 ? 8 : 4;
   int batch_tile = swapped ? info->tile_n : info->tile_m;

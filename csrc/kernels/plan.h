@@ -101,10 +101,9 @@ struct GemmPlan {
   bool swapped = false;                // an sm90 stats (grad) kernel: W (W2^T) is its A operand, h^T (g^T) its
                                        // column-major D
   bool split = false;                  // operands split for 3xTF32 through the TF32 kernel (sm90)
-  bool remainder = false;              // split, the statistics kernel's: the weight as itself and its remainder,
-                                       // segments of tile_k multiples (remainder_mainloop.h)
-  bool inf_fix = false;                // sm80 3xTF32: rewrite the outputs infinite rows reach; with remainder,
-                                       // those the weight's infinite rows reach
+  bool remainder = false;              // split, the statistics kernel's: x and W each as itself and its
+                                       // remainder, segments of tile_k multiples (remainder_mainloop.h)
+  bool inf_fix = false;                // 3xTF32 on sm80, or with remainder: rewrite the outputs infinite rows reach
   int swizzle = 1, raster = 0;         // the sm90 persistent scheduler's tile order
   StatsLayout sums;                    // stats kernels
 };

@@ -1,16 +1,17 @@
-// The sm90 3xTF32 statistics GEMM's mainloop with its A operand (the weight, in the swapped
-// kernel) read from two tensors: the fp32 weight itself, and its remainder r = TF32(w - tf32(w)),
-// where tf32(w) is w with its low 13 bits dropped, as the tensor cores read an fp32 operand. So no
-// pass writes w's big part (or the copy of it the third segment meets): the pass over w writes r
-// alone (csrc/kernels/tf32x3.h, tf32_remainder_rows), 8 bytes an element moved against 16
+// The sm90 3xTF32 statistics GEMM's mainloop with each operand read from two tensors: the fp32
+// operand itself, and its remainder r = TF32(v - tf32(v)), where tf32(v) is v with its low 13 bits
+// dropped, as the tensor cores read an fp32 operand. So no pass writes an operand's big part (or the
+// copy of it that a second segment meets): the pass over each operand writes r alone
+// (csrc/kernels/tf32x3.h, tf32_remainder_rows), 8 bytes an element moved against 16
 // (docs/decisions.md, "fp32 on sm90").
 //
-// B (x, split as for every 3xTF32 GEMM) has K' = 3 S with S a whole number of K tiles, segments
-// [small | again | big]; A's K tile t reads, in the same three segments, w (t < T), r (T <= t < 2T)
-// and w again (t - 2T), T = S / tile K: small x w + again x r + big x w. An infinite w meets x's
-// small part, where the product is NaN or of either sign: the binding rewrites what a weight row
-// holding an infinity reaches afterwards (inf_fix.h), and the tail's exact pass sums those columns.
-// The rest is the promoted mainloop (promoted_mainloop.h), the MMA side untouched.
+// K' = 3 S with S a whole number of K tiles, T = S / tile K. K tile t of A (the weight, in the
+// swapped kernel) reads w (t < T), r_w (T <= t < 2T) and w again; B's (x) reads r_x, then x twice:
+// w r_x + r_w x + w x, the small products first (tf32x3.h, SplitOrder). An infinite v has r = 0,
+// which meets the other operand's infinity or its zero remainder as NaN, or as either sign: the
+// binding rewrites what a row holding an infinity reaches afterwards (inf_fix.h), and the tail's
+// exact pass sums those columns. The rest is the promoted mainloop (promoted_mainloop.h), the MMA
+// side untouched.
 #pragma once
 
 #include "kernels/promoted_mainloop.h"
@@ -32,8 +33,8 @@ struct RemainderMainloop : PromotedMainloop<M> {
   using typename Base::PipelineState;
   using typename Base::TensorStorage;
 
-  // Base's, and the remainder's base pointer (same stride as ptr_A) and A's K extent (w's
-  // padded row length, at most S: TMA reads zeros past it).
+  // Base's, and the remainders' base pointers (each with its operand's stride) and the operands'
+  // K extents (their padded row lengths, at most S: TMA reads zeros past them).
   struct Arguments {
     ElementA const* ptr_A;
     StrideA dA;
@@ -41,11 +42,13 @@ struct RemainderMainloop : PromotedMainloop<M> {
     StrideB dB;
     uint32_t mma_promotion_interval = 4;
     ElementA const* ptr_A_rest = nullptr;
-    int k_a = 0;
+    ElementB const* ptr_B_rest = nullptr;
+    int k_a = 0, k_b = 0;
   };
 
   struct Params : Base::Params {
     typename Base::Params::TMA_A tma_load_a_rest;
+    typename Base::Params::TMA_B tma_load_b_rest;
   };
 
   template <class ProblemShape>
@@ -56,17 +59,24 @@ struct RemainderMainloop : PromotedMainloop<M> {
     return make_tma_copy_A_sm90(GmemTiledCopyA{}, t, SmemLayoutA{}(_, _, Int<0>{}), TileShape{}, ClusterShape{});
   }
 
-  // Base's, but A's descriptors span A's own K (k_a), B's the problem's (3 segments).
+  template <class ProblemShape>
+  static auto tma_b(ProblemShape const& problem_shape, ElementB const* ptr, StrideB const& stride, int k_b) {
+    using namespace cute;
+    auto [m, n, k, l] = append<4>(problem_shape, 1);
+    Tensor t = make_tensor(ptr, make_layout(make_shape(n, k_b, l), stride));
+    return make_tma_copy_B_sm90(typename Base::GmemTiledCopyB{}, t, typename Base::SmemLayoutB{}(_, _, Int<0>{}),
+                                TileShape{}, ClusterShape{});
+  }
+
+  // Base's, but each operand's descriptors span its own K (k_a, k_b), not the problem's 3 segments.
   template <class ProblemShape>
   static Params to_underlying_arguments(ProblemShape const& problem_shape, Arguments const& args, void*) {
     using namespace cute;
-    auto [m, n, k, l] = append<4>(problem_shape, 1);
     Params p{};
     p.tma_load_a = tma_a(problem_shape, args.ptr_A, args.dA, args.k_a);
     p.tma_load_a_rest = tma_a(problem_shape, args.ptr_A_rest, args.dA, args.k_a);
-    Tensor b = make_tensor(args.ptr_B, make_layout(make_shape(n, k, l), args.dB));
-    p.tma_load_b = make_tma_copy_B_sm90(typename Base::GmemTiledCopyB{}, b, typename Base::SmemLayoutB{}(_, _, Int<0>{}),
-                                        TileShape{}, ClusterShape{});
+    p.tma_load_b = tma_b(problem_shape, args.ptr_B, args.dB, args.k_b);
+    p.tma_load_b_rest = tma_b(problem_shape, args.ptr_B_rest, args.dB, args.k_b);
     p.tma_transaction_bytes = Base::TmaTransactionBytes;
     p.tma_transaction_bytes_mk = Base::TmaTransactionBytesMK;
     p.tma_transaction_bytes_nk = Base::TmaTransactionBytesNK;
@@ -79,16 +89,17 @@ struct RemainderMainloop : PromotedMainloop<M> {
     auto [m, n, k, l] = cute::append<4>(problem_shape, 1);
     constexpr int tile_k = cute::size<2>(TileShape{});
     typename Base::Arguments base{args.ptr_A, args.dA, args.ptr_B, args.dB, args.mma_promotion_interval};
-    return args.ptr_A_rest != nullptr && k % (3 * tile_k) == 0 && args.k_a > 0 && args.k_a <= k / 3 &&
-           Base::can_implement(problem_shape, base);
+    return args.ptr_A_rest != nullptr && args.ptr_B_rest != nullptr && k % (3 * tile_k) == 0 && args.k_a > 0 &&
+           args.k_a <= k / 3 && args.k_b > 0 && args.k_b <= k / 3 && Base::can_implement(problem_shape, base);
   }
 
   CUTLASS_DEVICE static void prefetch_tma_descriptors(Params const& params) {
     Base::prefetch_tma_descriptors(params);
     cute::prefetch_tma_descriptor(params.tma_load_a_rest.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(params.tma_load_b_rest.get_tma_descriptor());
   }
 
-  // Base's producer loop, with A's K tile and descriptor taken by segment.
+  // Base's producer loop, with each operand's K tile and descriptor taken by segment.
   template <class TensorA, class TensorB, class KTileIterator, class BlockCoord>
   CUTLASS_DEVICE void load(Params const& params, MainloopPipeline pipeline, PipelineState smem_pipe_write,
                            cute::tuple<TensorA, TensorB> const& load_inputs, BlockCoord const& blk_coord,
@@ -124,10 +135,11 @@ struct RemainderMainloop : PromotedMainloop<M> {
       auto* barrier = pipeline.producer_get_barrier(smem_pipe_write);
       int stage = smem_pipe_write.index();
       int t = *k_tile_iter;
-      int s = t / segment, ta = t - s * segment;
+      int s = t / segment, local = t - s * segment;
       auto const& tma_a = s == 1 ? params.tma_load_a_rest : params.tma_load_a;
-      copy(tma_a.with(*barrier, mcast_a), tAgA(_, _, _, ta), tAsA(_, _, _, stage));
-      copy(params.tma_load_b.with(*barrier, mcast_b), tBgB(_, _, _, t), tBsB(_, _, _, stage));
+      auto const& tma_b = s == 0 ? params.tma_load_b_rest : params.tma_load_b;
+      copy(tma_a.with(*barrier, mcast_a), tAgA(_, _, _, local), tAsA(_, _, _, stage));
+      copy(tma_b.with(*barrier, mcast_b), tBgB(_, _, _, local), tBsB(_, _, _, stage));
       ++k_tile_iter;
       ++smem_pipe_write;
     }

@@ -24,7 +24,7 @@ void set_ld(Stride& stride, int64_t ld) {
   }
 }
 
-// The statistics kernels' 3xTF32 mainloop takes the weight's remainder beside it
+// The statistics kernels' 3xTF32 mainloop takes each operand's remainder beside it
 // (kernels/remainder_mainloop.h).
 template <class Arguments, class = void>
 struct TakesRemainder : std::false_type {};
@@ -57,7 +57,9 @@ struct Launch {
     if constexpr (PromotionInterval > 0) args.mainloop.mma_promotion_interval = PromotionInterval;
     if constexpr (TakesRemainder<typename Kernel::CollectiveMainloop::Arguments>::value) {
       args.mainloop.ptr_A_rest = static_cast<ElementA const*>(p.x_rest);
+      args.mainloop.ptr_B_rest = static_cast<ElementB const*>(p.w_rest);
       args.mainloop.k_a = p.k_x;
+      args.mainloop.k_b = p.k_w;
     }
     using Raster = cutlass::gemm::kernel::detail::RasterOrderOptions;
     args.scheduler.max_swizzle_size = p.swizzle;

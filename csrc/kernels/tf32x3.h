@@ -33,9 +33,9 @@ enum class SplitOrder { small_big_big, big_small_big };
 void split_tf32_rows(float const* in, int64_t rows_in, int64_t cols, int64_t stride_r, int64_t stride_c,
                      int64_t rows_out, int64_t seg, SplitOrder order, float* out, cudaStream_t stream);
 
-// The statistics GEMM's weight operand (csrc/kernels/remainder_mainloop.h): its mainloop's tensor
+// Either operand of the statistics GEMM (csrc/kernels/remainder_mainloop.h): its mainloop's tensor
 // cores read an fp32 w as tf32(w), its low 13 bits dropped (tests/test_fp32.py,
-// test_train_weight_bits_below_tf32), so w itself serves as its big part, and
+// test_train_operand_bits_below_tf32), so w itself serves as its big part, and
 // rest = TF32(w - tf32(w)) (exact before the rounding) as its small one; NaN for a NaN w (whose
 // dropped bits may have held its payload: tf32(w) may read as an infinity), 0 for an infinite one,
 // whose row gets flags[r] = 1 (else 0). rest is rows_out x ld, 16-byte aligned, zeros past cols
