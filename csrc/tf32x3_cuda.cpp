@@ -12,10 +12,10 @@
 
 namespace cutlass_fused {
 
-at::Tensor split_tf32x3(at::Tensor const& t, int64_t rows_out, SplitOrder order, int64_t seg_multiple) {
+at::Tensor split_tf32x3(at::Tensor const& t, int64_t rows_out, SplitOrder order) {
   // Rows or columns must be unit-stride for the kernel; anything else is copied first.
   auto src = t.stride(1) == 1 || t.stride(0) == 1 ? t : t.contiguous();
-  int64_t seg = (src.size(1) + seg_multiple - 1) / seg_multiple * seg_multiple;
+  int64_t seg = (src.size(1) + 3) / 4 * 4;
   auto out = at::empty({rows_out, 3 * seg}, src.options());
   split_tf32_rows(src.data_ptr<float>(), src.size(0), src.size(1), src.stride(0), src.stride(1), rows_out, seg, order,
                   out.data_ptr<float>(), at::cuda::getCurrentCUDAStream().stream());

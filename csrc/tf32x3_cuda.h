@@ -11,8 +11,7 @@ namespace cutlass_fused {
 // t (R x C, fp32, CUDA, any strides) as a GEMM operand over K' = 3 round_up(C, 4):
 // rows_out x K', each row's three segments in `order`, zero rows past R. x
 // takes small_big_big, the weight (and the backward's second operand) big_small_big.
-// seg_multiple: each segment's length a multiple of it (4, or the statistics kernel's K tile).
-at::Tensor split_tf32x3(at::Tensor const& t, int64_t rows_out, SplitOrder order, int64_t seg_multiple = 4);
+at::Tensor split_tf32x3(at::Tensor const& t, int64_t rows_out, SplitOrder order);
 
 // w (N x K) as the B operand; kept for the next call only where `cache` (the
 // ops' schema argument, csrc/ops.cpp) allows: derived_cache.h.

@@ -12,7 +12,7 @@
 # FP8 ops' scale arithmetic), the eval fold that the sm90 eval epilogue makes itself, and the
 # small-batch training tails (registers and shared-memory slab), the grad GEMM of the next Linear's
 # dX with the BN backward's sums (batch_norm_backward_linear), sm90's 3xTF32 split of row views, and
-# sm90's fp32 statistics GEMM over the weight and its remainder, with the rewrite of infinite weight rows.
+# sm90's fp32 statistics GEMM over x, the weight and their remainders, with the rewrite of infinite rows.
 # PyTorch's caching allocator would hide out-of-bounds accesses inside its
 # blocks, so memcheck runs with it off.
 # Usage: bash scripts/sanitize.sh [memcheck] [racecheck] [synccheck]   (default: all three)

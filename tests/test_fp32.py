@@ -108,7 +108,7 @@ def train_h(x, w, b):
 @pytest.mark.skipif(not HOPPER, reason="needs an sm90 GPU for the sm90 3xTF32 path")
 @pytest.mark.parametrize("k", [48, 1024, 8192, 16384])
 def test_train_h_error_within_twice_sgemm(k):
-    """The statistics GEMM's h (the weight unsplit beside its remainder) against float64: at most
+    """The statistics GEMM's h (x and the weight unsplit beside their remainders) against float64: at most
     2x cuBLAS SGEMM's error (plus 1e-7 relative), a batch of 1000 (a partial tile) and 1160
     features (enough tiles for the statistics GEMM)."""
     torch.manual_seed(k)

@@ -51,7 +51,8 @@ __device__ __forceinline__ void load4(float const* src, int64_t c0, int64_t cols
 }
 
 // A thread splits 4 adjacent values of a row (load4) with three 16-byte streaming stores, since the
-// GEMM reads `out` only after the whole pass. Rows stride over blockIdx.y, so that no thread divides by the row length.
+// GEMM reads `out` only after the whole pass. Rows stride over blockIdx.y, so that no thread
+// divides by the row length.
 __global__ void split_rows_kernel(float const* __restrict__ in, int64_t rows_in, int64_t cols, int64_t ld_in,
                                   bool vector, int64_t rows_out, int64_t seg, SplitOrder order,
                                   float* __restrict__ out) {
@@ -107,7 +108,8 @@ __device__ __forceinline__ float remainder(float w, bool& inf) {
   return nan ? __uint_as_float(0x7fc00000u) : 0.f;
 }
 
-// A thread 4 adjacent values of a row, as split_rows_kernel, one 16-byte streaming store.
+// A thread takes 4 adjacent values of a row, as split_rows_kernel does, with one 16-byte streaming
+// store.
 __global__ void remainder_rows_kernel(float const* __restrict__ in, int64_t rows_in, int64_t cols, int64_t ld_in,
                                       bool vector, int64_t rows_out, int64_t ld, float* __restrict__ rest,
                                       unsigned char* __restrict__ flags) {

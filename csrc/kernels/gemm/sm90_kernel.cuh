@@ -50,8 +50,8 @@ struct PingpongFP8FastAccum {
 
 // The mainloop CollectiveBuilder chose, as the kernel runs it. 3xTF32 runs the TF32
 // mainloop (over operands the binding split, K tripled) with accumulator promotion:
-// see kernels/promoted_mainloop.h for why. The statistics kernels' (RemainderA) read their A
-// operand, the weight, as itself and its remainder (kernels/remainder_mainloop.h).
+// see kernels/promoted_mainloop.h for why. The statistics kernels' (RemainderA) read each
+// operand as itself beside its remainder (kernels/remainder_mainloop.h).
 template <class Dtype, class Mainloop, bool RemainderA>
 struct Sm90Mainloop {
   using type = Mainloop;

@@ -9,7 +9,7 @@
 // (ceil(batch / tile_n) x round_up(features, tile_m), in dtype.cuh's StatsCompute; gemm_evt.h),
 // which the training tail (bn_train.cu) adds up in a fixed order.
 //
-// 3xTF32's read the weight as itself and its remainder, x split (kernels/remainder_mainloop.h).
+// 3xTF32's read x and the weight as themselves beside their remainders (kernels/remainder_mainloop.h).
 //
 // A row of the kernel table instantiates Gemm with its dtype (dtype.cuh), tree, CTA tile
 // (features, batch, K), cluster, epilogue tile and schedule (csrc/generated/sm90_*_stats_*.cu).
