@@ -8,6 +8,7 @@ GPU's clock drift hits them alike. The layer's own rows against torch.mm and tor
 `python -m cutlass_fused.bench`.
 """
 import contextlib
+import copy
 import statistics
 import sys
 
@@ -19,7 +20,7 @@ from _common import Commands, arg, cuda_device, shape
 from cutlass_fused import bench, fp8
 from cutlass_fused.ops import ops
 from cutlass_fused.seed import SeedModel
-from cutlass_fused.timing import alternating, events_ms, median_ms, profile
+from cutlass_fused.timing import alternating, events_ms, graphed, median_ms, profile
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 ROUNDS = arg("--rounds", type=int, default=3, help="rounds over the candidates (default 3)")
@@ -139,6 +140,83 @@ def backward_linear(args):
             for c in ("mm+backward", "grad", *args.kernel):
                 for name, v in by_kernel[c].items():
                     print(f"    {c}: {statistics.median(v):7.1f} us  {name[:100]}")
+
+
+def kernel_part(name):
+    """Which part of a fused model's step a profiled kernel is: "gemm" (CUTLASS's and cuBLAS's),
+    "bn backward" (csrc/kernels/bn_backward.cu's and its column partials), "bn forward" (the
+    training tails), or "other" (fills, casts, the loss)."""
+    if "device_kernel" in name or "nvjet" in name or "gemm" in name.lower() and "grad_gemm" not in name:
+        return "gemm"
+    if any(k in name for k in ("batch_norm_backward", "grad_input", "grad_partials", "grad_gemm_columns",
+                               "column_partials")):
+        return "bn backward"
+    if any(k in name for k in ("batch_norm_train", "finalize_normalize", "update_running", "reduce_partials")):
+        return "bn forward"
+    return "other"
+
+
+@cli.command(
+    arg("--shape", action="append", type=shape, metavar="B,N",
+        help="batch and width (both Linears N -> N); repeatable; default the three headline shapes"),
+    ROUNDS)
+def two_block(args):
+    """A two-block model's fwd+bwd in CUDA graphs against its GEMMs in torch.mm (issue 71's target).
+
+    Linear(N, N, bias=False) -> BatchNorm1d -> ReLU -> Linear(N, N, bias=False) -> BatchNorm1d in
+    bf16, the input requiring grad, gradients set to None before each call: eager PyTorch, fuse() of
+    it, and its six GEMMs (two forward, two dX, two dW, with their operands' layouts) in torch.mm,
+    each captured in one CUDA graph, do_bench medians in rounds. Then the fused call's kernels by part
+    (torch.profiler, outside graphs), and the BN backward's against its one-pass byte floor: dy and h
+    read and dh written once, at the rate of a 1 GiB copy timed in the same run.
+    """
+    dev = cuda_device("two_block")
+    copy_src = torch.empty(1 << 29, dtype=torch.bfloat16, device=dev)
+    copy_dst = torch.empty_like(copy_src)
+    copy_rate = 2 * copy_src.numel() * 2 / (median_ms(lambda: copy_dst.copy_(copy_src), True) * 1e-3)
+    del copy_src, copy_dst
+    print(f"copy rate {copy_rate / 1e12:.2f} TB/s (1 GiB, read and written)")
+    for m, n in args.shape or [(1024, 8192), (16384, 4096), (4096, 4096)]:
+        torch.manual_seed(0)
+        block = lambda: [torch.nn.Linear(n, n, bias=False), torch.nn.BatchNorm1d(n)]
+        model = torch.nn.Sequential(*block(), torch.nn.ReLU(), *block()).to(dev, torch.bfloat16)
+        fused, report = cutlass_fused.fuse(copy.deepcopy(model))
+        if "fused 2" not in str(report):
+            raise SystemExit(f"two_block: expected fuse() to fuse both blocks, but it reported\n{report}")
+        x = torch.randn(m, n, device=dev, dtype=torch.bfloat16, requires_grad=True)
+        dy = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
+
+        def fwd_bwd(module):
+            def call():
+                module.zero_grad(set_to_none=True)
+                x.grad = None
+                module(x).backward(dy)
+            return call
+
+        a, b = (torch.randn(m, n, device=dev, dtype=torch.bfloat16) for _ in range(2))
+        w = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
+
+        def gemms():
+            for _ in range(2):
+                torch.mm(a, w.t())  # forward
+                torch.mm(b, w)  # dX
+                torch.mm(b.t(), a)  # dW
+        calls = {"torch.mm x6": gemms, "eager": fwd_bwd(model), "fused": fwd_bwd(fused)}
+        graphs = {name: graphed(fn) for name, fn in calls.items()}
+        times = {name: [] for name in calls}
+        for name in alternating(list(calls), args.rounds):
+            times[name].append(median_ms(graphs[name], True))
+        floor = statistics.median(times["torch.mm x6"])
+        print(f"bf16 two blocks {m}x{n}: " + ", ".join(
+            f"{name} {statistics.median(t):.3f} ms (x its GEMMs {statistics.median(t) / floor:.3f})"
+            for name, t in times.items()), flush=True)
+        parts = {}
+        for name, us in profile(calls["fused"], calls=10)[1].items():
+            parts[kernel_part(name)] = parts.get(kernel_part(name), 0.0) + us
+        one_pass = 3 * m * n * 2 / copy_rate * 1e6 * 2  # two layers' dy, h and dh
+        print("    fused kernels, us a call: " + ", ".join(f"{p} {us:.1f}" for p, us in sorted(parts.items()))
+              + f"; BN backward x its one-pass floor ({one_pass:.1f} us) "
+              f"{parts.get('bn backward', 0.0) / one_pass:.2f}", flush=True)
 
 
 @cli.command(

@@ -105,15 +105,10 @@ Operands operands(at::Tensor const& x, at::Tensor const& weight, GemmPlan const&
 
 void const* ptr_or_null(c10::optional<at::Tensor> const& t) { return t.has_value() ? t->data_ptr() : nullptr; }
 
-// The sm80 family's fp32 GEMM (CUTLASS's in-kernel 3xTF32) turns an infinite
-// operand into NaN; csrc/kernels/inf_fix.h rewrites the outputs that x's and
-// W's infinite rows reach, after the GEMM (out = (h + b) * a + c, b fp32).
-// Where no row holds an infinity this is a pass over x and one over W (kept
-// inside frozen_weights(), as its split is) and a launch that reads the flags.
-void fix_infinite_operands(Operands const& ops, at::Tensor const& weight, int64_t n, bool cache, void const* b,
-                           float const* a, float const* c, at::Tensor& out) {
-  auto x_flags = inf_rows(ops.x);
-  auto w_flags = weight_inf_rows(weight, cache);
+// Rewrites the outputs of x's and W's flagged rows (ops.x and ops.w as the GEMM read them, k
+// long) as an fp32 GEMM gives them, then out = (h + b) * a + c (b fp32; a, c nullptr for 1, 0).
+void fix_flagged_products(Operands const& ops, at::Tensor const& x_flags, at::Tensor const& w_flags, int64_t n,
+                          int64_t k, void const* b, float const* a, float const* c, at::Tensor& out) {
   InfFixArgs f{};
   f.x = ops.x.data_ptr<float>();
   f.ldx = ops.x.stride(0);
@@ -128,29 +123,26 @@ void fix_infinite_operands(Operands const& ops, at::Tensor const& weight, int64_
   f.ldo = out.stride(0);
   f.m = static_cast<int>(ops.x.size(0));
   f.n = static_cast<int>(n);
-  f.k = static_cast<int>(weight.size(1));
+  f.k = static_cast<int>(k);
   fix_inf_products(f, at::cuda::getCurrentCUDAStream().stream());
+}
+
+// The sm80 family's fp32 GEMM (CUTLASS's in-kernel 3xTF32) turns an infinite
+// operand into NaN; csrc/kernels/inf_fix.h rewrites the outputs that x's and
+// W's infinite rows reach, after the GEMM.
+// Where no row holds an infinity this is a pass over x and one over W (kept
+// inside frozen_weights(), as its split is) and a launch that reads the flags.
+void fix_infinite_operands(Operands const& ops, at::Tensor const& weight, int64_t n, bool cache, void const* b,
+                           float const* a, float const* c, at::Tensor& out) {
+  fix_flagged_products(ops, inf_rows(ops.x), weight_inf_rows(weight, cache), n, weight.size(1), b, a, c, out);
 }
 
 // The statistics kernels' 3xTF32 over x and W beside their remainders: an infinite entry of
 // either meets the other's remainder there (NaN, or either sign), so the outputs of their flagged
-// rows are rewritten as an fp32 GEMM gives them. h only: its columns' sums are then not finite,
+// rows (the remainder passes' flags) are rewritten. h only: its columns' sums are then not finite,
 // and the tail sums them again from h.
 void fix_infinite_rows(at::Tensor const& x, Operands const& ops, int64_t n, void const* b, at::Tensor& out) {
-  InfFixArgs f{};
-  f.x = ops.x.data_ptr<float>();
-  f.ldx = ops.x.stride(0);
-  f.w = ops.w.data_ptr<float>();
-  f.ldw = ops.w.stride(0);
-  f.x_flags = ops.x_flags->data_ptr<unsigned char>();
-  f.w_flags = ops.w_flags->data_ptr<unsigned char>();
-  f.b = static_cast<float const*>(b);
-  f.out = out.data_ptr<float>();
-  f.ldo = out.stride(0);
-  f.m = static_cast<int>(x.size(0));
-  f.n = static_cast<int>(n);
-  f.k = static_cast<int>(x.size(1));
-  fix_inf_products(f, at::cuda::getCurrentCUDAStream().stream());
+  fix_flagged_products(ops, *ops.x_flags, *ops.w_flags, n, x.size(1), b, nullptr, nullptr, out);
 }
 
 void check_device(at::Tensor const& t, at::Device d, char const* name) {

@@ -33,7 +33,7 @@ namespace {
 at::Tensor remainder_and_flags(at::Tensor const& t) {
   int64_t rows = t.size(0), ld = t.stride(0), elements = rows * ld;
   auto out = at::empty({elements + (rows + 3) / 4}, t.options());
-  tf32_remainder_rows(t.data_ptr<float>(), rows, t.size(1), ld, rows, ld, out.data_ptr<float>(),
+  tf32_remainder_rows(t.data_ptr<float>(), rows, t.size(1), ld, out.data_ptr<float>(),
                       reinterpret_cast<unsigned char*>(out.data_ptr<float>() + elements),
                       at::cuda::getCurrentCUDAStream().stream());
   return out;

@@ -1,6 +1,7 @@
 """How the benchmarks time, profile and record (the layer's rows, cutlass_fused.bench, and the
 training steps', cutlass_fused.bench_step; the tuner and the scripts in benchmarks/ too)."""
 import datetime
+import gc
 import statistics
 import subprocess
 import sys
@@ -79,6 +80,7 @@ def wall_us(fn, calls, warmup=0):
 
 def peak_extra_mib(fn):
     fn()  # gradients and caches allocated once, as in a loop
+    gc.collect()  # what is live, not garbage a collection inside fn could free below the base
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()

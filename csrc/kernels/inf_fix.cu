@@ -55,7 +55,7 @@ __device__ void fix_line(InfFixArgs const& a, int64_t line, int lane, int warp, 
 }
 
 __device__ __forceinline__ bool flagged(InfFixArgs const& a, int64_t line) {
-  return line < a.m ? a.x_flags != nullptr && a.x_flags[line] : a.w_flags[line - a.m];
+  return line < a.m ? a.x_flags[line] : a.w_flags[line - a.m];
 }
 
 // Lines 0 .. m-1 are x's rows, m .. m+n-1 W's. A block reads a chunk of

@@ -110,17 +110,16 @@ __device__ __forceinline__ float remainder(float w, bool& inf) {
 
 // A thread takes 4 adjacent values of a row, as split_rows_kernel does, with one 16-byte streaming
 // store.
-__global__ void remainder_rows_kernel(float const* __restrict__ in, int64_t rows_in, int64_t cols, int64_t ld_in,
-                                      bool vector, int64_t rows_out, int64_t ld, float* __restrict__ rest,
-                                      unsigned char* __restrict__ flags) {
+__global__ void remainder_rows_kernel(float const* __restrict__ in, int64_t rows, int64_t cols, int64_t ld,
+                                      bool vector, float* __restrict__ rest, unsigned char* __restrict__ flags) {
   int64_t groups = ld / 4;
-  for (int64_t r = blockIdx.y; r < rows_out; r += gridDim.y) {
-    float const* src = in + r * ld_in;
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    float const* src = in + r * ld;
     bool inf = false;
     for (int64_t g = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; g < groups; g += int64_t{gridDim.x} * blockDim.x) {
       int64_t c0 = g * 4;
       float v[4];
-      load4(src, c0, cols, r < rows_in, vector, v);
+      load4(src, c0, cols, true, vector, v);
       float4 o = {remainder(v[0], inf), remainder(v[1], inf), remainder(v[2], inf), remainder(v[3], inf)};
       __stcs(reinterpret_cast<float4*>(rest + r * ld + c0), o);
     }
@@ -131,14 +130,14 @@ __global__ void remainder_rows_kernel(float const* __restrict__ in, int64_t rows
 
 }  // namespace
 
-void tf32_remainder_rows(float const* in, int64_t rows_in, int64_t cols, int64_t ld_in, int64_t rows_out,
-                         int64_t ld, float* rest, unsigned char* flags, cudaStream_t stream) {
-  if (rows_out == 0) return;
-  check_cuda(cudaMemsetAsync(flags, 0, rows_out, stream), "tf32_remainder_rows");
+void tf32_remainder_rows(float const* in, int64_t rows, int64_t cols, int64_t ld, float* rest, unsigned char* flags,
+                         cudaStream_t stream) {
+  if (rows == 0) return;
+  check_cuda(cudaMemsetAsync(flags, 0, rows, stream), "tf32_remainder_rows");
   unsigned bx = strided_grid(ld / 4, 256, 64);
-  unsigned by = strided_grid(rows_out, 1, std::max<int64_t>(1, 8192 / bx));
-  bool vector = ld_in % 4 == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0;
-  remainder_rows_kernel<<<dim3(bx, by), 256, 0, stream>>>(in, rows_in, cols, ld_in, vector, rows_out, ld, rest, flags);
+  unsigned by = strided_grid(rows, 1, std::max<int64_t>(1, 8192 / bx));
+  bool vector = ld % 4 == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0;
+  remainder_rows_kernel<<<dim3(bx, by), 256, 0, stream>>>(in, rows, cols, ld, vector, rest, flags);
   check_cuda(cudaGetLastError(), "tf32_remainder_rows");
 }
 

@@ -38,9 +38,9 @@ void split_tf32_rows(float const* in, int64_t rows_in, int64_t cols, int64_t str
 // test_train_operand_bits_below_tf32), so w itself serves as its big part, and
 // rest = TF32(w - tf32(w)) (exact before the rounding) as its small one; NaN for a NaN w (whose
 // dropped bits may have held its payload: tf32(w) may read as an infinity), 0 for an infinite one,
-// whose row gets flags[r] = 1 (else 0). rest is rows_out x ld, 16-byte aligned, zeros past cols
-// and rows_in; in (rows_in x cols, row stride ld_in, unit column stride).
-void tf32_remainder_rows(float const* in, int64_t rows_in, int64_t cols, int64_t ld_in, int64_t rows_out,
-                         int64_t ld, float* rest, unsigned char* flags, cudaStream_t stream);
+// whose row gets flags[r] = 1 (else 0). in and rest are rows x ld (ld % 4 == 0, rest 16-byte
+// aligned); rest is zero past cols.
+void tf32_remainder_rows(float const* in, int64_t rows, int64_t cols, int64_t ld, float* rest, unsigned char* flags,
+                         cudaStream_t stream);
 
 }  // namespace cutlass_fused
