@@ -143,15 +143,16 @@ def backward_linear(args):
 
 
 def kernel_part(name):
-    """Which part of a fused model's step a profiled kernel is: "gemm" (CUTLASS's and cuBLAS's),
-    "bn backward" (csrc/kernels/bn_backward.cu's and its column partials), "bn forward" (the
-    training tails), or "other" (fills, casts, the loss)."""
+    """Which part of a fused bf16 model's step a profiled kernel is: "gemm" (CUTLASS's and
+    cuBLAS's), "bn backward" (csrc/kernels/bn_backward.cu's, and the column partials and their
+    reduction, which only the backward's passes run where the statistics GEMM makes the forward's
+    sums), "bn forward" (the training tails), or "other" (fills, casts, the loss)."""
     if "device_kernel" in name or "nvjet" in name or "gemm" in name.lower() and "grad_gemm" not in name:
         return "gemm"
     if any(k in name for k in ("batch_norm_backward", "grad_input", "grad_partials", "grad_gemm_columns",
-                               "column_partials")):
+                               "column_partials", "reduce_partials")):
         return "bn backward"
-    if any(k in name for k in ("batch_norm_train", "finalize_normalize", "update_running", "reduce_partials")):
+    if any(k in name for k in ("batch_norm_train", "finalize_normalize", "update_running")):
         return "bn forward"
     return "other"
 
