@@ -164,12 +164,14 @@ class LinearBatchNorm1d(nn.Module):
         self.fp8 = None
         return self
 
-    def _group(self):
+    def _group(self, bn=None):
         """The process group training syncs over (where should_sync says): the layer's own, else an
-        nn.SyncBatchNorm's (its None meaning the whole world, as there)."""
-        if self.process_group is not None or not isinstance(self.bn, nn.SyncBatchNorm):
+        nn.SyncBatchNorm's (its None meaning the whole world, as there). bn: self.bn, where the
+        caller holds it already."""
+        bn = self.bn if bn is None else bn
+        if self.process_group is not None or not isinstance(bn, nn.SyncBatchNorm):
             return self.process_group
-        return self.bn.process_group if self.bn.process_group is not None else WORLD
+        return bn.process_group if bn.process_group is not None else WORLD
 
     def _output_dtype(self, x):
         if self.output_dtype is None and self.autocast_output and torch.is_autocast_enabled(x.device.type):
@@ -232,39 +234,50 @@ class LinearBatchNorm1d(nn.Module):
             return self._unfused(x)
         return self._fused(x)
 
-    def _bn_args(self):
+    @staticmethod
+    def _bn_args(bn):
         """nn.BatchNorm1d's own rules for which statistics to use and update: (use_batch_stats,
         running_mean, running_var, num_batches_tracked)."""
-        bn = self.bn
-        track = bn.training and bn.track_running_stats
-        use_batch_stats = bn.training or (bn.running_mean is None and bn.running_var is None)
-        keep_running = not bn.training or bn.track_running_stats
-        running_mean = bn.running_mean if keep_running else None
-        running_var = bn.running_var if keep_running else None
-        return use_batch_stats, running_mean, running_var, bn.num_batches_tracked if track else None
+        training, mean, var = bn.training, bn.running_mean, bn.running_var
+        track = training and bn.track_running_stats
+        use_batch_stats = training or (mean is None and var is None)
+        keep_running = not training or bn.track_running_stats
+        return (use_batch_stats, mean if keep_running else None, var if keep_running else None,
+                bn.num_batches_tracked if track else None)
 
     def _fused(self, x):
-        bn = self.bn
+        # Each submodule, parameter and buffer read once: nn.Module's attribute lookup costs about a
+        # microsecond of host time a read, and a small layer is bound by the host (docs/decisions.md,
+        # "Known gaps": the small step eagerly).
+        bn, gemm = self.bn, self.gemm
         output_dtype = self._output_dtype(x)
-        use_batch_stats, running_mean, running_var, nbt = self._bn_args()
+        use_batch_stats, running_mean, running_var, nbt = self._bn_args(bn)
         recipe = self.fp8
-        state = None if recipe is None else self._fp8_state()
+        if recipe is None:
+            return self._run(x, bn, gemm, gemm.weight, use_batch_stats, running_mean, running_var, nbt,
+                             output_dtype)
+        state = self._fp8_state()
         if self._runs_e4m3(x, use_batch_stats, output_dtype):
-            return train_e4m3(x, self.gemm.weight, self.gemm.bias, self.scale, bn.weight, bn.bias, running_mean,
+            return train_e4m3(x, gemm.weight, gemm.bias, self.scale, bn.weight, bn.bias, running_mean,
                               running_var, nbt, bn.momentum, bn.eps, _family.current(), self.activation,
                               self.negative_slope, recipe.margin, output_dtype, recipe.backward, state,
                               recipe.amax_compute_algo, recipe.fast_accum)
         if self._runs_e4m3_eval(x, use_batch_stats):
-            return eval_e4m3(x, self.gemm.weight, self.gemm.bias, self.scale, bn.weight, bn.bias, running_mean,
+            return eval_e4m3(x, gemm.weight, gemm.bias, self.scale, bn.weight, bn.bias, running_mean,
                              running_var, bn.eps, _family.current(), self.activation, self.negative_slope,
                              recipe.margin, output_dtype, state, recipe.fast_accum)
-        x, weight = fp8_operands(x, self.gemm.weight, recipe, state, update=self.training)
-        group = self._group()
-        if should_sync(group, bn.training):
-            return sync_linear_scale_batch_norm(x, weight, self.gemm.bias, self.scale, bn.weight, bn.bias,
+        x, weight = fp8_operands(x, gemm.weight, recipe, state, update=self.training)
+        return self._run(x, bn, gemm, weight, use_batch_stats, running_mean, running_var, nbt, output_dtype)
+
+    def _run(self, x, bn, gemm, weight, use_batch_stats, running_mean, running_var, nbt, output_dtype):
+        """linear_scale_batch_norm, or its synchronized form where should_sync says, with weight as the
+        GEMM takes it (rounded, under an emulated FP8 recipe)."""
+        group = self._group(bn)
+        if group is not None and should_sync(group, bn.training):
+            return sync_linear_scale_batch_norm(x, weight, gemm.bias, self.scale, bn.weight, bn.bias,
                                                 running_mean, running_var, bn.momentum, bn.eps, nbt, group,
                                                 self.activation, self.negative_slope, output_dtype)
-        return linear_scale_batch_norm(x, weight, self.gemm.bias, self.scale, bn.weight, bn.bias,
+        return linear_scale_batch_norm(x, weight, gemm.bias, self.scale, bn.weight, bn.bias,
                                        running_mean, running_var, use_batch_stats, bn.momentum, bn.eps, nbt,
                                        self.activation, self.negative_slope, output_dtype)
 
