@@ -22,7 +22,6 @@ import argparse
 import collections
 import contextlib
 import copy
-import gc
 import json
 import statistics
 import sys
@@ -194,16 +193,10 @@ class Row:
         for i in range(PARITY_STEPS):
             x, target = batch(case, device, i)
             if self.graphed and i == GRAPH_WARMUP:  # the capturing call
-                # torch.cuda.graph collects garbage as it begins: collected here first, it is not
-                # counted in `before`, where the capture's freeing it could hide the pool's peak.
-                gc.collect()
-                torch.cuda.synchronize(device)
-                before = torch.cuda.memory_allocated(device)
-                torch.cuda.reset_peak_memory_stats(device)
-            losses.append(self.step(x, target).detach())
-            if self.graphed and i == GRAPH_WARMUP:
-                torch.cuda.synchronize(device)
-                self.capture_peak = (torch.cuda.max_memory_allocated(device) - before) / 2**20
+                loss, self.capture_peak = timing.peak_mib(lambda: self.step(x, target), device)
+            else:
+                loss = self.step(x, target)
+            losses.append(loss.detach())
         self.losses = torch.stack(losses).float().tolist()
         self.x, self.target = batch(case, device, PARITY_STEPS)
         self.times = []

@@ -78,15 +78,22 @@ def wall_us(fn, calls, warmup=0):
     return (time.perf_counter() - t) / calls * 1e6
 
 
+def peak_mib(fn, device=None):
+    """(fn(), MiB its allocations peaked above what was live before it). Garbage is collected first:
+    a collection inside fn (torch.cuda.graph makes one as it begins) could otherwise free it below
+    the base and hide the peak."""
+    gc.collect()
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    out = fn()
+    torch.cuda.synchronize(device)
+    return out, (torch.cuda.max_memory_allocated(device) - base) / 2**20
+
+
 def peak_extra_mib(fn):
     fn()  # gradients and caches allocated once, as in a loop
-    gc.collect()  # what is live, not garbage a collection inside fn could free below the base
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    fn()
-    torch.cuda.synchronize()
-    return (torch.cuda.max_memory_allocated() - base) / 2**20
+    return peak_mib(fn)[1]
 
 
 def profile(fn, calls=5, trace=None):
