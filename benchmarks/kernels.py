@@ -547,6 +547,52 @@ def fp8_casts(args):
             print(f"  {name:28s} {ms * 1e3:8.1f} us  {b * x.numel() / ms / 1e6:7.0f} GB/s")
 
 
+@cli.command(
+    arg("--shape", action="append", type=shape, metavar="M,K,N", help="repeatable; default 16384,4096,4096 and 4096^3"),
+    ROUNDS)
+def fp8_given_x8(args):
+    """Issue 71's FP8 lead at its best, before it is built: a block's training forward with x arriving in e4m3.
+
+    GPU time a call (torch.profiler, the kernels summed, median of rounds) of the bf16 training op
+    against the e4m3 one over an x8 made once outside (the lead's x, which the block before would
+    write): W's delayed cast (W moves every step), the operand scales, then
+    linear_scale_batch_norm_train_fp8, without fast accumulation; and today's delayed e4m3 forward
+    (x cast too). The tail still stores y in bf16 here, which the lead would store in e4m3.
+    """
+    dev = cuda_device("fp8_given_x8")
+    for m, k, n in args.shape or [(16384, 4096, 4096), (4096, 4096, 4096)]:
+        torch.manual_seed(0)
+        x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+        w = (torch.randn(n, k, device=dev) / k ** 0.5).to(torch.bfloat16)
+        bias = torch.randn(n, device=dev, dtype=torch.bfloat16)
+        g, b = torch.ones(n, device=dev), torch.zeros(n, device=dev)
+        rm, rv = torch.zeros(n, device=dev), torch.ones(n, device=dev)
+        x8, s_x = ops.quantize_e4m3(x)
+        s_x = s_x.reshape(1).float()
+        s_w = fp8.scale_of(w).reshape(1).float()
+        state = fp8.DelayedState(torch.zeros(16, 2, device=dev), torch.cat([s_x, s_w]))
+        stats = (g, b, rm, rv, None, 0.1, 1e-5, "auto")
+
+        def given_x8():
+            w8 = ops.quantize_with_scale(w, s_w, fp8.E4M3)[0]
+            bias8, sc = ops.fp8_operand_scales(s_x, s_w, bias, None)
+            ops.linear_scale_batch_norm_train_fp8(x8, w8, bias8, sc, *stats, "relu")
+
+        calls = {"bf16": lambda: ops.linear_scale_batch_norm_train(x, w, bias, None, *stats, False, "relu"),
+                 "e4m3, x given in e4m3": given_x8,
+                 "e4m3 delayed today": lambda: fp8.train_e4m3(x, w, bias, None, *stats, "relu", state=state)}
+        gpu = {name: [] for name in calls}
+        for name in alternating(list(calls), args.rounds):
+            gpu[name].append(sum(profile(calls[name], calls=10)[1].values()))
+        base = statistics.median(gpu["bf16"])
+        for name, t in gpu.items():
+            kernels = profile(calls[name], calls=10)[1]
+            top = sorted(kernels.items(), key=lambda kv: -kv[1])[:4]
+            print(f"{m}x{k}x{n} {name}: GPU {statistics.median(t):7.1f} us a call, bf16 / this "
+                  f"{base / statistics.median(t):.3f}; " + ", ".join(f"{us:.1f} {kn[:40]}" for kn, us in top),
+                  flush=True)
+
+
 FP8_EVAL_RECIPES = {"bf16": None, "fp8-emulated": cutlass_fused.Float8Recipe(emulate=True),
                     "fp8": cutlass_fused.Float8Recipe(), "fp8-fast": cutlass_fused.Float8Recipe(fast_accum=True)}
 

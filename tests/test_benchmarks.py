@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 COMMANDS = {
     "kernels.py": ["backward_time", "backward_linear", "two_block", "tail_time", "stats_ab", "bits_ab",
-                   "eval_activation", "fp8_rows", "fp8_casts", "fp8_eval"],
+                   "eval_activation", "fp8_rows", "fp8_casts", "fp8_given_x8", "fp8_eval"],
     "accuracy.py": ["errors", "f32_accuracy", "fp8_accuracy", "parity_probe", "fp8_teacher", "kernelbench_check"],
     "host.py": ["step_host", "step_gaps", "step_busy", "profile_mlp_step", "host_overhead", "layer_host", "fp8_host"],
     "ddp_step.py": [],  # a torchrun script, no subcommands
