@@ -568,8 +568,7 @@ def fp8_given_x8(args):
         g, b = torch.ones(n, device=dev), torch.zeros(n, device=dev)
         rm, rv = torch.zeros(n, device=dev), torch.ones(n, device=dev)
         x8, s_x = ops.quantize_e4m3(x)
-        s_x = s_x.reshape(1).float()
-        s_w = fp8.scale_of(w).reshape(1).float()
+        s_x, s_w = s_x.reshape(1), fp8.scale_of(w).reshape(1)  # fp32, one element: the ops' scale form
         state = fp8.DelayedState(torch.zeros(16, 2, device=dev), torch.cat([s_x, s_w]))
         stats = (g, b, rm, rv, None, 0.1, 1e-5, "auto")
 
@@ -581,13 +580,13 @@ def fp8_given_x8(args):
         calls = {"bf16": lambda: ops.linear_scale_batch_norm_train(x, w, bias, None, *stats, False, "relu"),
                  "e4m3, x given in e4m3": given_x8,
                  "e4m3 delayed today": lambda: fp8.train_e4m3(x, w, bias, None, *stats, "relu", state=state)}
-        gpu = {name: [] for name in calls}
+        gpu, kernels = {name: [] for name in calls}, {}
         for name in alternating(list(calls), args.rounds):
-            gpu[name].append(sum(profile(calls[name], calls=10)[1].values()))
+            kernels[name] = profile(calls[name], calls=10)[1]  # the last round's, for the listing
+            gpu[name].append(sum(kernels[name].values()))
         base = statistics.median(gpu["bf16"])
         for name, t in gpu.items():
-            kernels = profile(calls[name], calls=10)[1]
-            top = sorted(kernels.items(), key=lambda kv: -kv[1])[:4]
+            top = sorted(kernels[name].items(), key=lambda kv: -kv[1])[:4]
             print(f"{m}x{k}x{n} {name}: GPU {statistics.median(t):7.1f} us a call, bf16 / this "
                   f"{base / statistics.median(t):.3f}; " + ", ".join(f"{us:.1f} {kn[:40]}" for kn, us in top),
                   flush=True)
