@@ -547,6 +547,14 @@ def fp8_casts(args):
             print(f"  {name:28s} {ms * 1e3:8.1f} us  {b * x.numel() / ms / 1e6:7.0f} GB/s")
 
 
+def short_name(kernel):
+    """A kernel's name as one line's listing needs it: without the return type, the namespaces
+    and the template arguments (every CUTLASS GEMM reads cutlass::device_kernel)."""
+    name = kernel.removeprefix("void ").replace("(anonymous namespace)::", "")
+    name = name.split("<")[0].split("(")[0]
+    return name.removeprefix("cutlass_fused::").strip()
+
+
 @cli.command(
     arg("--shape", action="append", type=shape, metavar="M,K,N", help="repeatable; default 16384,4096,4096 and 4096^3"),
     ROUNDS)
@@ -588,7 +596,7 @@ def fp8_given_x8(args):
         for name, t in gpu.items():
             top = sorted(kernels[name].items(), key=lambda kv: -kv[1])[:4]
             print(f"{m}x{k}x{n} {name}: GPU {statistics.median(t):7.1f} us a call, bf16 / this "
-                  f"{base / statistics.median(t):.3f}; " + ", ".join(f"{us:.1f} {kn[:40]}" for kn, us in top),
+                  f"{base / statistics.median(t):.3f}; " + ", ".join(f"{us:.1f} {short_name(kn)}" for kn, us in top),
                   flush=True)
 
 
