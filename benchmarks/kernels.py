@@ -28,6 +28,14 @@ ROUNDS = arg("--rounds", type=int, default=3, help="rounds over the candidates (
 cli = Commands(__doc__)
 
 
+def short_name(kernel):
+    """A kernel's name as one line's listing needs it: without the return type, the namespaces
+    and the template arguments (every CUTLASS GEMM reads cutlass::device_kernel)."""
+    name = kernel.removeprefix("void ").replace("(anonymous namespace)::", "")
+    name = name.split("<")[0].split("(")[0]
+    return name.removeprefix("cutlass_fused::").strip()
+
+
 @cli.command(
     arg("--dtype", action="append", choices=DTYPES, help="repeatable; default bf16"),
     arg("--shape", action="append", type=shape, metavar="B,N", help="repeatable; default four shapes"),
@@ -302,7 +310,7 @@ def stats_ab(args):
                     ours.train(train)
                     with cutlass_fused.overrides(**env):
                         _, per_kernel = profile(lambda: ours(x), calls=10)
-                    split = "  " + "; ".join(f"{us:.1f} {name[:48]}" for name, us in
+                    split = "  " + "; ".join(f"{us:.1f} {short_name(name)}" for name, us in
                                              sorted(per_kernel.items(), key=lambda kv: -kv[1]))
                 print(f"  {label:24s} {t:8.4f} ({min(times[label]):.4f}-{max(times[label]):.4f})  "
                       f"{eager / t:5.3f}x{split}")
@@ -545,14 +553,6 @@ def fp8_casts(args):
         for name, (f, b) in rows.items():
             ms = median_ms(f, True)
             print(f"  {name:28s} {ms * 1e3:8.1f} us  {b * x.numel() / ms / 1e6:7.0f} GB/s")
-
-
-def short_name(kernel):
-    """A kernel's name as one line's listing needs it: without the return type, the namespaces
-    and the template arguments (every CUTLASS GEMM reads cutlass::device_kernel)."""
-    name = kernel.removeprefix("void ").replace("(anonymous namespace)::", "")
-    name = name.split("<")[0].split("(")[0]
-    return name.removeprefix("cutlass_fused::").strip()
 
 
 @cli.command(
