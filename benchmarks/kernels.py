@@ -174,10 +174,12 @@ def two_block(args):
 
     Linear(N, N, bias=False) -> BatchNorm1d -> ReLU -> Linear(N, N, bias=False) -> BatchNorm1d in
     bf16, the input requiring grad, gradients set to None before each call: eager PyTorch, fuse() of
-    it, and its six GEMMs (two forward, two dX, two dW, with their operands' layouts) in torch.mm,
-    each captured in one CUDA graph, do_bench medians in rounds. Then the fused call's kernels by part
-    (torch.profiler, outside graphs), and the BN backward's against its one-pass byte floor: dy and h
-    read and dh written once, at the rate of a 1 GiB copy timed in the same run.
+    it (its blocks linked: the first block's BN backward in the second's dX GEMM), fuse(link=False)
+    of it, and its six GEMMs (two forward, two dX, two dW, with their operands' layouts) in torch.mm,
+    each captured in one CUDA graph, do_bench medians in rounds. Then each fused call's kernels by
+    part (torch.profiler, outside graphs; the linked call's grad GEMM is a "gemm"), and the BN
+    backward's against its one-pass byte floor: dy and h read and dh written once, at the rate of a
+    1 GiB copy timed in the same run.
     """
     dev = cuda_device("two_block")
     copy_src = torch.empty(1 << 29, dtype=torch.bfloat16, device=dev)
@@ -190,8 +192,9 @@ def two_block(args):
         block = lambda: [torch.nn.Linear(n, n, bias=False), torch.nn.BatchNorm1d(n)]
         model = torch.nn.Sequential(*block(), torch.nn.ReLU(), *block()).to(dev, torch.bfloat16)
         fused, report = cutlass_fused.fuse(copy.deepcopy(model))
-        if len(report.fused) != 2:
-            raise SystemExit(f"two_block: expected fuse() to fuse both blocks, but it reported\n{report}")
+        if len(report.fused) != 2 or len(report.linked) != 1:
+            raise SystemExit(f"two_block: expected fuse() to fuse and link both blocks, but it reported\n{report}")
+        unlinked, _ = cutlass_fused.fuse(copy.deepcopy(model), link=False)
         x = torch.randn(m, n, device=dev, dtype=torch.bfloat16, requires_grad=True)
         dy = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
 
@@ -210,7 +213,8 @@ def two_block(args):
                 torch.mm(a, w.t())  # forward
                 torch.mm(b, w)  # dX
                 torch.mm(b.t(), a)  # dW
-        calls = {"torch.mm x6": gemms, "eager": fwd_bwd(model), "fused": fwd_bwd(fused)}
+        calls = {"torch.mm x6": gemms, "eager": fwd_bwd(model), "fused": fwd_bwd(fused),
+                 "fused unlinked": fwd_bwd(unlinked)}
         graphs = {name: graphed(fn) for name, fn in calls.items()}
         times = {name: [] for name in calls}
         for name in alternating(list(calls), args.rounds):
@@ -219,13 +223,14 @@ def two_block(args):
         print(f"bf16 two blocks {m}x{n}: " + ", ".join(
             f"{name} {statistics.median(t):.3f} ms (x its GEMMs {statistics.median(t) / floor:.3f})"
             for name, t in times.items()), flush=True)
-        parts = {}
-        for name, us in profile(calls["fused"], calls=10)[1].items():
-            parts[kernel_part(name)] = parts.get(kernel_part(name), 0.0) + us
         one_pass = 3 * m * n * 2 / copy_rate * 1e6 * 2  # two layers' dy, h and dh
-        print("    fused kernels, us a call: " + ", ".join(f"{p} {us:.1f}" for p, us in sorted(parts.items()))
-              + f"; BN backward x its one-pass floor ({one_pass:.1f} us) "
-              f"{parts.get('bn backward', 0.0) / one_pass:.2f}", flush=True)
+        for row in ("fused", "fused unlinked"):
+            parts = {}
+            for name, us in profile(calls[row], calls=10)[1].items():
+                parts[kernel_part(name)] = parts.get(kernel_part(name), 0.0) + us
+            print(f"    {row} kernels, us a call: " + ", ".join(f"{p} {us:.1f}" for p, us in sorted(parts.items()))
+                  + f"; BN backward x its one-pass floor ({one_pass:.1f} us) "
+                  f"{parts.get('bn backward', 0.0) / one_pass:.2f}", flush=True)
 
 
 @cli.command(

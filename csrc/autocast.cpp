@@ -18,7 +18,7 @@
 // 4096 x 4096 weight (docs/decisions.md, "Autocast"). Without a recording (no_grad,
 // inference_mode, a frozen weight) the casts stay autocast's, cache and all.
 //
-// One boxed kernel serves both ops: it reads no signature but the schema's, so
+// One boxed kernel serves the three ops: it reads no signature but the schema's, so
 // the ops' signatures stay written once (csrc/ops.cpp, layer_args.h).
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
@@ -67,6 +67,8 @@ void autocast_linear_inputs(c10::OperatorHandle const& op, torch::jit::Stack* st
 template <c10::DeviceType device>
 void register_autocast(torch::Library& m) {
   m.impl("linear_scale_batch_norm_train",
+         torch::CppFunction::makeFromBoxedFunction<&autocast_linear_inputs<device, true>>());
+  m.impl("linear_scale_batch_norm_train_linked",
          torch::CppFunction::makeFromBoxedFunction<&autocast_linear_inputs<device, true>>());
   m.impl("linear_scale_batch_norm_eval",
          torch::CppFunction::makeFromBoxedFunction<&autocast_linear_inputs<device, false>>());

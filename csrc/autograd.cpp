@@ -72,6 +72,159 @@ void linear_grads(at::Tensor const& dh, at::Tensor const& x, at::Tensor const& w
 // The differentiable arguments come to apply() one by one, which makes them the node's inputs
 // (apply() sees no tensor inside a struct); forward() reads them from `a`, which holds the same.
 constexpr size_t kDifferentiable = 6;  // x, weight, bias, scale, bn_weight, bn_bias
+// The linked op's beside them: prev_h, prev_bias, prev_scale, prev_bn_weight, prev_bn_bias.
+constexpr size_t kPrevDifferentiable = 5;
+
+// What a training forward keeps for its backward: `key` in saved_data with its version (take).
+// `alias`: a detached alias of t, for the linked op's h, its own differentiable output, whose
+// grad_fn (this node), held here, would make a reference cycle; the alias shares the version
+// counter. Not for the others: a detach costs host time on every call.
+void keep(AutogradContext* ctx, std::string const& key, at::Tensor const& t, bool alias = false) {
+  ctx->saved_data[key] = alias ? t.detach() : t;
+  ctx->saved_data[key + "_version"] = static_cast<int64_t>(t._version());
+}
+
+// h (or mean, invstd, the linked op's prev_h) for the backward. Unless the graph is kept for another
+// backward (retain_graph=True), the context lets go of it here, so that it is freed as soon as dh
+// is made and the dX and dW GEMMs run without it: the peak memory of a training step is then one
+// batch-by-features tensor less, as in torch.compile's backward (issue 7; docs/decisions.md,
+// "Backward"), and without the fp64 mean and invstd (2n doubles, which left the peak 0.125 MiB
+// over compile's at 8192 features; v0.14).
+at::Tensor take(AutogradContext* ctx, at::Tensor const& saved, std::string const& key) {
+  if (saved.defined()) return saved;  // under saved-tensor hooks
+  at::Tensor t = ctx->saved_data[key].toTensor();
+  int64_t version = ctx->saved_data[key + "_version"].toInt();
+  // What save_for_backward would check: an in-place change after the forward.
+  TORCH_CHECK(t._version() == version,
+              "one of the variables needed for gradient computation has been modified by an inplace operation: "
+              "the ", key, " tensor saved by cutlass_fused's training op is at version ", t._version(),
+              "; expected version ", version, " instead.");
+  if (!torch::autograd::get_current_graph_task_keep_graph()) ctx->saved_data.erase(key);
+  return t;
+}
+
+// The training forward of both Functions, saved variables 0-7: x (for dW), the GEMM's weight (for
+// dX, or for the linked op's batch_norm_backward_linear: `keep_weight`), h, mean and invstd under
+// saved-tensor hooks, scale, bn_weight, bn_bias. `linked` (the linked op): h stays differentiable;
+// with `prev` (the previous layer's backward is this one's), 8-13: prev_h, prev_mean and
+// prev_invstd under hooks, prev_scale, prev_bn_weight, prev_bn_bias.
+variable_list train_forward(AutogradContext* ctx, at::Tensor const& x, at::Tensor const& weight,
+                            OptTensor const& bias, OptTensor const& scale, OptTensor const& bn_weight,
+                            OptTensor const& bn_bias, LayerArgs const& a, bool keep_weight, bool linked,
+                            LinkArgs const* prev) {
+  ctx->saved_data["dtypes"] = c10::List<int64_t>({dtype_of(bias), dtype_of(bn_bias)});
+  // Below Autograd only, so that ADInplaceOrView (in_place below) counts the
+  // running stats' update.
+  at::AutoDispatchBelowAutograd below;
+  // Autocast's casts of x, the weight and the bias, left to us (autocast.cpp), by cached_cast's
+  // rule of which tensors it casts (autocast_casts), in one op (cast_linear_inputs): one launch on
+  // CUDA, and under torch.compile one call in Inductor's wrapper, not a Triton kernel each. The
+  // backward gives their gradients in their own dtypes: dW from the GEMM in fp32, dX cast back
+  // as autocast's recorded cast would. Not cached_cast itself: it would cache this cast, made
+  // below Autograd with no history, for a leaf weight, and hand it to any other op on that weight
+  // in the same autocast region, whose gradient would then never reach the weight.
+  at::Tensor gemm_x = x, gemm_weight = weight;
+  OptTensor gemm_bias = bias;
+  if (auto dt = std::exchange(deferred_linear_cast(), c10::nullopt)) {
+    static auto cast_op = op_handle<CastSig>("cutlass_fused::cast_linear_inputs");
+    auto [x16, weight16, bias16] = cast_op.call(x, weight, bias, *dt);
+    if (autocast_casts(x, *dt)) {
+      gemm_x = x16;
+      ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
+    }
+    if (autocast_casts(weight, *dt)) gemm_weight = weight16;
+    if (bias.has_value() && autocast_casts(*bias, *dt)) gemm_bias = bias16;
+    ctx->saved_data["wide_dw"] = true;
+  }
+  auto [y, h, stats, mean, invstd] = call_train(a.with_operands(gemm_x, gemm_weight, gemm_bias, scale));
+  // The activation's derivative needs BN(z), recomputed from h with the BN bias.
+  bool act = activation_of(a.activation) != Activation::none;
+  // h, mean and invstd are held outside the saved variables, so that the backward
+  // can free them once dh exists (see take), unless saved-tensor hooks (activation
+  // offload, checkpointing) are to see them.
+  bool hooks = saved_tensor_hooks_set(at::SavedTensorDefaultHooks::get_hooks());
+  at::Tensor none;
+  // x only for dW and the weight (its autocast cast) only for dX, as torch's own linear saves: a
+  // first layer's input needs no gradient, and its 16-bit weight cast is then freed here. At
+  // amp-bf16 4096x4096x4 that is 32 MiB off the step's peak, which holds every block's saved
+  // tensors (docs/decisions.md, "Training step").
+  std::vector<at::Tensor> vars{weight.requires_grad() ? gemm_x : none, keep_weight ? gemm_weight : none,
+                               hooks ? h : none, hooks ? mean : none, hooks ? invstd : none, saved(scale),
+                               saved(bn_weight), act ? saved(bn_bias) : none};
+  if (!hooks) {
+    keep(ctx, "h", h, linked);
+    keep(ctx, "mean", mean);
+    keep(ctx, "invstd", invstd);
+  }
+  if (prev != nullptr) {
+    bool prev_act = activation_of(prev->activation) != Activation::none;
+    for (auto const* t : {&prev->h, &prev->mean, &prev->invstd}) vars.push_back(hooks ? **t : none);
+    vars.insert(vars.end(), {saved(prev->scale), saved(prev->bn_weight), prev_act ? saved(prev->bn_bias) : none});
+    if (!hooks) {
+      keep(ctx, "prev_h", *prev->h);
+      keep(ctx, "prev_mean", *prev->mean);
+      keep(ctx, "prev_invstd", *prev->invstd);
+    }
+    ctx->saved_data["prev_eps"] = prev->eps;
+    ctx->saved_data["prev_activation"] = std::string(prev->activation);
+    ctx->saved_data["prev_negative_slope"] = prev->negative_slope;
+    ctx->saved_data["prev_dtypes"] = c10::List<int64_t>({dtype_of(prev->bias), dtype_of(prev->bn_bias)});
+  }
+  ctx->save_for_backward(vars);
+  ctx->saved_data["eps"] = a.eps;
+  ctx->saved_data["family"] = std::string(a.family);
+  ctx->saved_data["activation"] = std::string(a.activation);
+  ctx->saved_data["negative_slope"] = a.negative_slope;
+  if (linked) {
+    ctx->mark_non_differentiable({stats, mean, invstd});
+  } else {
+    ctx->mark_non_differentiable({h, stats, mean, invstd});
+  }
+  // Their gradients are always undefined (h's, but for the linked op's); materializing them costs
+  // four fills a step.
+  ctx->set_materialize_grads(false);
+  return {y, h, stats, mean, invstd};
+}
+
+// The BN part of the training backward: dh from dy, with the gradients of the linear bias, scale,
+// bn_weight and bn_bias into out[2..5] where needed. h, mean and invstd are let go (take) before
+// the GEMMs that follow allocate. dy by value: the caller moves its only reference in, so that dy
+// is freed once dh is made (one batch-by-features tensor off the step's peak: 32 MiB of 528 at
+// amp-bf16 4096x4096x4, where the peak is the last layer's fp32 dW GEMM).
+at::Tensor bn_backward(AutogradContext* ctx, variable_list& s, at::Tensor dy, std::vector<bool> const& need,
+                       variable_list& out) {
+  static auto op = op_handle<BackwardSig>("cutlass_fused::batch_norm_backward");
+  auto const& scale = s[5];
+  auto dtypes = ctx->saved_data["dtypes"].toIntList();
+  at::Tensor h = take(ctx, s[2], "h"), mean = take(ctx, s[3], "mean"), invstd = take(ctx, s[4], "invstd");
+  s[2] = s[3] = s[4] = at::Tensor();
+  // The kernels take dy in h's (x's) dtype or fp32; a y of another requested dtype
+  // (output_dtype) is a cast of one of those.
+  if (dy.scalar_type() != h.scalar_type() && dy.scalar_type() != at::kFloat) dy = dy.to(at::kFloat);
+  // The linear bias's gradient is exactly zero, but NaN in a column whose statistics, scale,
+  // bn_weight or dy are not finite (dscale, w invstd^3 eps sum dy (h - mean), then is NaN or
+  // Inf), where PyTorch's sum of dh is NaN: the op writes 0 x dscale beside dscale, so that no
+  // kernel is launched for it here (nor a Triton one under torch.compile, whose constant folder
+  // had also turned a product with an integer 0 into zeros, and so NaN into 0, in torch 2.13).
+  c10::optional<at::ScalarType> bias_dt;
+  if (need[2]) bias_dt = static_cast<at::ScalarType>(dtypes.get(0));
+  auto [dh, dscale, dgamma, dbeta, dbias] = op.call(dy, h, mean, invstd, optional(scale), optional(s[6]),
+                                                    ctx->saved_data["eps"].toDouble(), optional(s[7]),
+                                                    ctx->saved_data["activation"].toStringRef(),
+                                                    ctx->saved_data["negative_slope"].toDouble(), bias_dt);
+  if (need[2]) out[2] = dbias;
+  if (need[3]) out[3] = scale.dim() == 0 ? dscale.sum().to(scale.scalar_type()) : dscale;  // a value a column
+  if (need[4]) out[4] = dgamma;
+  if (need[5]) out[5] = as_dtype(dbeta, dtypes[1]);
+  return dh;
+}
+
+// x's gradient in x's own dtype where the forward cast it (x is then its cast).
+void x_in_its_dtype(AutogradContext* ctx, variable_list& out) {
+  auto x_dtype = ctx->saved_data.find("x_dtype");
+  if (out[0].defined() && x_dtype != ctx->saved_data.end())
+    out[0] = out[0].to(static_cast<at::ScalarType>(x_dtype->second.toInt()));
+}
 
 struct TrainFunction : torch::autograd::Function<TrainFunction> {
   static variable_list forward(AutogradContext* ctx, at::Tensor const& x, at::Tensor const& weight,
@@ -79,127 +232,121 @@ struct TrainFunction : torch::autograd::Function<TrainFunction> {
                                OptTensor const& bn_bias, LayerArgs const& a) {
     save_needs(ctx, {x.requires_grad(), weight.requires_grad(), requires_grad(bias), requires_grad(scale),
                      requires_grad(bn_weight), requires_grad(bn_bias)});
-    ctx->saved_data["dtypes"] = c10::List<int64_t>({dtype_of(bias), dtype_of(bn_bias)});
-    // Below Autograd only, so that ADInplaceOrView (in_place below) counts the
-    // running stats' update.
-    at::AutoDispatchBelowAutograd below;
-    // Autocast's casts of x, the weight and the bias, left to us (autocast.cpp), by cached_cast's
-    // rule of which tensors it casts (autocast_casts), in one op (cast_linear_inputs): one launch on
-    // CUDA, and under torch.compile one call in Inductor's wrapper, not a Triton kernel each. The
-    // backward gives their gradients in their own dtypes: dW from the GEMM in fp32, dX cast back
-    // as autocast's recorded cast would. Not cached_cast itself: it would cache this cast, made
-    // below Autograd with no history, for a leaf weight, and hand it to any other op on that weight
-    // in the same autocast region, whose gradient would then never reach the weight.
-    at::Tensor gemm_x = x, gemm_weight = weight;
-    OptTensor gemm_bias = bias;
-    if (auto dt = std::exchange(deferred_linear_cast(), c10::nullopt)) {
-      static auto cast_op = op_handle<CastSig>("cutlass_fused::cast_linear_inputs");
-      auto [x16, weight16, bias16] = cast_op.call(x, weight, bias, *dt);
-      if (autocast_casts(x, *dt)) {
-        gemm_x = x16;
-        ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
-      }
-      if (autocast_casts(weight, *dt)) gemm_weight = weight16;
-      if (bias.has_value() && autocast_casts(*bias, *dt)) gemm_bias = bias16;
-      ctx->saved_data["wide_dw"] = true;
-    }
-    auto [y, h, stats, mean, invstd] = call_train(a.with_operands(gemm_x, gemm_weight, gemm_bias, scale));
-    // The activation's derivative needs BN(z), recomputed from h with the BN bias.
-    bool act = activation_of(a.activation) != Activation::none;
-    // h, mean and invstd are held outside the saved variables, so that the backward
-    // can free them once dh exists (see take), unless saved-tensor hooks (activation
-    // offload, checkpointing) are to see them.
-    bool hooks = saved_tensor_hooks_set(at::SavedTensorDefaultHooks::get_hooks());
-    at::Tensor none;
-    // x only for dW and the weight (its autocast cast) only for dX, as torch's own linear saves: a
-    // first layer's input needs no gradient, and its 16-bit weight cast is then freed here. At
-    // amp-bf16 4096x4096x4 that is 32 MiB off the step's peak, which holds every block's saved
-    // tensors (docs/decisions.md, "Training step").
-    ctx->save_for_backward({weight.requires_grad() ? gemm_x : none, x.requires_grad() ? gemm_weight : none,
-                            hooks ? h : none, hooks ? mean : none, hooks ? invstd : none, saved(scale), saved(bn_weight),
-                            act ? saved(bn_bias) : none});
-    auto keep = [&](std::string const& key, at::Tensor const& t) {
-      ctx->saved_data[key] = t;
-      ctx->saved_data[key + "_version"] = static_cast<int64_t>(t._version());
-    };
-    if (!hooks) {
-      keep("h", h);
-      keep("mean", mean);
-      keep("invstd", invstd);
-    }
-    ctx->saved_data["eps"] = a.eps;
-    ctx->saved_data["family"] = std::string(a.family);
-    ctx->saved_data["activation"] = std::string(a.activation);
-    ctx->saved_data["negative_slope"] = a.negative_slope;
-    ctx->mark_non_differentiable({h, stats, mean, invstd});
-    // Their gradients are always undefined; materializing them costs four fills a step.
-    ctx->set_materialize_grads(false);
-    return {y, h, stats, mean, invstd};
-  }
-
-  // h (or mean, invstd) for the backward. Unless the graph is kept for another
-  // backward (retain_graph=True), the context lets go of it here, so that it is
-  // freed as soon as dh is made and the dX and dW GEMMs run without it: the peak
-  // memory of a training step is then one batch-by-features tensor less, as in
-  // torch.compile's backward (issue 7; docs/decisions.md, "Backward"), and without
-  // the fp64 mean and invstd (2n doubles, which left the peak 0.125 MiB over
-  // compile's at 8192 features; v0.14).
-  static at::Tensor take(AutogradContext* ctx, at::Tensor const& saved, std::string const& key) {
-    if (saved.defined()) return saved;  // under saved-tensor hooks
-    at::Tensor t = ctx->saved_data[key].toTensor();
-    int64_t version = ctx->saved_data[key + "_version"].toInt();
-    // What save_for_backward would check: an in-place change after the forward.
-    TORCH_CHECK(t._version() == version,
-                "one of the variables needed for gradient computation has been modified by an inplace operation: "
-                "the ", key, " output of cutlass_fused::linear_scale_batch_norm_train is at version ", t._version(),
-                "; expected version ", version, " instead.");
-    if (!torch::autograd::get_current_graph_task_keep_graph()) ctx->saved_data.erase(key);
-    return t;
+    return train_forward(ctx, x, weight, bias, scale, bn_weight, bn_bias, a, x.requires_grad(), false, nullptr);
   }
 
   // grads by reference: CppNode::apply passes its own list (torch's custom_function.h), so that
-  // moving dy out of it leaves our local the only owner, and dy is freed once dh is made, before
-  // the dX and dW GEMMs allocate: one batch-by-features tensor off the step's peak (32 MiB of
-  // 528 at amp-bf16 4096x4096x4, where the peak is the last layer's fp32 dW GEMM).
+  // moving dy out of it leaves our local the only owner (see bn_backward).
   static variable_list backward(AutogradContext* ctx, variable_list& grads) {
     no_double_backward();
-    static auto op = op_handle<BackwardSig>("cutlass_fused::batch_norm_backward");
     variable_list out(kDifferentiable + 1);  // one per argument of apply()
     at::Tensor dy = std::move(grads[0]);
     if (!dy.defined()) return out;  // y did not reach the loss
     auto s = ctx->get_saved_variables();
-    auto const &x = s[0], &weight = s[1], &scale = s[5];
     auto need = needs(ctx);
-    auto dtypes = ctx->saved_data["dtypes"].toIntList();
-    double eps = ctx->saved_data["eps"].toDouble();
-    at::Tensor h = take(ctx, s[2], "h"), mean = take(ctx, s[3], "mean"), invstd = take(ctx, s[4], "invstd");
-    s[2] = s[3] = s[4] = at::Tensor();
-    // The kernels take dy in h's (x's) dtype or fp32; a y of another requested dtype
-    // (output_dtype) is a cast of one of those.
-    if (dy.scalar_type() != h.scalar_type() && dy.scalar_type() != at::kFloat) dy = dy.to(at::kFloat);
-    // The linear bias's gradient is exactly zero, but NaN in a column whose statistics, scale,
-    // bn_weight or dy are not finite (dscale, w invstd^3 eps sum dy (h - mean), then is NaN or
-    // Inf), where PyTorch's sum of dh is NaN: the op writes 0 x dscale beside dscale, so that no
-    // kernel is launched for it here (nor a Triton one under torch.compile, whose constant folder
-    // had also turned a product with an integer 0 into zeros, and so NaN into 0, in torch 2.13).
-    c10::optional<at::ScalarType> bias_dt;
-    if (need[2]) bias_dt = static_cast<at::ScalarType>(dtypes.get(0));
-    auto [dh, dscale, dgamma, dbeta, dbias] = op.call(dy, h, mean, invstd, optional(scale), optional(s[6]), eps,
-                                                      optional(s[7]), ctx->saved_data["activation"].toStringRef(),
-                                                      ctx->saved_data["negative_slope"].toDouble(), bias_dt);
-    h = mean = invstd = dy = at::Tensor();
-    linear_grads(dh, x, weight, need[0], need[1], ctx, out);
-    // x's own dtype where the forward cast it (x is then its cast).
-    auto x_dtype = ctx->saved_data.find("x_dtype");
-    if (need[0] && x_dtype != ctx->saved_data.end())
-      out[0] = out[0].to(static_cast<at::ScalarType>(x_dtype->second.toInt()));
-    if (need[2]) out[2] = dbias;
-    if (need[3]) out[3] = scale.dim() == 0 ? dscale.sum().to(scale.scalar_type()) : dscale;  // a value a column
-    if (need[4]) out[4] = dgamma;
-    if (need[5]) out[5] = as_dtype(dbeta, dtypes[1]);
+    at::Tensor dh = bn_backward(ctx, s, std::move(dy), need, out);
+    linear_grads(dh, s[0], s[1], need[0], need[1], ctx, out);
+    x_in_its_dtype(ctx, out);
     return out;
   }
 };
+
+// The linked op (csrc/ops.cpp has its contract): the training forward, and a backward whose dh, from
+// y's gradient and h's (the next layer's), goes through this layer's weight into the previous
+// layer's BN backward in one op, batch_norm_backward_linear, where the previous layer's x gets dX.
+struct LinkedFunction : torch::autograd::Function<LinkedFunction> {
+  static variable_list forward(AutogradContext* ctx, at::Tensor const& x, at::Tensor const& weight,
+                               OptTensor const& bias, OptTensor const& scale, OptTensor const& bn_weight,
+                               OptTensor const& bn_bias, OptTensor const& prev_h, OptTensor const& prev_bias,
+                               OptTensor const& prev_scale, OptTensor const& prev_bn_weight,
+                               OptTensor const& prev_bn_bias, LayerArgs const& a, LinkArgs const& p) {
+    check_link_args(x, p.h, p.mean, p.invstd);
+    bool prev = p.h.has_value();
+    save_needs(ctx, {x.requires_grad() && !prev, weight.requires_grad(), requires_grad(bias), requires_grad(scale),
+                     requires_grad(bn_weight), requires_grad(bn_bias), requires_grad(prev_h),
+                     requires_grad(prev_bias), requires_grad(prev_scale), requires_grad(prev_bn_weight),
+                     requires_grad(prev_bn_bias)});
+    bool prev_needed = prev && (requires_grad(prev_h) || requires_grad(prev_bias) || requires_grad(prev_scale) ||
+                                requires_grad(prev_bn_weight) || requires_grad(prev_bn_bias));
+    ctx->saved_data["prev"] = prev_needed;
+    return train_forward(ctx, x, weight, bias, scale, bn_weight, bn_bias, a, (x.requires_grad() && !prev) || prev_needed,
+                         true, prev_needed ? &p : nullptr);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list& grads) {
+    no_double_backward();
+    variable_list out(kDifferentiable + kPrevDifferentiable + 2);  // one per argument of apply()
+    at::Tensor dy = std::move(grads[0]), dh_next = std::move(grads[1]);
+    if (!dy.defined() && !dh_next.defined()) return out;  // neither y nor h reached the loss
+    auto s = ctx->get_saved_variables();
+    auto need = needs(ctx);
+    at::Tensor dh;
+    if (dy.defined()) {
+      dh = bn_backward(ctx, s, std::move(dy), need, out);
+    } else {  // y reached the loss only through the next layer, whose linked op ran this BN's backward
+      take(ctx, s[2], "h");
+      take(ctx, s[3], "mean");
+      take(ctx, s[4], "invstd");
+      s[2] = s[3] = s[4] = at::Tensor();
+    }
+    if (dh_next.defined()) dh = dh.defined() ? dh.add_(dh_next) : std::move(dh_next);
+    linear_grads(dh, s[0], s[1], need[0], need[1], ctx, out);
+    x_in_its_dtype(ctx, out);
+    if (ctx->saved_data["prev"].toBool()) prev_backward(ctx, s, dh, need, out);
+    return out;
+  }
+
+  // The previous layer's BN backward from this layer's dh (prev_* into out[6..10]): in one op,
+  // batch_norm_backward_linear, whose dX GEMM makes that layer's sums where the plan has a kernel
+  // for it; fp32 (and a layer of another dtype than the one before) as unlinked layers run it:
+  // dX (our matmul op in fp32), then batch_norm_backward.
+  static void prev_backward(AutogradContext* ctx, variable_list& s, at::Tensor& dh, std::vector<bool> const& need,
+                            variable_list& out) {
+    static auto fused = op_handle<BackwardLinearSig>("cutlass_fused::batch_norm_backward_linear");
+    static auto plain = op_handle<BackwardSig>("cutlass_fused::batch_norm_backward");
+    at::Tensor h = take(ctx, s[8], "prev_h"), mean = take(ctx, s[9], "prev_mean"),
+               invstd = take(ctx, s[10], "prev_invstd");
+    s[8] = s[9] = s[10] = at::Tensor();
+    auto const &weight = s[1], &scale = s[11];
+    auto dtypes = ctx->saved_data["prev_dtypes"].toIntList();
+    c10::optional<at::ScalarType> bias_dt;
+    if (need[7]) bias_dt = static_cast<at::ScalarType>(dtypes.get(0));
+    double eps = ctx->saved_data["prev_eps"].toDouble(), slope = ctx->saved_data["prev_negative_slope"].toDouble();
+    auto const& act = ctx->saved_data["prev_activation"].toStringRef();
+    auto dt = h.scalar_type();
+    std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> r;
+    if (dt != at::kFloat && dh.scalar_type() == dt && weight.scalar_type() == dt) {
+      r = fused.call(dh, weight, h, mean, invstd, optional(scale), optional(s[12]), eps, optional(s[13]), act, slope,
+                     bias_dt, ctx->saved_data["family"].toStringRef());
+      dh = at::Tensor();
+    } else {
+      variable_list dx(2);
+      linear_grads(dh, at::Tensor(), weight, true, false, ctx, dx);
+      dh = at::Tensor();
+      if (dx[0].scalar_type() != dt && dx[0].scalar_type() != at::kFloat) dx[0] = dx[0].to(at::kFloat);
+      r = plain.call(dx[0], h, mean, invstd, optional(scale), optional(s[12]), eps, optional(s[13]), act, slope,
+                     bias_dt);
+    }
+    auto& [dprev_h, dscale, dgamma, dbeta, dbias] = r;
+    if (need[6]) out[6] = dprev_h;
+    if (need[7]) out[7] = dbias;
+    if (need[8]) out[8] = scale.dim() == 0 ? dscale.sum().to(scale.scalar_type()) : dscale;
+    if (need[9]) out[9] = dgamma;
+    if (need[10]) out[10] = as_dtype(dbeta, dtypes[1]);
+  }
+};
+
+TrainOut linked_autograd(LayerArgs const& a, LinkArgs const& p) {
+  auto out = LinkedFunction::apply(a.x, a.weight, a.bias, a.scale, a.bn_weight, a.bn_bias, p.h, p.bias, p.scale,
+                                  p.bn_weight, p.bn_bias, a, p);
+  return {out[0], out[1], out[2], out[3], out[4]};
+}
+
+// Below Autograd (inference_mode, or a caller that skipped it): the training op, no backward to run.
+TrainOut linked_below_autograd(LayerArgs const& a, LinkArgs const& p) {
+  check_link_args(a.x, p.h, p.mean, p.invstd);
+  return call_train(a);
+}
 
 struct EvalFunction : torch::autograd::Function<EvalFunction> {
   static variable_list forward(AutogradContext* ctx, at::Tensor const& x, at::Tensor const& weight,
@@ -292,6 +439,8 @@ at::Tensor eval_autograd(LayerArgs const& a) {
 
 TORCH_LIBRARY_IMPL(cutlass_fused, ADInplaceOrView, m) {
   m.impl("linear_scale_batch_norm_train", torch::CppFunction::makeFromBoxedFunction<&bump_written_versions>());
+  m.impl("linear_scale_batch_norm_train_linked",
+         torch::CppFunction::makeFromBoxedFunction<&bump_written_versions>());
   m.impl("update_running_stats", torch::CppFunction::makeFromBoxedFunction<&bump_written_versions>());
   m.impl("linear_scale_batch_norm_train_fp8", torch::CppFunction::makeFromBoxedFunction<&bump_written_versions>());
   m.impl("fp8_record", torch::CppFunction::makeFromBoxedFunction<&bump_written_versions>());
@@ -301,6 +450,11 @@ TORCH_LIBRARY_IMPL(cutlass_fused, ADInplaceOrView, m) {
 TORCH_LIBRARY_IMPL(cutlass_fused, Autograd, m) {
   m.impl("linear_scale_batch_norm_train", &train_op<&train_autograd>);
   m.impl("linear_scale_batch_norm_eval", &eval_op<&eval_autograd>);
+  m.impl("linear_scale_batch_norm_train_linked", &train_linked_op<&linked_autograd>);
+}
+
+TORCH_LIBRARY_IMPL(cutlass_fused, CompositeExplicitAutograd, m) {
+  m.impl("linear_scale_batch_norm_train_linked", &train_linked_op<&linked_below_autograd>);
 }
 
 }  // namespace cutlass_fused

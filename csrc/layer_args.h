@@ -56,6 +56,21 @@ struct E4M3Args {
   c10::string_view amax_compute_algo;  // training only
 };
 
+// linear_scale_batch_norm_train_linked's arguments beside the layer's: the previous layer's BN,
+// whose backward this layer's runs (none given: the first linked layer).
+struct LinkArgs {
+  OptTensor const& h;
+  OptTensor const& mean;
+  OptTensor const& invstd;
+  OptTensor const& bias;  // the previous Linear's bias: its gradient only
+  OptTensor const& scale;
+  OptTensor const& bn_weight;
+  OptTensor const& bn_bias;
+  double eps;
+  c10::string_view activation;
+  double negative_slope;
+};
+
 template <class Out>
 using LayerKernel = Out (*)(LayerArgs const&);
 
@@ -68,6 +83,23 @@ TrainOut train_op(at::Tensor const& x, at::Tensor const& weight, OptTensor const
                   c10::optional<at::ScalarType> output_dtype) {
   return F({x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, momentum, eps,
             family, cache, activation, negative_slope, output_dtype});
+}
+
+// linear_scale_batch_norm_train_linked
+template <TrainOut (*F)(LayerArgs const&, LinkArgs const&)>
+TrainOut train_linked_op(at::Tensor const& x, at::Tensor const& weight, OptTensor const& bias, OptTensor const& scale,
+                        OptTensor const& bn_weight, OptTensor const& bn_bias, OptTensor const& running_mean,
+                        OptTensor const& running_var, OptTensor const& num_batches_tracked,
+                        c10::optional<double> momentum, double eps, c10::string_view family, bool cache,
+                        c10::string_view activation, double negative_slope,
+                        c10::optional<at::ScalarType> output_dtype, OptTensor const& prev_h,
+                        OptTensor const& prev_mean, OptTensor const& prev_invstd, OptTensor const& prev_bias,
+                        OptTensor const& prev_scale, OptTensor const& prev_bn_weight, OptTensor const& prev_bn_bias,
+                        double prev_eps, c10::string_view prev_activation, double prev_negative_slope) {
+  return F({x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, momentum, eps,
+            family, cache, activation, negative_slope, output_dtype},
+           {prev_h, prev_mean, prev_invstd, prev_bias, prev_scale, prev_bn_weight, prev_bn_bias, prev_eps,
+            prev_activation, prev_negative_slope});
 }
 
 // linear_scale_batch_norm_train_fp8: no cache (W8 is the caller's), fast_accum.

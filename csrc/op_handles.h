@@ -16,6 +16,10 @@ namespace cutlass_fused {
 using BackwardSig = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
     at::Tensor const&, at::Tensor const&, at::Tensor const&, at::Tensor const&, OptTensor const&, OptTensor const&,
     double, OptTensor const&, c10::string_view, double, c10::optional<at::ScalarType>);
+using BackwardLinearSig = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+    at::Tensor const&, at::Tensor const&, at::Tensor const&, at::Tensor const&, at::Tensor const&, OptTensor const&,
+    OptTensor const&, double, OptTensor const&, c10::string_view, double, c10::optional<at::ScalarType>,
+    c10::string_view);
 using MatmulSig = at::Tensor(at::Tensor const&, at::Tensor const&, c10::string_view);
 using CastSig = CastOut(at::Tensor const&, at::Tensor const&, OptTensor const&, at::ScalarType);
 using QuantizeE4M3Sig = std::tuple<at::Tensor, at::Tensor>(at::Tensor const&, int64_t, bool);

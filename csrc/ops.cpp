@@ -245,6 +245,28 @@ void check_backward_linear(at::Tensor const& dz, at::Tensor const& next_weight, 
               dz.scalar_type(), " and ", next_weight.scalar_type());
 }
 
+void check_link_args(at::Tensor const& x, c10::optional<at::Tensor> const& prev_h,
+                     c10::optional<at::Tensor> const& prev_mean, c10::optional<at::Tensor> const& prev_invstd) {
+  if (!prev_h.has_value()) {
+    TORCH_CHECK(!prev_mean.has_value() && !prev_invstd.has_value(),
+                "cutlass_fused: expected prev_mean and prev_invstd to be None without prev_h");
+    return;
+  }
+  TORCH_CHECK(prev_mean.has_value() && prev_invstd.has_value(),
+              "cutlass_fused: expected prev_mean and prev_invstd beside prev_h (the previous layer's statistics)");
+  // Symbolic sizes: torch.compile traces this check, and sizes() would fix its batch to a constant.
+  TORCH_CHECK(prev_h->dim() == 2 && x.dim() == 2 && prev_h->sym_sizes() == x.sym_sizes(),
+              "cutlass_fused: expected prev_h of x's shape ", x.sym_sizes(), " (x is the previous layer's y), but got ",
+              prev_h->sym_sizes());
+  c10::SymInt const& n = prev_h->sym_size(1);
+  for (auto const* t : {&*prev_mean, &*prev_invstd}) {
+    TORCH_CHECK(t->dim() == 1 && t->sym_size(0) == n && t->scalar_type() == at::kDouble,
+                "cutlass_fused: expected prev_mean and prev_invstd to be float64 vectors of ", n,
+                " (the previous layer's training op's mean and invstd), but got ", t->scalar_type(), " ",
+                t->sym_sizes());
+  }
+}
+
 void check_sync_row_args(at::Tensor const& stats, int64_t count) {
   int64_t n = stats.dim() == 2 ? stats.size(1) : 0;
   check_sums(stats, "stats", n);
@@ -442,6 +464,23 @@ TORCH_LIBRARY(cutlass_fused, m) {
       " float? momentum, float eps, str family, bool cache=False, str activation=\"none\","
       " float negative_slope=0.01, ScalarType? output_dtype=None)"
       " -> (Tensor y, Tensor h, Tensor stats, Tensor mean, Tensor invstd)");
+  // The training op for linked layers (issue 71, item 1; docs/decisions.md, "Backward": linked
+  // layers), where one layer's y is the next one's x alone: x is act(BN(prev_h)) of the layer
+  // before, made by that layer's linked op, whose h, mean, invstd, linear bias and BN vectors
+  // come as prev_*. The backward gives x no gradient but prev_h's and the previous layer's
+  // vectors', from dh through this layer's weight (batch_norm_backward_linear: the dX GEMM's
+  // epilogue makes that layer's sums), and prev_bias the linear bias's (exactly zero but NaN, as
+  // batch_norm_backward's). h is differentiable here: its gradient (prev_h's, from the next
+  // layer's linked op) reaches x and weight, not the linear bias, whose gradient that op gives.
+  // prev_h None: the first linked layer, whose x gets its gradient as the training op's.
+  m.def(
+      "linear_scale_batch_norm_train_linked(Tensor x, Tensor weight, Tensor? bias, Tensor? scale, Tensor? bn_weight,"
+      " Tensor? bn_bias, Tensor(a!)? running_mean, Tensor(b!)? running_var, Tensor(c!)? num_batches_tracked,"
+      " float? momentum, float eps, str family, bool cache=False, str activation=\"none\","
+      " float negative_slope=0.01, ScalarType? output_dtype=None, Tensor? prev_h=None, Tensor? prev_mean=None,"
+      " Tensor? prev_invstd=None, Tensor? prev_bias=None, Tensor? prev_scale=None, Tensor? prev_bn_weight=None,"
+      " Tensor? prev_bn_bias=None, float prev_eps=1e-05, str prev_activation=\"none\","
+      " float prev_negative_slope=0.01) -> (Tensor y, Tensor h, Tensor stats, Tensor mean, Tensor invstd)");
   // FP8 (issue 33): the training op over e4m3 x and W that the caller scaled and rounded (x8 = x s_x,
   // W8 = W s_w, powers of two), given bias / alpha and scale * alpha (alpha = 1 / (s_x s_w)): h =
   // x8 W8^T + bias in bf16, then as the training op with a bf16 x, so y, the statistics and the

@@ -97,6 +97,10 @@ void check_sums(at::Tensor const& sums, char const* name, int64_t n);
 // batch_norm_backward_linear's dz (batch x k), next_weight (k x n) and h (batch x n), dz and
 // next_weight in h's dtype.
 void check_backward_linear(at::Tensor const& dz, at::Tensor const& next_weight, at::Tensor const& h);
+// linear_scale_batch_norm_train_linked's prev_h (x's shape), prev_mean and prev_invstd (fp64
+// vectors), all given or none.
+void check_link_args(at::Tensor const& x, c10::optional<at::Tensor> const& prev_h,
+                      c10::optional<at::Tensor> const& prev_mean, c10::optional<at::Tensor> const& prev_invstd);
 // SyncBatchNorm's batch count: one fp64 element (on the device, where the ranks merged it).
 void check_count(at::Tensor const& count);
 // sync_batch_norm_row's arguments: linear_stats' sums (2 x n, n > 0) and a row count >= 0.

@@ -12,7 +12,7 @@ model) and fused+compile; the optimizer is never compiled. The compile-ro rows c
 mode="reduce-overhead" (REDUCE_OVERHEAD_ROWS). `--step-row` picks rows, also issue 33's
 anchors: torchao-float8 (torchao's float8 training of the blocks' Linears, tensorwise scaling; BatchNorm
 stays PyTorch's), and it or its rowwise recipe under torch.compile; the fused FP8 rows (FP8_ROWS); and
-eager, fused and the FP8 rows as one CUDA graph a step (GRAPH_ROWS). A row's first PARITY_STEPS steps run on
+eager, fused and the FP8 rows as one CUDA graph a step (GRAPH_ROWS); fused-unlinked (UNLINKED_ROWS). A row's first PARITY_STEPS steps run on
 a data stream shared by all rows, and its loss parity is the largest relative difference of those
 losses from eager's. Then the step on one fixed batch is timed (timing.median_ms), the rows in
 --rounds, and its peak memory taken (timing.peak_extra_mib). x mm: a row's step time over its GEMMs'
@@ -51,12 +51,15 @@ FP8_ROWS = ("fused-fp8", "fused-fp8-e5m2", "fused-fp8-delayed-e5m2", "fused-fp8-
 # step with little host in the way, which a host-bound step (the FP8 rows': docs/decisions.md) does
 # not get eagerly.
 GRAPH_ROWS = tuple(r + "+graph" for r in ("eager", "fused") + FP8_ROWS)
+# fused-unlinked: fuse(model, link=False), each layer's BN backward its own (docs/decisions.md,
+# "Backward": linked layers), beside the fused row's linked blocks.
+UNLINKED_ROWS = ("fused-unlinked", "fused-unlinked+graph")
 # compile-ro: torch.compile(mode="reduce-overhead") of the model, or of the fused model: Inductor's
 # CUDA graphs of the forward and the backward (AdamW stays eager), which leave out the host time its
 # generated wrapper costs a host-bound step (docs/decisions.md, "Training step").
 REDUCE_OVERHEAD_ROWS = ("compile-ro", "fused+compile-ro")
 ALL_ROWS = (ROWS + tuple(r + c for r in FP8_ROWS for c in ("", "+compile")) + GRAPH_ROWS + TORCHAO_ROWS
-            + REDUCE_OVERHEAD_ROWS)
+            + REDUCE_OVERHEAD_ROWS + UNLINKED_ROWS)
 CASES = [Case("amp-bf16", 4096, 4096, 4, "relu"), Case("amp-bf16", 1024, 8192, 4, "relu"),
          Case("bf16", 4096, 4096, 4, "relu"), Case("amp-bf16", 256, 2048, 6, "relu"),
          Case("amp-bf16", 4096, 4096, 4, "relu", "plain"), Case("amp-bf16", 512, 2048, 3, "relu", "simsiam"),
@@ -167,7 +170,7 @@ class Row:
         self.name, self.case, self.device = name, case, device
         module, self.fused_layers = copy.deepcopy(base), None
         if name.startswith("fused"):
-            module, fusion = cutlass_fused.fuse(module)
+            module, fusion = cutlass_fused.fuse(module, link="unlinked" not in name)
             self.fused_layers = len(fusion.fused)
             if not reports:
                 print(fusion)

@@ -1,4 +1,7 @@
-"""cutlass_fused.linear_scale_batch_norm: BatchNorm1d((x @ W^T + b) [* scale]), fused."""
+"""cutlass_fused.linear_scale_batch_norm: BatchNorm1d((x @ W^T + b) [* scale]), fused; and the
+training forward of linked layers (train_linked)."""
+from typing import NamedTuple, Optional
+
 import torch
 import torch.nn.functional as F
 
@@ -85,3 +88,36 @@ def linear_scale_batch_norm(x, weight, bias, scale, bn_weight, bn_bias, running_
         may_cache(weight, bias, scale, bn_weight, bn_bias, running_mean, running_var), activation, negative_slope,
         output_dtype)
     return y
+
+
+class Link(NamedTuple):
+    """What a linked layer hands the next one (train_linked): its h, statistics and the tensors whose
+    gradients the next layer's backward gives, in the linked op's prev_* order (csrc/ops.cpp)."""
+    h: torch.Tensor
+    mean: torch.Tensor
+    invstd: torch.Tensor
+    bias: Optional[torch.Tensor]
+    scale: Optional[torch.Tensor]
+    bn_weight: Optional[torch.Tensor]
+    bn_bias: Optional[torch.Tensor]
+    eps: float
+    activation: str
+    negative_slope: float
+
+
+def train_linked(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, momentum, eps,
+                 num_batches_tracked, activation, negative_slope, output_dtype, prev):
+    """linear_scale_batch_norm's training forward for a layer whose y is the next layer's x alone
+    (cutlass_fused.fuse links them): (y, this layer's Link). `prev`: the previous layer's Link, x
+    being its y, or None. The backward of the next layer's call runs this layer's BN backward in
+    its dX GEMM (docs/decisions.md, "Backward": linked layers). The caller checks that x is 2-D,
+    has two rows or more and that eps > 0 (linear_scale_batch_norm's errors are the plain call's)."""
+    activation, negative_slope = _activation.check(activation, negative_slope)
+    if running_mean is None and running_var is None:
+        num_batches_tracked = None  # as nn.BatchNorm1d: counted only where running stats are kept
+    y, h, _, mean, invstd = ops.linear_scale_batch_norm_train_linked(
+        x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked,
+        None if momentum is None else float(momentum), eps, _family.current(),
+        may_cache(weight, bias, scale, bn_weight, bn_bias, running_mean, running_var), activation, negative_slope,
+        output_dtype, *(prev or ()))
+    return y, Link(h, mean, invstd, bias, scale, bn_weight, bn_bias, eps, activation, negative_slope)

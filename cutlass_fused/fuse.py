@@ -37,9 +37,11 @@ class Skipped:
 
 @dataclass
 class FuseReport:
-    """What `fuse` replaced (`fused`) and which Linear calls it left alone and why (`skipped`)."""
+    """What `fuse` replaced (`fused`), which Linear calls it left alone and why (`skipped`), and the
+    fused layers it linked (`linked`: (name, next layer's name) pairs, one per call)."""
     fused: list = field(default_factory=list)
     skipped: list = field(default_factory=list)
+    linked: list = field(default_factory=list)
 
     def __str__(self):
         lines = [f"cutlass_fused.fuse: fused {len(self.fused)}, left {len(self.skipped)} Linear call(s) alone"]
@@ -48,6 +50,9 @@ class FuseReport:
                  + ("  (16-bit y under autocast: its users are Linears)" if f.autocast_output else "")
                  for f in self.fused]
         for line, count in _counts(fused).items():
+            lines.append(line + (f"  ({count} calls)" if count > 1 else ""))
+        linked = [f"  linked {a} -> {b}  (the BN backward of {a} in the dX GEMM of {b})" for a, b in self.linked]
+        for line, count in _counts(linked).items():
             lines.append(line + (f"  ({count} calls)" if count > 1 else ""))
         skipped = [f"  left   {s.reason}" for s in self.skipped]
         for line, count in _counts(skipped).items():
@@ -86,7 +91,7 @@ class _TracedBatchNorm(nn.BatchNorm1d):
         return self
 
 
-def fuse(model: nn.Module, leaf_modules=()) -> tuple[fx.GraphModule, FuseReport]:
+def fuse(model: nn.Module, leaf_modules=(), link=True) -> tuple[fx.GraphModule, FuseReport]:
     """Trace `model` with torch.fx and replace each Linear -> [* scale] -> BatchNorm1d
     [-> activation] chain by one fused layer that shares the model's tensors.
 
@@ -116,6 +121,11 @@ def fuse(model: nn.Module, leaf_modules=()) -> tuple[fx.GraphModule, FuseReport]
     a layer with a scale emits y in the autocast dtype under torch.autocast: the bits the Linear
     would have cast it to, with no fp32 y in between (a layer without a scale returns h's 16-bit
     dtype there anyway). Outside autocast nothing changes.
+
+    Where a fused layer's output is the input of the next fused layer alone (an MLP's blocks), the
+    two are linked (`link=False`: never; `report.linked`): in training the second layer's backward
+    runs the first one's BN backward, with that layer's column sums made in its dX GEMM's epilogue
+    (docs/decisions.md, "Backward": linked layers). The gradients are the same.
 
     Returns a new fx.GraphModule and a FuseReport. The fused layers share the model's parameters
     and buffers (no copies), so training either one trains both, and `model.state_dict()` keeps
@@ -149,10 +159,45 @@ def fuse(model: nn.Module, leaf_modules=()) -> tuple[fx.GraphModule, FuseReport]
             report.skipped.append(match)
         else:
             report.fused.append(_replace(gm, match, layers, consumed))
+    if link:
+        report.linked = _link_layers(gm)
     _drop_unused(gm, model, consumed)
     gm.graph.lint()
     gm.recompile()
     return gm, report
+
+
+def _link_layers(gm):
+    """Links each fused layer call whose output is only the next fused layer call's input (both
+    2-D forms: no channels_last): each such call gets `link=` (True for the first, else the previous
+    call's Link) and returns (y, Link), whose y its users take. Returns the (name, next name) pairs."""
+    def plain_call(node):
+        if node.op != "call_module" or len(node.args) != 1 or node.kwargs:
+            return False
+        layer = gm.get_submodule(node.target)
+        return isinstance(layer, LinearBatchNorm1d) and layer.channels_last is None
+
+    nexts = {}
+    for node in gm.graph.nodes:
+        users = list(node.users)
+        if plain_call(node) and len(users) == 1 and plain_call(users[0]) and users[0].args[0] is node:
+            nexts[node] = users[0]
+    members = set(nexts) | set(nexts.values())
+    links = {}
+    for node in list(gm.graph.nodes):
+        if node not in members:
+            continue
+        with gm.graph.inserting_after(node):
+            link = gm.graph.call_function(operator.getitem, (node, 1))
+        with gm.graph.inserting_after(node):
+            y = gm.graph.call_function(operator.getitem, (node, 0))
+        node.replace_all_uses_with(y, delete_user_cb=lambda user: user not in (y, link))
+        node.kwargs = {"link": links.get(node, True)}
+        if node in nexts:
+            links[nexts[node]] = link
+        else:
+            gm.graph.erase_node(link)  # the last one's: no layer after it takes it
+    return [(a.target, b.target) for a, b in nexts.items()]
 
 
 def _follows_mode(model, graph, leaf_modules):

@@ -11,7 +11,7 @@ from .fp8 import DelayedState
 from .fp8 import e4m3_kernels, eval_e4m3, train_e4m3
 from .fp8 import check as fp8_check
 from .fp8 import operands as fp8_operands
-from .functional import linear_scale_batch_norm
+from .functional import linear_scale_batch_norm, train_linked
 from .sync_batch_norm import WORLD, pickled_group, should_sync, sync_linear_scale_batch_norm
 
 
@@ -223,7 +223,13 @@ class LinearBatchNorm1d(nn.Module):
             return e4m3_kernels(x.device, _family.current(), operands)
         return operands == torch.bfloat16
 
-    def forward(self, x):
+    def forward(self, x, link=False):
+        """y for x. `link` (cutlass_fused.fuse sets it where this layer's y is the next fused layer's
+        x alone): True for the first of such layers, else the previous one's Link, or None where it
+        had none; the call then returns (y, this layer's Link or None), and in training the next
+        layer's backward runs this one's BN backward in its dX GEMM (functional.train_linked)."""
+        if link is not False:
+            return self._linked(x, None if link is True else link)
         moves = self.channels_last
         if moves is not None and x.dim() == 3 and not (self.bn.training and x.shape[0] * x.shape[1] == 1):
             # The (B, T, C) form: statistics over B and T, as the BatchNorm over dim 1 of the moved
@@ -233,6 +239,23 @@ class LinearBatchNorm1d(nn.Module):
         if moves is not None or x.dim() != 2:
             return self._unfused(x)
         return self._fused(x)
+
+    def _linked(self, x, prev):
+        """(y, Link) from train_linked where this call trains with batch statistics on the plain
+        route (one process, no FP8 recipe, 2-D x of two rows or more, eps > 0, autograd recording),
+        outside FSDP, else (the plain call's y, None). FSDP (either version marks the modules it
+        manages) may free this layer's parameters after its forward, before the next layer's
+        backward would read its BN vectors."""
+        bn, gemm = self.bn, self.gemm
+        use_batch_stats, running_mean, running_var, nbt = self._bn_args(bn)
+        if getattr(self, "_is_fsdp_managed_module", False):
+            return self.forward(x), None
+        if not (use_batch_stats and torch.is_grad_enabled() and self.fp8 is None and self.channels_last is None
+                and x.dim() == 2 and x.shape[0] > 1 and bn.eps > 0 and not should_sync(self._group(bn), bn.training)):
+            return self.forward(x), None
+        return train_linked(x, gemm.weight, gemm.bias, self.scale, bn.weight, bn.bias, running_mean, running_var,
+                            bn.momentum, bn.eps, nbt, self.activation, self.negative_slope, self._output_dtype(x),
+                            prev)
 
     @staticmethod
     def _bn_args(bn):

@@ -75,12 +75,25 @@ def _finalize(h, stats, scale, count, weight, bias, eps, activation="none", nega
 
 
 @torch.library.register_fake("cutlass_fused::linear_scale_batch_norm_train")
-def _(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, momentum, eps,
-      family, cache=False, activation="none", negative_slope=0.01, output_dtype=None):
+def _train(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, momentum, eps,
+           family, cache=False, activation="none", negative_slope=0.01, output_dtype=None):
     # The split ops' outputs; the running stats are updated in place.
     h, stats = _linear_stats(x, weight, bias, family)
     y, mean, invstd = _finalize(h, stats, scale, x.shape[0], bn_weight, bn_bias, eps)
     return y if output_dtype is None else y.to(output_dtype), h, stats, mean, invstd
+
+
+@torch.library.register_fake("cutlass_fused::linear_scale_batch_norm_train_linked")
+def _(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, momentum, eps,
+      family, cache=False, activation="none", negative_slope=0.01, output_dtype=None, prev_h=None, prev_mean=None,
+      prev_invstd=None, prev_bias=None, prev_scale=None, prev_bn_weight=None, prev_bn_bias=None, prev_eps=1e-5,
+      prev_activation="none", prev_negative_slope=0.01):
+    # The training op's outputs; the previous layer's tensors are read by the backward alone.
+    torch._check(prev_h is None or tuple(prev_h.shape) == tuple(x.shape),
+                 lambda: f"cutlass_fused: expected prev_h of x's shape {tuple(x.shape)}, but got "
+                         f"{None if prev_h is None else tuple(prev_h.shape)}")
+    return _train(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked,
+                  momentum, eps, family, cache, activation, negative_slope, output_dtype)
 
 
 @torch.library.register_fake("cutlass_fused::linear_scale_batch_norm_train_fp8")

@@ -203,7 +203,7 @@ def test_bench_step_records_a_failed_row(tmp_path, monkeypatch):
 
 @pytest.mark.skipif(CUDA, reason="the CPU's rows")
 def test_bench_step_fails_when_the_fused_row_fails(tmp_path, monkeypatch):
-    def no_fuse(model):
+    def no_fuse(model, **kwargs):
         raise RuntimeError("cannot fuse")
     monkeypatch.setattr(cutlass_fused, "fuse", no_fuse)
     assert bench.main(["--step", "--out", str(tmp_path)]) == 1

@@ -353,6 +353,27 @@ def test_ddp_training_matches_unfused(backend):
     run(_ddp_worker, backend, [6, 4])
 
 
+def _fsdp_steps(sharded, ref, device, sizes, rank, k, outputs, lr):
+    """Three SGD steps of MSE on random (x, target) of k and `outputs` columns: each sharded model on
+    this rank's rows (BN's statistics too; FSDP averages the gradients), ref on every rank's rows as
+    WORLD batches. Yields each step's number after it."""
+    opts = {key: torch.optim.SGD(m.parameters(), lr=lr) for key, m in {**sharded, "ref": ref}.items()}
+    g = torch.Generator().manual_seed(7)
+    r = rows(sizes, rank)
+    for step in range(3):
+        x, target = torch.randn(sum(sizes), k, generator=g), torch.randn(sum(sizes), outputs, generator=g)
+        for key, opt in opts.items():
+            opt.zero_grad()
+            if key in sharded:
+                loss = F.mse_loss(sharded[key](x[r].to(device)), target[r].to(device))
+            else:
+                loss = sum(F.mse_loss(ref(a), b) for a, b in zip(x.double().split(sizes),
+                                                                 target.double().split(sizes))) / WORLD
+            loss.backward()
+            opt.step()
+        yield step
+
+
 def _fsdp_worker(rank, device, sizes):
     try:
         from torch.distributed.fsdp import fully_shard
@@ -382,20 +403,7 @@ def _fsdp_worker(rank, device, sizes):
         fully_shard(model.block, mesh=mesh)
         fully_shard(model, mesh=mesh)
         sharded[name] = model
-    opts = {key: torch.optim.SGD(m.parameters(), lr=lr) for key, m in {**sharded, "ref": ref}.items()}
-    g = torch.Generator().manual_seed(7)
-    r = rows(sizes, rank)
-    for step in range(3):
-        x, target = torch.randn(sum(sizes), k, generator=g), torch.randn(sum(sizes), 3, generator=g)
-        for key, opt in opts.items():
-            opt.zero_grad()
-            if key in sharded:  # each rank its own rows (BN's statistics too); FSDP averages the gradients
-                loss = F.mse_loss(sharded[key](x[r].to(device)), target[r].to(device))
-            else:
-                loss = sum(F.mse_loss(ref(a), b) for a, b in zip(x.double().split(sizes),
-                                                                 target.double().split(sizes))) / WORLD
-            loss.backward()
-            opt.step()
+    for step in _fsdp_steps(sharded, ref, device, sizes, rank, k, 3, lr):
         full = {key: {name: (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().cpu()
                       for name, t in m.state_dict().items()} for key, m in sharded.items()}
         for name, t64 in ref.state_dict().items():
@@ -403,6 +411,52 @@ def _fsdp_worker(rank, device, sizes):
                 continue  # each rank's own, from its rows
             ours = full["fused"][name.replace("block.0.", "block.")]
             assert_close_rule_scaled(ours, full["unfused"][name], t64, "f32", f"step {step}: {name}")
+
+
+def _fsdp_linked_worker(rank, device, sizes):
+    """Two fused blocks that fuse() linked, each its own FSDP2 unit (resharded after its forward),
+    against the unfused model wrapped alike."""
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:  # torch < 2.6
+        from torch.distributed._composable.fsdp import fully_shard
+    from torch.distributed.device_mesh import init_device_mesh
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    mesh = init_device_mesh(device.type, (WORLD,))
+    torch.manual_seed(0)
+    unfused = nn.Sequential(nn.Linear(12, 10), nn.BatchNorm1d(10), nn.ReLU(), nn.Linear(10, 8), nn.BatchNorm1d(8))
+    with torch.no_grad():
+        for m in (unfused[1], unfused[4]):
+            m.weight.normal_(1, 0.2)
+            m.bias.normal_(0, 0.2)
+    ref = copy.deepcopy(unfused).double()
+    fused, report = cutlass_fused.fuse(copy.deepcopy(unfused))
+    assert len(report.linked) == 1, report
+    layers = [m for m in fused.modules() if isinstance(m, cutlass_fused.LinearBatchNorm1d)]
+    sharded = {}
+    for name, model, units in (("fused", fused, layers), ("unfused", unfused, [unfused[0], unfused[3]])):
+        model.to(device)
+        for unit in units:
+            fully_shard(unit, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        sharded[name] = model
+    for step in _fsdp_steps(sharded, ref, device, sizes, rank, 12, 8, 0.1):
+        full = {key: [(t.full_tensor() if hasattr(t, "full_tensor") else t).detach().cpu()
+                      for t in m.parameters()] for key, m in sharded.items()}
+        for i, t64 in enumerate(ref.parameters()):
+            assert_close_rule_scaled(full["fused"][i], full["unfused"][i], t64.detach(), "f32",
+                                     f"step {step}: parameter {i}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fsdp2_trains_linked_blocks_like_unfused(backend):
+    """FSDP2 units of one linked block each: the first block's parameters are resharded after its
+    forward, before the second block's backward would read its BN vectors (a crash, when it did):
+    FSDP-managed layers run unlinked."""
+    if backend == "gloo" and torch.__version__ < "2.5":
+        pytest.skip("torch 2.4's fully_shard makes CUDA streams: FSDP2 does not run on the CPU there")
+    run(_fsdp_linked_worker, backend, [6, 4])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
