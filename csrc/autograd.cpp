@@ -290,9 +290,12 @@ struct LinkedFunction : torch::autograd::Function<LinkedFunction> {
       s[2] = s[3] = s[4] = at::Tensor();
     }
     if (dh_next.defined()) dh = dh.defined() ? dh.add_(dh_next) : std::move(dh_next);
+    // The previous layer's first: its h goes before dW is allocated, so that the step's peak holds
+    // no more than the unlinked backward's (dh, g, the previous dh and h here; there dh, dX, dW and
+    // the previous h).
+    if (ctx->saved_data["prev"].toBool()) prev_backward(ctx, s, dh, need, out);
     linear_grads(dh, s[0], s[1], need[0], need[1], ctx, out);
     x_in_its_dtype(ctx, out);
-    if (ctx->saved_data["prev"].toBool()) prev_backward(ctx, s, dh, need, out);
     return out;
   }
 
@@ -300,8 +303,8 @@ struct LinkedFunction : torch::autograd::Function<LinkedFunction> {
   // batch_norm_backward_linear, whose dX GEMM makes that layer's sums where the plan has a kernel
   // for it; fp32 (and a layer of another dtype than the one before) as unlinked layers run it:
   // dX (our matmul op in fp32), then batch_norm_backward.
-  static void prev_backward(AutogradContext* ctx, variable_list& s, at::Tensor& dh, std::vector<bool> const& need,
-                            variable_list& out) {
+  static void prev_backward(AutogradContext* ctx, variable_list& s, at::Tensor const& dh,
+                            std::vector<bool> const& need, variable_list& out) {
     static auto fused = op_handle<BackwardLinearSig>("cutlass_fused::batch_norm_backward_linear");
     static auto plain = op_handle<BackwardSig>("cutlass_fused::batch_norm_backward");
     at::Tensor h = take(ctx, s[8], "prev_h"), mean = take(ctx, s[9], "prev_mean"),
@@ -318,11 +321,9 @@ struct LinkedFunction : torch::autograd::Function<LinkedFunction> {
     if (dt != at::kFloat && dh.scalar_type() == dt && weight.scalar_type() == dt) {
       r = fused.call(dh, weight, h, mean, invstd, optional(scale), optional(s[12]), eps, optional(s[13]), act, slope,
                      bias_dt, ctx->saved_data["family"].toStringRef());
-      dh = at::Tensor();
     } else {
       variable_list dx(2);
       linear_grads(dh, at::Tensor(), weight, true, false, ctx, dx);
-      dh = at::Tensor();
       if (dx[0].scalar_type() != dt && dx[0].scalar_type() != at::kFloat) dx[0] = dx[0].to(at::kFloat);
       r = plain.call(dx[0], h, mean, invstd, optional(scale), optional(s[12]), eps, optional(s[13]), act, slope,
                      bias_dt);
