@@ -18,7 +18,7 @@
 // 4096 x 4096 weight (docs/decisions.md, "Autocast"). Without a recording (no_grad,
 // inference_mode, a frozen weight) the casts stay autocast's, cache and all.
 //
-// One boxed kernel serves the three ops: it reads no signature but the schema's, so
+// One boxed kernel serves the four ops: it reads no signature but the schema's, so
 // the ops' signatures stay written once (csrc/ops.cpp, layer_args.h).
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
@@ -72,6 +72,7 @@ void register_autocast(torch::Library& m) {
          torch::CppFunction::makeFromBoxedFunction<&autocast_linear_inputs<device, true>>());
   m.impl("linear_scale_batch_norm_eval",
          torch::CppFunction::makeFromBoxedFunction<&autocast_linear_inputs<device, false>>());
+  m.impl("linear_linked", torch::CppFunction::makeFromBoxedFunction<&autocast_linear_inputs<device, false>>());
 }
 
 }  // namespace

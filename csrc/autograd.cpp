@@ -103,6 +103,64 @@ at::Tensor take(AutogradContext* ctx, at::Tensor const& saved, std::string const
   return t;
 }
 
+// What the backward of a layer after a linked one keeps of the previous layer (prev_backward), appended
+// to `vars`: prev_h, prev_mean and prev_invstd (under hooks; else kept, see take), prev_scale,
+// prev_bn_weight and prev_bn_bias (that one for the activation's derivative alone).
+void save_prev(AutogradContext* ctx, std::vector<at::Tensor>& vars, LinkArgs const& prev, bool hooks) {
+  at::Tensor none;
+  bool act = activation_of(prev.activation) != Activation::none;
+  for (auto const* t : {&prev.h, &prev.mean, &prev.invstd}) vars.push_back(hooks ? **t : none);
+  vars.insert(vars.end(), {saved(prev.scale), saved(prev.bn_weight), act ? saved(prev.bn_bias) : none});
+  if (!hooks) {
+    keep(ctx, "prev_h", *prev.h);
+    keep(ctx, "prev_mean", *prev.mean);
+    keep(ctx, "prev_invstd", *prev.invstd);
+  }
+  ctx->saved_data["prev_eps"] = prev.eps;
+  ctx->saved_data["prev_activation"] = std::string(prev.activation);
+  ctx->saved_data["prev_negative_slope"] = prev.negative_slope;
+  ctx->saved_data["prev_dtypes"] = c10::List<int64_t>({dtype_of(prev.bias), dtype_of(prev.bn_bias)});
+}
+
+// The previous layer's BN backward from dz, the gradient of this layer's product with `weight` (dz
+// weight is that layer's dy), from save_prev's tensors at s[first..first+5]: in one op,
+// batch_norm_backward_linear, whose dX GEMM makes that layer's sums where the plan has a kernel for
+// it; fp32 (and a layer of another dtype than the one before) as unlinked layers run it: dx(dz),
+// then batch_norm_backward. The gradients of prev_h, prev_bias, prev_scale, prev_bn_weight and
+// prev_bn_bias go to out[at..at+4] where need[at..at+4] asks.
+template <class DX>
+void prev_backward(AutogradContext* ctx, variable_list& s, size_t first, at::Tensor const& dz,
+                   at::Tensor const& weight, std::vector<bool> const& need, size_t at, variable_list& out, DX dx) {
+  static auto fused = op_handle<BackwardLinearSig>("cutlass_fused::batch_norm_backward_linear");
+  static auto plain = op_handle<BackwardSig>("cutlass_fused::batch_norm_backward");
+  at::Tensor h = take(ctx, s[first], "prev_h"), mean = take(ctx, s[first + 1], "prev_mean"),
+             invstd = take(ctx, s[first + 2], "prev_invstd");
+  s[first] = s[first + 1] = s[first + 2] = at::Tensor();
+  auto const &scale = s[first + 3], &bn_weight = s[first + 4], &bn_bias = s[first + 5];
+  auto dtypes = ctx->saved_data["prev_dtypes"].toIntList();
+  c10::optional<at::ScalarType> bias_dt;
+  if (need[at + 1]) bias_dt = static_cast<at::ScalarType>(dtypes.get(0));
+  double eps = ctx->saved_data["prev_eps"].toDouble(), slope = ctx->saved_data["prev_negative_slope"].toDouble();
+  auto const& act = ctx->saved_data["prev_activation"].toStringRef();
+  auto dt = h.scalar_type();
+  std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> r;
+  if (dt != at::kFloat && dz.scalar_type() == dt && weight.scalar_type() == dt) {
+    r = fused.call(dz, weight, h, mean, invstd, optional(scale), optional(bn_weight), eps, optional(bn_bias), act,
+                   slope, bias_dt, ctx->saved_data["family"].toStringRef());
+  } else {
+    at::Tensor dy = dx(dz);
+    if (dy.scalar_type() != dt && dy.scalar_type() != at::kFloat) dy = dy.to(at::kFloat);
+    r = plain.call(dy, h, mean, invstd, optional(scale), optional(bn_weight), eps, optional(bn_bias), act, slope,
+                   bias_dt);
+  }
+  auto& [dprev_h, dscale, dgamma, dbeta, dbias] = r;
+  if (need[at]) out[at] = dprev_h;
+  if (need[at + 1]) out[at + 1] = dbias;
+  if (need[at + 2]) out[at + 2] = scale.dim() == 0 ? dscale.sum().to(scale.scalar_type()) : dscale;
+  if (need[at + 3]) out[at + 3] = dgamma;
+  if (need[at + 4]) out[at + 4] = as_dtype(dbeta, dtypes[1]);
+}
+
 // The training forward of both Functions, saved variables 0-7: x (for dW), the GEMM's weight (for
 // dX, or for the linked op's batch_norm_backward_linear: `keep_weight`), h, mean and invstd under
 // saved-tensor hooks, scale, bn_weight, bn_bias. `linked` (the linked op): h stays differentiable;
@@ -156,20 +214,7 @@ variable_list train_forward(AutogradContext* ctx, at::Tensor const& x, at::Tenso
     keep(ctx, "mean", mean);
     keep(ctx, "invstd", invstd);
   }
-  if (prev != nullptr) {
-    bool prev_act = activation_of(prev->activation) != Activation::none;
-    for (auto const* t : {&prev->h, &prev->mean, &prev->invstd}) vars.push_back(hooks ? **t : none);
-    vars.insert(vars.end(), {saved(prev->scale), saved(prev->bn_weight), prev_act ? saved(prev->bn_bias) : none});
-    if (!hooks) {
-      keep(ctx, "prev_h", *prev->h);
-      keep(ctx, "prev_mean", *prev->mean);
-      keep(ctx, "prev_invstd", *prev->invstd);
-    }
-    ctx->saved_data["prev_eps"] = prev->eps;
-    ctx->saved_data["prev_activation"] = std::string(prev->activation);
-    ctx->saved_data["prev_negative_slope"] = prev->negative_slope;
-    ctx->saved_data["prev_dtypes"] = c10::List<int64_t>({dtype_of(prev->bias), dtype_of(prev->bn_bias)});
-  }
+  if (prev != nullptr) save_prev(ctx, vars, *prev, hooks);
   ctx->save_for_backward(vars);
   ctx->saved_data["eps"] = a.eps;
   ctx->saved_data["family"] = std::string(a.family);
@@ -293,47 +338,16 @@ struct LinkedFunction : torch::autograd::Function<LinkedFunction> {
     // The previous layer's first: its h goes before dW is allocated, so that the step's peak holds
     // no more than the unlinked backward's (dh, g, the previous dh and h here; there dh, dX, dW and
     // the previous h).
-    if (ctx->saved_data["prev"].toBool()) prev_backward(ctx, s, dh, need, out);
+    if (ctx->saved_data["prev"].toBool()) {
+      prev_backward(ctx, s, 8, dh, s[1], need, kDifferentiable, out, [&](at::Tensor const& dz) {
+        variable_list dx(2);
+        linear_grads(dz, at::Tensor(), s[1], true, false, ctx, dx);
+        return dx[0];
+      });
+    }
     linear_grads(dh, s[0], s[1], need[0], need[1], ctx, out);
     x_in_its_dtype(ctx, out);
     return out;
-  }
-
-  // The previous layer's BN backward from this layer's dh (prev_* into out[6..10]): in one op,
-  // batch_norm_backward_linear, whose dX GEMM makes that layer's sums where the plan has a kernel
-  // for it; fp32 (and a layer of another dtype than the one before) as unlinked layers run it:
-  // dX (our matmul op in fp32), then batch_norm_backward.
-  static void prev_backward(AutogradContext* ctx, variable_list& s, at::Tensor const& dh,
-                            std::vector<bool> const& need, variable_list& out) {
-    static auto fused = op_handle<BackwardLinearSig>("cutlass_fused::batch_norm_backward_linear");
-    static auto plain = op_handle<BackwardSig>("cutlass_fused::batch_norm_backward");
-    at::Tensor h = take(ctx, s[8], "prev_h"), mean = take(ctx, s[9], "prev_mean"),
-               invstd = take(ctx, s[10], "prev_invstd");
-    s[8] = s[9] = s[10] = at::Tensor();
-    auto const &weight = s[1], &scale = s[11];
-    auto dtypes = ctx->saved_data["prev_dtypes"].toIntList();
-    c10::optional<at::ScalarType> bias_dt;
-    if (need[7]) bias_dt = static_cast<at::ScalarType>(dtypes.get(0));
-    double eps = ctx->saved_data["prev_eps"].toDouble(), slope = ctx->saved_data["prev_negative_slope"].toDouble();
-    auto const& act = ctx->saved_data["prev_activation"].toStringRef();
-    auto dt = h.scalar_type();
-    std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> r;
-    if (dt != at::kFloat && dh.scalar_type() == dt && weight.scalar_type() == dt) {
-      r = fused.call(dh, weight, h, mean, invstd, optional(scale), optional(s[12]), eps, optional(s[13]), act, slope,
-                     bias_dt, ctx->saved_data["family"].toStringRef());
-    } else {
-      variable_list dx(2);
-      linear_grads(dh, at::Tensor(), weight, true, false, ctx, dx);
-      if (dx[0].scalar_type() != dt && dx[0].scalar_type() != at::kFloat) dx[0] = dx[0].to(at::kFloat);
-      r = plain.call(dx[0], h, mean, invstd, optional(scale), optional(s[12]), eps, optional(s[13]), act, slope,
-                     bias_dt);
-    }
-    auto& [dprev_h, dscale, dgamma, dbeta, dbias] = r;
-    if (need[6]) out[6] = dprev_h;
-    if (need[7]) out[7] = dbias;
-    if (need[8]) out[8] = scale.dim() == 0 ? dscale.sum().to(scale.scalar_type()) : dscale;
-    if (need[9]) out[9] = dgamma;
-    if (need[10]) out[10] = as_dtype(dbeta, dtypes[1]);
   }
 };
 
@@ -347,6 +361,55 @@ TrainOut linked_autograd(LayerArgs const& a, LinkArgs const& p) {
 TrainOut linked_below_autograd(LayerArgs const& a, LinkArgs const& p) {
   check_link_args(a.x, p.h, p.mean, p.invstd);
   return call_train(a);
+}
+
+// linear_linked: F.linear(x, weight, bias) for a plain Linear after a linked layer; its backward runs
+// that layer's BN backward (prev_backward) and gives weight and bias F.linear's gradients, x none.
+struct LinkedLinearFunction : torch::autograd::Function<LinkedLinearFunction> {
+  static variable_list forward(AutogradContext* ctx, at::Tensor const& x, at::Tensor const& weight,
+                               OptTensor const& bias, OptTensor const& prev_h, OptTensor const& prev_bias,
+                               OptTensor const& prev_scale, OptTensor const& prev_bn_weight,
+                               OptTensor const& prev_bn_bias, LinkArgs const& p, c10::string_view family) {
+    check_link_args(x, p.h, p.mean, p.invstd);
+    save_needs(ctx, {false, weight.requires_grad(), requires_grad(bias), requires_grad(prev_h),
+                     requires_grad(prev_bias), requires_grad(prev_scale), requires_grad(prev_bn_weight),
+                     requires_grad(prev_bn_bias)});
+    at::AutoDispatchBelowAutograd below;
+    auto y = at::linear(x, weight, bias);
+    bool hooks = saved_tensor_hooks_set(at::SavedTensorDefaultHooks::get_hooks());
+    std::vector<at::Tensor> vars{weight.requires_grad() ? x : at::Tensor(), weight};
+    save_prev(ctx, vars, p, hooks);
+    ctx->save_for_backward(vars);
+    ctx->saved_data["family"] = std::string(family);
+    ctx->set_materialize_grads(false);
+    return {y};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list& grads) {
+    no_double_backward();
+    variable_list out(8 + 2);  // one per argument of apply()
+    at::Tensor dz = std::move(grads[0]);
+    if (!dz.defined()) return out;
+    auto s = ctx->get_saved_variables();
+    auto need = needs(ctx);
+    auto const &x = s[0], &weight = s[1];
+    // The previous layer's first, as in LinkedFunction's backward; dX as F.linear's backward.
+    prev_backward(ctx, s, 2, dz, weight, need, 3, out, [&](at::Tensor const& d) { return at::mm(d, weight); });
+    if (need[1]) out[1] = at::mm(dz.t(), x);
+    if (need[2]) out[2] = dz.sum(0);
+    return out;
+  }
+};
+
+at::Tensor linear_linked_autograd(at::Tensor const& x, at::Tensor const& weight, OptTensor const& bias,
+                                  LinkArgs const& p, c10::string_view family) {
+  return LinkedLinearFunction::apply(x, weight, bias, p.h, p.bias, p.scale, p.bn_weight, p.bn_bias, p, family)[0];
+}
+
+at::Tensor linear_linked_below_autograd(at::Tensor const& x, at::Tensor const& weight, OptTensor const& bias,
+                                        LinkArgs const& p, c10::string_view /*family*/) {
+  check_link_args(x, p.h, p.mean, p.invstd);
+  return at::linear(x, weight, bias);
 }
 
 struct EvalFunction : torch::autograd::Function<EvalFunction> {
@@ -452,10 +515,12 @@ TORCH_LIBRARY_IMPL(cutlass_fused, Autograd, m) {
   m.impl("linear_scale_batch_norm_train", &train_op<&train_autograd>);
   m.impl("linear_scale_batch_norm_eval", &eval_op<&eval_autograd>);
   m.impl("linear_scale_batch_norm_train_linked", &train_linked_op<&linked_autograd>);
+  m.impl("linear_linked", &linear_linked_op<&linear_linked_autograd>);
 }
 
 TORCH_LIBRARY_IMPL(cutlass_fused, CompositeExplicitAutograd, m) {
   m.impl("linear_scale_batch_norm_train_linked", &train_linked_op<&linked_below_autograd>);
+  m.impl("linear_linked", &linear_linked_op<&linear_linked_below_autograd>);
 }
 
 }  // namespace cutlass_fused

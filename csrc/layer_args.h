@@ -102,6 +102,21 @@ TrainOut train_linked_op(at::Tensor const& x, at::Tensor const& weight, OptTenso
             prev_activation, prev_negative_slope});
 }
 
+// linear_linked: the Linear's x, weight and bias, the previous layer's LinkArgs, the kernel family.
+template <at::Tensor (*F)(at::Tensor const&, at::Tensor const&, OptTensor const&, LinkArgs const&,
+                          c10::string_view)>
+at::Tensor linear_linked_op(at::Tensor const& x, at::Tensor const& weight, OptTensor const& bias,
+                            at::Tensor const& prev_h, at::Tensor const& prev_mean, at::Tensor const& prev_invstd,
+                            OptTensor const& prev_bias, OptTensor const& prev_scale, OptTensor const& prev_bn_weight,
+                            OptTensor const& prev_bn_bias, double prev_eps, c10::string_view prev_activation,
+                            double prev_negative_slope, c10::string_view family) {
+  OptTensor const h(prev_h), mean(prev_mean), invstd(prev_invstd);
+  return F(x, weight, bias,
+           {h, mean, invstd, prev_bias, prev_scale, prev_bn_weight, prev_bn_bias, prev_eps, prev_activation,
+            prev_negative_slope},
+           family);
+}
+
 // linear_scale_batch_norm_train_fp8: no cache (W8 is the caller's), fast_accum.
 template <LayerKernel<TrainOut> F>
 TrainOut train_fp8_op(at::Tensor const& x, at::Tensor const& weight, OptTensor const& bias, OptTensor const& scale,

@@ -481,6 +481,14 @@ TORCH_LIBRARY(cutlass_fused, m) {
       " Tensor? prev_invstd=None, Tensor? prev_bias=None, Tensor? prev_scale=None, Tensor? prev_bn_weight=None,"
       " Tensor? prev_bn_bias=None, float prev_eps=1e-05, str prev_activation=\"none\","
       " float prev_negative_slope=0.01) -> (Tensor y, Tensor h, Tensor stats, Tensor mean, Tensor invstd)");
+  // F.linear(x, weight, bias) for a plain Linear whose x is a linked layer's y (its Link as prev_*,
+  // as above): the backward gives x no gradient but the previous layer's, through
+  // batch_norm_backward_linear, and weight and bias theirs as F.linear's.
+  m.def(
+      "linear_linked(Tensor x, Tensor weight, Tensor? bias, Tensor prev_h, Tensor prev_mean, Tensor prev_invstd,"
+      " Tensor? prev_bias=None, Tensor? prev_scale=None, Tensor? prev_bn_weight=None, Tensor? prev_bn_bias=None,"
+      " float prev_eps=1e-05, str prev_activation=\"none\", float prev_negative_slope=0.01, str family=\"auto\")"
+      " -> Tensor");
   // FP8 (issue 33): the training op over e4m3 x and W that the caller scaled and rounded (x8 = x s_x,
   // W8 = W s_w, powers of two), given bias / alpha and scale * alpha (alpha = 1 / (s_x s_w)): h =
   // x8 W8^T + bias in bf16, then as the training op with a bf16 x, so y, the statistics and the

@@ -121,3 +121,18 @@ def train_linked(x, weight, bias, scale, bn_weight, bn_bias, running_mean, runni
         may_cache(weight, bias, scale, bn_weight, bn_bias, running_mean, running_var), activation, negative_slope,
         output_dtype, *(prev or ()))
     return y, Link(h, mean, invstd, bias, scale, bn_weight, bn_bias, eps, activation, negative_slope)
+
+
+def linear_after(x, link, linear):
+    """linear(x) for an nn.Linear whose x is a linked layer's y, `link` that layer's Link (None: it
+    had none): F.linear through the linear_linked op, whose backward runs that layer's BN backward in
+    its dX GEMM, where autograd records the call and the Linear runs as a plain call would (no hooks,
+    outside FSDP, which would unshard its parameters in its own call); else the Linear's own call."""
+    module = torch.nn.modules.module
+    hooks = (linear._forward_hooks or linear._forward_pre_hooks or linear._backward_hooks
+             or linear._backward_pre_hooks or any(getattr(module, f"_global_{kind}_hooks", None) for kind in
+                                                  ("forward", "forward_pre", "backward", "backward_pre")))
+    if (link is None or hooks or getattr(linear, "_is_fsdp_managed_module", False) or not torch.is_grad_enabled()
+            or x.dim() != 2):
+        return linear(x)
+    return ops.linear_linked(x, linear.weight, linear.bias, *link, _family.current())

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+from .functional import linear_after
 from .module import LinearBatchNorm1d, LinearScaleBatchNorm1d
 
 _MULS = (operator.mul, torch.mul)
@@ -73,8 +74,10 @@ class _Tracer(fx.Tracer):
     # bn.training would be frozen at the mode the model had while tracing.
     # leaf_modules has a default: torch.load of a fused model re-traces its code with a subclass of
     # the recorded tracer class, made with no arguments (fx's _deserialize_graph_module).
+    # linear_after (a linked layer's Linear, _link_layers) is recorded as one call when the fused
+    # model's own code is traced again (torch.load), not traced into.
     def __init__(self, leaf_modules=()):
-        super().__init__()
+        super().__init__(autowrap_functions=(linear_after,))
         self.leaf_types = (LinearBatchNorm1d, *leaf_modules)
 
     def is_leaf_module(self, m, qualname):
@@ -168,24 +171,38 @@ def fuse(model: nn.Module, leaf_modules=(), link=True) -> tuple[fx.GraphModule, 
 
 
 def _link_layers(gm):
-    """Links each fused layer call whose output is only the next fused layer call's input (both
-    2-D forms: no channels_last): each such call gets `link=` (True for the first, else the previous
-    call's Link) and returns (y, Link), whose y its users take. Returns the (name, next name) pairs."""
-    def plain_call(node):
+    """Links each fused layer call whose output is only the input of the next fused layer call (both
+    2-D forms: no channels_last) or of a plain nn.Linear call (no hooks): each such fused call gets
+    `link=` (True for the first, else the previous call's Link) and returns (y, Link), whose y its
+    users take; such a Linear call becomes functional.linear_after(y, link, the Linear). Returns the
+    (name, next name) pairs."""
+    def plain_call(node, types):
         if node.op != "call_module" or len(node.args) != 1 or node.kwargs:
             return False
-        layer = gm.get_submodule(node.target)
-        return isinstance(layer, LinearBatchNorm1d) and layer.channels_last is None
+        m = gm.get_submodule(node.target)
+        if types is nn.Linear:
+            return type(m) is nn.Linear and not _hook(m)
+        return isinstance(m, LinearBatchNorm1d) and m.channels_last is None
 
     nexts = {}
     for node in gm.graph.nodes:
         users = list(node.users)
-        if plain_call(node) and len(users) == 1 and plain_call(users[0]) and users[0].args[0] is node:
+        if plain_call(node, LinearBatchNorm1d) and len(users) == 1 and users[0].args[0] is node and (
+                plain_call(users[0], LinearBatchNorm1d) or plain_call(users[0], nn.Linear)):
             nexts[node] = users[0]
+    pairs = [(a.target, b.target) for a, b in nexts.items()]
+    heads = {b for b in nexts.values() if plain_call(b, nn.Linear)}
     members = set(nexts) | set(nexts.values())
     links = {}
     for node in list(gm.graph.nodes):
         if node not in members:
+            continue
+        if node in heads:
+            with gm.graph.inserting_before(node):
+                linear = gm.graph.get_attr(node.target)
+                head = gm.graph.call_function(linear_after, (node.args[0], links[node], linear))
+            node.replace_all_uses_with(head)
+            gm.graph.erase_node(node)
             continue
         with gm.graph.inserting_after(node):
             link = gm.graph.call_function(operator.getitem, (node, 1))
@@ -197,7 +214,7 @@ def _link_layers(gm):
             links[nexts[node]] = link
         else:
             gm.graph.erase_node(link)  # the last one's: no layer after it takes it
-    return [(a.target, b.target) for a, b in nexts.items()]
+    return pairs
 
 
 def _follows_mode(model, graph, leaf_modules):

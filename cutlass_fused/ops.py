@@ -96,6 +96,14 @@ def _(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num
                   momentum, eps, family, cache, activation, negative_slope, output_dtype)
 
 
+@torch.library.register_fake("cutlass_fused::linear_linked")
+def _(x, weight, bias, prev_h, prev_mean, prev_invstd, prev_bias=None, prev_scale=None, prev_bn_weight=None,
+      prev_bn_bias=None, prev_eps=1e-5, prev_activation="none", prev_negative_slope=0.01, family="auto"):
+    torch._check(tuple(prev_h.shape) == tuple(x.shape),
+                 lambda: f"cutlass_fused: expected prev_h of x's shape {tuple(x.shape)}, but got {tuple(prev_h.shape)}")
+    return torch.nn.functional.linear(x, weight, bias)
+
+
 @torch.library.register_fake("cutlass_fused::linear_scale_batch_norm_train_fp8")
 def _(x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked, momentum, eps,
       family, activation="none", negative_slope=0.01, output_dtype=None, fast_accum=False):

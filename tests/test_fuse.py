@@ -285,5 +285,6 @@ def test_report_prints_readably():
         "cutlass_fused.fuse: fused 1, left 1 Linear call(s) alone\n"
         "  fused  0.gemm (nn.Linear) -> mul -> 0.bn (nn.BatchNorm1d)  as 0_gemm_scale_bn  (16-bit y under "
         "autocast: its users are Linears)\n"
+        "  linked 0_gemm_scale_bn -> 1  (the BN backward of 0_gemm_scale_bn in the dX GEMM of 1)\n"
         "  left   1 (nn.Linear): its output goes to the model's output, not to a BatchNorm1d or a multiplication "
         "by a scale")

@@ -55,7 +55,8 @@ def test_frozen_bias_gets_no_gradient():
 
 @pytest.mark.parametrize("device,family", FAMILIES, ids=FAMILY_IDS)
 def test_the_issue_mlp(device, family):
-    """The ordinary MLP of the report that fused nothing before: both blocks now, linked, the head left."""
+    """The ordinary MLP of the report that fused nothing before: both blocks now, linked to each other
+    and to the head, which stays a Linear."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 64), nn.BatchNorm1d(64), nn.ReLU(),
                           nn.Linear(64, 64, bias=False), nn.BatchNorm1d(64), nn.ReLU(), nn.Linear(64, 10))
@@ -65,6 +66,7 @@ def test_the_issue_mlp(device, family):
         "  fused  0 (nn.Linear) -> 1 (nn.BatchNorm1d) -> 2 (nn.ReLU)  as 0_bn",
         "  fused  3 (nn.Linear) -> 4 (nn.BatchNorm1d) -> 5 (nn.ReLU)  as 3_bn",
         "  linked 0_bn -> 3_bn  (the BN backward of 0_bn in the dX GEMM of 3_bn)",
+        "  linked 3_bn -> 6  (the BN backward of 3_bn in the dX GEMM of 6)",
         "  left   6 (nn.Linear): its output goes to the model's output, not to a BatchNorm1d or a "
         "multiplication by a scale"]
 

@@ -37,9 +37,9 @@ class Scaled(nn.Module):
         return self.act(self.bn(self.linear(x) * self.scale))
 
 
-def mlp(features, seed, scaled_middle=False, bias=True, affine=True, acts=("relu", "gelu")):
+def mlp(features, seed, scaled_middle=False, bias=True, affine=True, acts=("relu", "gelu"), head=0):
     """Three blocks over features (n0, n1, n2, n3): Linear -> BN -> act twice, then one without an
-    activation."""
+    activation; with `head`, a Linear(n3, head) after them (a linked layer's plain Linear)."""
     torch.manual_seed(seed)
     n = list(features)
     blocks = []
@@ -49,6 +49,8 @@ def mlp(features, seed, scaled_middle=False, bias=True, affine=True, acts=("relu
         else:
             blocks += [nn.Linear(n[i], n[i + 1], bias=bias), nn.BatchNorm1d(n[i + 1], affine=affine), ACTS[act]()]
     blocks += [nn.Linear(n[-2], n[-1], bias=bias), nn.BatchNorm1d(n[-1], affine=affine)]
+    if head:
+        blocks.append(nn.Linear(n[-1], head, bias=bias))
     model = nn.Sequential(*blocks)
     with torch.no_grad():  # BN vectors away from their initial 1 and 0, so that their gradients matter
         for m in model.modules():
@@ -83,16 +85,17 @@ def test_linked_mlp_against_float64(device, family, mode, shape, override):
     override(poison=True)
     dtype = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[mode]
     batch, features = shape
-    model = mlp((features[0],) + features, seed=batch, scaled_middle=batch == 3, bias=batch != 2)
+    head = 40 if batch in (3, 1000) else 0  # and the last block linked to a plain Linear
+    model = mlp((features[0],) + features, seed=batch, scaled_middle=batch == 3, bias=batch != 2, head=head)
     g = torch.Generator().manual_seed(batch)
     x = torch.randn(batch, features[0], generator=g).to(device)
-    dy = torch.randn(batch, features[-1], generator=g).to(device)
+    dy = torch.randn(batch, head or features[-1], generator=g).to(device)
     ref = copy.deepcopy(model).to(device, torch.float64)
     y64, g64 = step(ref, x.double(), dy.double())
     same = copy.deepcopy(model).to(device, dtype)
     y_same, g_same = step(same, x.to(dtype), dy)
     linked, report, base = fused(model.to(device, dtype))
-    assert len(report.fused) == 3 and len(report.linked) == 2, report
+    assert len(report.fused) == 3 and len(report.linked) == (3 if head else 2), report
     with cutlass_fused.use_kernel_family(family):
         y, grads = step(linked, x.to(dtype), dy, base)
     names = ["x"] + [name for name, _ in model.named_parameters()]
@@ -269,9 +272,10 @@ def test_linked_under_saved_tensor_hooks_and_frozen_parameters():
 def test_linked_model_compiles_and_saves():
     """torch.compile of a linked model: one graph, the eager gradients; torch.save of it loads."""
     torch._dynamo.reset()
-    model = mlp((16, 32, 24, 8), seed=5)
-    gm, _ = cutlass_fused.fuse(copy.deepcopy(model))
-    x, dy = torch.randn(12, 16), torch.randn(12, 8)
+    model = mlp((16, 32, 24, 8), seed=5, head=6)
+    gm, report = cutlass_fused.fuse(copy.deepcopy(model))
+    assert len(report.linked) == 3
+    x, dy = torch.randn(12, 16), torch.randn(12, 6)
     y0, g0 = step(copy.deepcopy(gm), x, dy)
     from torch._dynamo.utils import counters
     counters.clear()
@@ -292,8 +296,8 @@ def test_linked_model_compiles_and_saves():
 @pytest.mark.skipif(not hasattr(torch, "get_autocast_dtype"), reason="torch.get_autocast_dtype: torch >= 2.4")
 def test_linked_under_autocast():
     """bf16 autocast over fp32 parameters: the unlinked fused model's gradients, in fp32."""
-    model = mlp((16, 32, 24, 8), seed=6, scaled_middle=True)
-    x, dy = torch.randn(20, 16), torch.randn(20, 8)
+    model = mlp((16, 32, 24, 8), seed=6, scaled_middle=True, head=5)
+    x, dy = torch.randn(20, 16), torch.randn(20, 5)
     out = []
     for link in (False, True):
         gm, _ = cutlass_fused.fuse(copy.deepcopy(model), link=link)
@@ -321,11 +325,10 @@ def _linked_args(device, prev):
     return args + (h1.detach().requires_grad_(), mean1, invstd1, r(12), None, r(12), r(12), 1e-5, "relu", 0.01)
 
 
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA else []))
 @pytest.mark.parametrize("prev", [False, True], ids=["first", "after"])
-def test_linked_opcheck(prev):
-    devices = ["cpu"] + (["cuda"] if CUDA else [])
-    for device in devices:
-        torch.library.opcheck(ops.linear_scale_batch_norm_train_linked, _linked_args(device, prev))
+def test_linked_opcheck(device, prev):
+    torch.library.opcheck(ops.linear_scale_batch_norm_train_linked, _linked_args(device, prev))
 
 
 def test_linked_op_refuses_a_partial_or_misshapen_prev():
@@ -369,3 +372,31 @@ def test_linked_under_activation_checkpointing(use_reentrant):
         grads.append([p.grad for p in base.parameters()])
     for a, b in zip(*grads):
         torch.testing.assert_close(b, a, rtol=0, atol=0)
+
+
+def test_linked_head_runs_its_hooks_where_it_has_them():
+    """A forward hook put on the plain Linear after fuse(): the Linear's own call runs (with its hook),
+    unlinked from the block before; the gradients are the same."""
+    model = mlp((8, 12, 10, 6), seed=9, head=4)
+    gm, report, base = fused(model)
+    assert report.linked[-1] == ("6_bn", "8")
+    calls = []
+    gm.get_submodule("8").register_forward_hook(lambda m, args, out: calls.append(out.shape))
+    x, dy = torch.randn(7, 8), torch.randn(7, 4)
+    _, g1 = step(gm, x, dy, base)
+    _, g0 = step(model, x, dy)
+    assert calls == [torch.Size([7, 4])]
+    for a, b in zip(g0, g1):
+        assert_close_rule_scaled(b, a, a.double(), "f32", "grad")
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA else []))
+def test_linear_linked_opcheck(device):
+    g = torch.Generator().manual_seed(10)
+    r = lambda *s: torch.randn(*s, generator=g).to(device).requires_grad_()
+    x = r(6, 8)
+    y, h, _, mean, invstd = ops.linear_scale_batch_norm_train_linked(
+        x, r(12, 8), r(12), None, r(12), r(12), None, None, None, 0.1, 1e-5, "auto", False, "silu")
+    args = (y.detach(), r(5, 12), r(5), h.detach().requires_grad_(), mean, invstd, r(12), None, r(12), r(12), 1e-5,
+            "silu", 0.01, "auto")
+    torch.library.opcheck(ops.linear_linked, args)

@@ -414,8 +414,8 @@ def _fsdp_worker(rank, device, sizes):
 
 
 def _fsdp_linked_worker(rank, device, sizes):
-    """Two fused blocks that fuse() linked, each its own FSDP2 unit (resharded after its forward),
-    against the unfused model wrapped alike."""
+    """Two fused blocks and a head that fuse() linked, each its own FSDP2 unit (resharded after its
+    forward), against the unfused model wrapped alike."""
     try:
         from torch.distributed.fsdp import fully_shard
     except ImportError:  # torch < 2.6
@@ -425,25 +425,28 @@ def _fsdp_linked_worker(rank, device, sizes):
         torch.cuda.set_device(device)
     mesh = init_device_mesh(device.type, (WORLD,))
     torch.manual_seed(0)
-    unfused = nn.Sequential(nn.Linear(12, 10), nn.BatchNorm1d(10), nn.ReLU(), nn.Linear(10, 8), nn.BatchNorm1d(8))
+    unfused = nn.Sequential(nn.Linear(12, 10), nn.BatchNorm1d(10), nn.ReLU(), nn.Linear(10, 8), nn.BatchNorm1d(8),
+                            nn.Linear(8, 3))
     with torch.no_grad():
         for m in (unfused[1], unfused[4]):
             m.weight.normal_(1, 0.2)
             m.bias.normal_(0, 0.2)
     ref = copy.deepcopy(unfused).double()
-    fused, report = cutlass_fused.fuse(copy.deepcopy(unfused))
-    assert len(report.linked) == 1, report
+    base = copy.deepcopy(unfused)  # its modules are the fused model's, its parameters in unfused's order
+    fused, report = cutlass_fused.fuse(base)
+    assert len(report.linked) == 2, report  # the blocks, and the second one to the head
     layers = [m for m in fused.modules() if isinstance(m, cutlass_fused.LinearBatchNorm1d)]
     sharded = {}
-    for name, model, units in (("fused", fused, layers), ("unfused", unfused, [unfused[0], unfused[3]])):
+    for name, model, units in (("fused", fused, layers + [fused.get_submodule("5")]),
+                               ("unfused", unfused, [unfused[0], unfused[3], unfused[5]])):
         model.to(device)
         for unit in units:
             fully_shard(unit, mesh=mesh)
         fully_shard(model, mesh=mesh)
         sharded[name] = model
-    for step in _fsdp_steps(sharded, ref, device, sizes, rank, 12, 8, 0.1):
+    for step in _fsdp_steps(sharded, ref, device, sizes, rank, 12, 3, 0.1):
         full = {key: [(t.full_tensor() if hasattr(t, "full_tensor") else t).detach().cpu()
-                      for t in m.parameters()] for key, m in sharded.items()}
+                      for t in m.parameters()] for key, m in (("fused", base), ("unfused", unfused))}
         for i, t64 in enumerate(ref.parameters()):
             assert_close_rule_scaled(full["fused"][i], full["unfused"][i], t64.detach(), "f32",
                                      f"step {step}: parameter {i}")
@@ -451,9 +454,9 @@ def _fsdp_linked_worker(rank, device, sizes):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_fsdp2_trains_linked_blocks_like_unfused(backend):
-    """FSDP2 units of one linked block each: the first block's parameters are resharded after its
-    forward, before the second block's backward would read its BN vectors (a crash, when it did):
-    FSDP-managed layers run unlinked."""
+    """FSDP2 units of one linked block (or the head) each: the first block's parameters are resharded
+    after its forward, before the second block's backward would read its BN vectors (a crash, when it
+    did), and the head's are unsharded in its own call alone: FSDP-managed layers run unlinked."""
     if backend == "gloo" and torch.__version__ < "2.5":
         pytest.skip("torch 2.4's fully_shard makes CUDA streams: FSDP2 does not run on the CPU there")
     run(_fsdp_linked_worker, backend, [6, 4])
