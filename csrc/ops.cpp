@@ -419,6 +419,16 @@ std::vector<std::string> kernel_names() {
   return out;
 }
 
+bool grad_runs_op(std::string const& family, int64_t capability, at::ScalarType dtype,
+                  std::string const& activation) {
+  try {
+    DType d = dtype == at::kBFloat16 ? DType::bf16 : dtype == at::kHalf ? DType::f16 : DType::f32;
+    return grad_runs(family, static_cast<int>(capability), d, activation_of(activation));
+  } catch (std::exception const& e) {
+    TORCH_CHECK_VALUE(false, e.what());
+  }
+}
+
 bool e4m3_runs_op(std::string const& family, int64_t capability, at::ScalarType operands) {
   try {
     // The plan's DType for the kernels' dtypes; any other is not bf16 either.
@@ -656,6 +666,10 @@ TORCH_LIBRARY(cutlass_fused, m) {
   // Whether the e4m3 route runs for the family on a GPU of that compute capability (major * 10 +
   // minor), x and W reaching the GEMM in `operands` (kernels/plan.h, e4m3_runs); on any device.
   m.def("e4m3_runs(str family, int capability, ScalarType operands) -> bool", &e4m3_runs_op);
+  // Whether batch_norm_backward_linear has a grad kernel for `family` on a GPU of compute
+  // capability `capability` (major * 10 + minor), h in `dtype`, `activation` (kernels/plan.h,
+  // grad_runs); on any device.
+  m.def("grad_runs(str family, int capability, ScalarType dtype, str activation) -> bool", &grad_runs_op);
   // Drops every value kept under `cache` (frozen_weights' exit).
   m.def("clear_cache() -> ()", &clear_cache);
 }

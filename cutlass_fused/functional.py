@@ -90,6 +90,36 @@ def linear_scale_batch_norm(x, weight, bias, scale, bn_weight, bn_bias, running_
     return y
 
 
+_GRAD_RUNS = {}
+
+
+def _grad_runs(index, family, dtype, activation):
+    from .ops import ops
+    key = (index, family, dtype, activation)
+    if key not in _GRAD_RUNS:
+        major, minor = torch.cuda.get_device_capability(index)
+        _GRAD_RUNS[key] = ops.grad_runs(family, major * 10 + minor, dtype, activation)
+    return _GRAD_RUNS[key]
+
+
+# torch.compile calls it while tracing and keeps its answer, a constant for the device and the build.
+_grad_runs = getattr(torch.compiler, "assume_constant_result", lambda f: f)(_grad_runs)
+
+
+def links(x, activation):
+    """Whether a training layer with x's device and h in x's dtype (the autocast dtype under
+    autocast) and `activation` hands the next layer a Link: on CUDA where batch_norm_backward_linear
+    has a grad kernel (the plan's answer, ops.grad_runs, asked once per device, family, dtype and
+    activation), since elsewhere the linked backward is the unlinked one's ops with more host time
+    (docs/decisions.md, "Backward": linked layers); on the CPU always, where the route's autograd
+    runs on PyTorch's ops (tests)."""
+    if x.device.type != "cuda":
+        return True
+    dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else x.dtype
+    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    return _grad_runs(index, _family.current(), dtype, activation)
+
+
 class Link(NamedTuple):
     """What a linked layer hands the next one (train_linked): its h, statistics and the tensors whose
     gradients the next layer's backward gives, in the linked op's prev_* order (csrc/ops.cpp)."""

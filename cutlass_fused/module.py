@@ -11,7 +11,7 @@ from .fp8 import DelayedState
 from .fp8 import e4m3_kernels, eval_e4m3, train_e4m3
 from .fp8 import check as fp8_check
 from .fp8 import operands as fp8_operands
-from .functional import linear_scale_batch_norm, train_linked
+from .functional import linear_scale_batch_norm, links, train_linked
 from .sync_batch_norm import WORLD, pickled_group, should_sync, sync_linear_scale_batch_norm
 
 
@@ -243,12 +243,12 @@ class LinearBatchNorm1d(nn.Module):
     def _linked(self, x, prev):
         """(y, Link) from train_linked where this call trains with batch statistics on the plain
         route (one process, no FP8 recipe, 2-D x of two rows or more, eps > 0, autograd recording),
-        outside FSDP, else (the plain call's y, None). FSDP (either version marks the modules it
-        manages) may free this layer's parameters after its forward, before the next layer's
-        backward would read its BN vectors."""
+        outside FSDP, where functional.links says, else (the plain call's y, None). FSDP (either
+        version marks the modules it manages) may free this layer's parameters after its forward,
+        before the next layer's backward would read its BN vectors."""
         bn, gemm = self.bn, self.gemm
         use_batch_stats, running_mean, running_var, nbt = self._bn_args(bn)
-        if getattr(self, "_is_fsdp_managed_module", False):
+        if getattr(self, "_is_fsdp_managed_module", False) or not links(x, self.activation):
             return self.forward(x), None
         if not (use_batch_stats and torch.is_grad_enabled() and self.fp8 is None and self.channels_last is None
                 and x.dim() == 2 and x.shape[0] > 1 and bn.eps > 0 and not should_sync(self._group(bn), bn.training)):

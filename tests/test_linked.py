@@ -15,7 +15,7 @@ from torch import nn
 import cutlass_fused
 from cutlass_fused.functional import train_linked
 from cutlass_fused.ops import ops
-from common import CUDA, FAMILIES, FAMILY_IDS, assert_close_rule_scaled
+from common import CUDA, FAMILIES, FAMILY_IDS, HOPPER, assert_close_rule_scaled, cuda_kernels
 
 ACTS = {"relu": nn.ReLU, "gelu": nn.GELU, "leaky_relu": lambda: nn.LeakyReLU(0.2), "silu": nn.SiLU}
 # (batch, features of the three blocks): batches of 2, 3 and 1000; 769 and 5125 features, whose
@@ -400,3 +400,39 @@ def test_linear_linked_opcheck(device):
     args = (y.detach(), r(5, 12), r(5), h.detach().requires_grad_(), mean, invstd, r(12), None, r(12), r(12), 1e-5,
             "silu", 0.01, "auto")
     torch.library.opcheck(ops.linear_linked, args)
+
+
+def test_grad_runs_is_the_plans_answer():
+    """ops.grad_runs: never for fp32, a smooth activation, the sm80 family or another GPU than
+    compute 9.0; for bf16 and f16 with a select activation exactly where the build has sm90 grad rows."""
+    built = any("_grad_" in name for name in cutlass_fused.built_kernels())
+    for dtype in (torch.bfloat16, torch.float16):
+        for act in ("none", "relu", "leaky_relu"):
+            assert ops.grad_runs("auto", 90, dtype, act) == built
+            assert ops.grad_runs("sm90", 90, dtype, act) == built
+            assert not ops.grad_runs("sm80", 90, dtype, act)
+            assert not ops.grad_runs("auto", 80, dtype, act)
+        for act in ("gelu", "gelu_tanh", "silu"):
+            assert not ops.grad_runs("auto", 90, dtype, act)
+    assert not ops.grad_runs("auto", 90, torch.float32, "relu")
+    with cutlass_fused.overrides(stats_gemm=False):
+        assert not ops.grad_runs("auto", 90, torch.bfloat16, "relu")
+    with pytest.raises(ValueError, match="family"):
+        ops.grad_runs("sm70", 90, torch.bfloat16, "relu")
+
+
+@pytest.mark.skipif(not HOPPER, reason="the grad kernels are sm90's")
+@pytest.mark.parametrize("family,act,dtype,grad", [("sm90", "relu", torch.bfloat16, True),
+                                                   ("sm90", "gelu", torch.bfloat16, False),
+                                                   ("sm90", "relu", torch.float32, False),
+                                                   ("sm80", "relu", torch.bfloat16, False)])
+def test_linked_model_runs_the_grad_gemm_where_it_links(family, act, dtype, grad):
+    """A linked bf16 relu block's backward runs the grad GEMM; where the plan has no grad kernel
+    the layer does not link, and its backward is the unlinked one's (no grad kernel)."""
+    model = mlp((256, 512, 384, 256), seed=11, acts=(act, act)).to("cuda", dtype)
+    gm, _, _ = fused(model)
+    x = torch.randn(512, 256, device="cuda", dtype=dtype)
+    with cutlass_fused.use_kernel_family(family):
+        y = gm(x)
+        _, names = cuda_kernels(lambda: y.backward(torch.randn_like(y)))
+    assert any("_grad_" in n for n in names) == grad

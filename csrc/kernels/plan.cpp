@@ -440,6 +440,21 @@ bool e4m3_runs(std::string const& family, int capability, DType operands) {
   return false;
 }
 
+bool grad_runs(std::string const& family, int capability, DType dtype, Activation act) {
+  check_family_name(family);
+  // grad_gemm's conditions that no shape changes (resolve_family's sm90, without its refusals).
+  bool sixteen_bit = dtype == DType::bf16 || dtype == DType::f16;
+  if (!sixteen_bit || family == "sm80" || capability != 90 || act_set(act) == ActSet::smooth ||
+      !current_overrides().stats_gemm)
+    return false;
+  KernelDtype math = dtype == DType::bf16 ? KernelDtype::bf16 : KernelDtype::f16;
+  for (auto const* row = kernels_begin(); row != kernels_end(); ++row) {
+    if (row->family == Family::sm90 && row->dtype == math && row->mode == Mode::grad && row->entry != nullptr)
+      return true;
+  }
+  return false;
+}
+
 Plan make_plan(Problem const& p) {
   Plan plan;
   if (p.op != Op::backward) plan.family = resolve_family(p.family, p.capability, p.device, p.device_name);

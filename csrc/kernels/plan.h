@@ -162,4 +162,11 @@ void check_family_name(std::string const& family);
 // e4m3_kernels), and runs the FP8 rounding emulated on the 16-bit kernels where it is false.
 bool e4m3_runs(std::string const& family, int capability, DType operands);
 
+// Whether batch_norm_backward_linear can run its grad GEMM (the sums in the dX GEMM's epilogue) for
+// `family` on a GPU of compute capability `capability`, h in `dtype`, the layer's activation `act`:
+// grad_gemm's conditions that hold for every shape (16 bits, the sm90 family, a select activation,
+// the statistics GEMMs not overridden off) and a grad row this build has. Elsewhere its route is
+// torch.mm and the backward op, the unlinked route's: the layer does not link (cutlass_fused/module.py).
+bool grad_runs(std::string const& family, int capability, DType dtype, Activation act);
+
 }  // namespace cutlass_fused
