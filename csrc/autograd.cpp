@@ -20,6 +20,7 @@
 #include <torch/library.h>
 #include <torch/version.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "autograd_util.h"
@@ -314,8 +315,9 @@ struct LinkedFunction : torch::autograd::Function<LinkedFunction> {
     bool prev_needed = prev && (requires_grad(prev_h) || requires_grad(prev_bias) || requires_grad(prev_scale) ||
                                 requires_grad(prev_bn_weight) || requires_grad(prev_bn_bias));
     ctx->saved_data["prev"] = prev_needed;
-    return train_forward(ctx, x, weight, bias, scale, bn_weight, bn_bias, a, (x.requires_grad() && !prev) || prev_needed,
-                         true, prev_needed ? &p : nullptr);
+    bool keep_weight = (x.requires_grad() && !prev) || prev_needed;
+    return train_forward(ctx, x, weight, bias, scale, bn_weight, bn_bias, a, keep_weight, true,
+                         prev_needed ? &p : nullptr);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list& grads) {
@@ -394,7 +396,8 @@ struct LinkedLinearFunction : torch::autograd::Function<LinkedLinearFunction> {
     auto need = needs(ctx);
     auto const &x = s[0], &weight = s[1];
     // The previous layer's first, as in LinkedFunction's backward; dX as F.linear's backward.
-    prev_backward(ctx, s, 2, dz, weight, need, 3, out, [&](at::Tensor const& d) { return at::mm(d, weight); });
+    if (std::any_of(need.begin() + 3, need.end(), [](bool b) { return b; }))
+      prev_backward(ctx, s, 2, dz, weight, need, 3, out, [&](at::Tensor const& d) { return at::mm(d, weight); });
     if (need[1]) out[1] = at::mm(dz.t(), x);
     if (need[2]) out[2] = dz.sum(0);
     return out;

@@ -1,22 +1,22 @@
 """python -m cutlass_fused.bench --step: whole training steps of models built of the layer.
 
-A case's MODEL (MODELS): "seed", BLOCKS x [Linear(width, width) -> * scale -> BatchNorm1d ->
-activation] (SeedModel and an nn activation), then a head Linear(width, 1000), cross-entropy on random
-targets; "plain", the same MLP as users write it, without the scale and with Linear(bias=False);
-"simsiam", a SimSiam-style projector, BLOCKS x [Linear(width, width, bias=False) -> BatchNorm1d], an
-activation after each but the last, whose BatchNorm has affine=False, called on two views of a batch
-(BATCH rows each) with SimSiam's symmetric negative cosine loss (each view's output against the other's,
-detached). AdamW (fused on CUDA) steps it and zero_grad(set_to_none=True) ends the step. The rows, each on its own deep copy of
-one initial model: eager, compile (torch.compile of the model), fused (cutlass_fused.fuse of the
+A case's MODEL (MODELS): "seed", BLOCKS x [Linear(width, width) -> * scale -> BatchNorm1d -> activation]
+(SeedModel and an nn activation), then a head Linear(width, 1000), cross-entropy on random targets;
+"plain", the same MLP as users write it, without the scale and with Linear(bias=False); "simsiam", a
+SimSiam-style projector, BLOCKS x [Linear(width, width, bias=False) -> BatchNorm1d], an activation after
+each but the last, whose BatchNorm has affine=False, called on two views of a batch (BATCH rows each)
+with SimSiam's symmetric negative cosine loss (each view's output against the other's, detached). AdamW
+(fused on CUDA) steps it and zero_grad(set_to_none=True) ends the step. The rows, each on its own deep
+copy of one initial model: eager, compile (torch.compile of the model), fused (cutlass_fused.fuse of the
 model) and fused+compile; the optimizer is never compiled. The compile-ro rows compile with
-mode="reduce-overhead" (REDUCE_OVERHEAD_ROWS). `--step-row` picks rows, also issue 33's
-anchors: torchao-float8 (torchao's float8 training of the blocks' Linears, tensorwise scaling; BatchNorm
-stays PyTorch's), and it or its rowwise recipe under torch.compile; the fused FP8 rows (FP8_ROWS); and
-eager, fused and the FP8 rows as one CUDA graph a step (GRAPH_ROWS); fused-unlinked (UNLINKED_ROWS). A row's first PARITY_STEPS steps run on
-a data stream shared by all rows, and its loss parity is the largest relative difference of those
-losses from eager's. Then the step on one fixed batch is timed (timing.median_ms), the rows in
---rounds, and its peak memory taken (timing.peak_extra_mib). x mm: a row's step time over its GEMMs'
-alone in torch.mm (GemmFloor, timed in the same rounds).
+mode="reduce-overhead" (REDUCE_OVERHEAD_ROWS). `--step-row` picks rows, also issue 33's anchors:
+torchao-float8 (torchao's float8 training of the blocks' Linears, tensorwise scaling; BatchNorm stays
+PyTorch's), and it or its rowwise recipe under torch.compile; the fused FP8 rows (FP8_ROWS); and eager,
+fused and the FP8 rows as one CUDA graph a step (GRAPH_ROWS); fused-unlinked (UNLINKED_ROWS). A row's
+first PARITY_STEPS steps run on a data stream shared by all rows, and its loss parity is the largest
+relative difference of those losses from eager's. Then the step on one fixed batch is timed
+(timing.median_ms), the rows in --rounds, and its peak memory taken (timing.peak_extra_mib). x mm: a
+row's step time over its GEMMs' alone in torch.mm (GemmFloor, timed in the same rounds).
 """
 import argparse
 import collections

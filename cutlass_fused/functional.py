@@ -121,8 +121,10 @@ def links(x, activation):
 
 
 class Link(NamedTuple):
-    """What a linked layer hands the next one (train_linked): its h, statistics and the tensors whose
-    gradients the next layer's backward gives, in the linked op's prev_* order (csrc/ops.cpp)."""
+    """What a linked layer hands the next one (train_linked): its y, then its h, statistics and the
+    tensors whose gradients the next layer's backward gives, in the linked op's prev_* order
+    (csrc/ops.cpp)."""
+    y: torch.Tensor
     h: torch.Tensor
     mean: torch.Tensor
     invstd: torch.Tensor
@@ -143,14 +145,23 @@ def train_linked(x, weight, bias, scale, bn_weight, bn_bias, running_mean, runni
     its dX GEMM (docs/decisions.md, "Backward": linked layers). The caller checks that x is 2-D,
     has two rows or more and that eps > 0 (linear_scale_batch_norm's errors are the plain call's)."""
     activation, negative_slope = _activation.check(activation, negative_slope)
+    _check_link(x, prev)
     if running_mean is None and running_var is None:
         num_batches_tracked = None  # as nn.BatchNorm1d: counted only where running stats are kept
     y, h, _, mean, invstd = ops.linear_scale_batch_norm_train_linked(
         x, weight, bias, scale, bn_weight, bn_bias, running_mean, running_var, num_batches_tracked,
         None if momentum is None else float(momentum), eps, _family.current(),
         may_cache(weight, bias, scale, bn_weight, bn_bias, running_mean, running_var), activation, negative_slope,
-        output_dtype, *(prev or ()))
-    return y, Link(h, mean, invstd, bias, scale, bn_weight, bn_bias, eps, activation, negative_slope)
+        output_dtype, *(prev[1:] if prev is not None else ()))
+    return y, Link(y, h, mean, invstd, bias, scale, bn_weight, bn_bias, eps, activation, negative_slope)
+
+
+def _check_link(x, link):
+    """A Link's backward is that of its y's only: x must be that y itself (the next layer's gradient
+    reaches the layer before through its h, not through x)."""
+    if link is not None and link.y is not x:
+        raise ValueError("cutlass_fused: expected x to be the y of the layer whose Link is given (link.y), "
+                         "but got another tensor")
 
 
 def linear_after(x, link, linear):
@@ -165,4 +176,5 @@ def linear_after(x, link, linear):
     if (link is None or hooks or getattr(linear, "_is_fsdp_managed_module", False) or not torch.is_grad_enabled()
             or x.dim() != 2):
         return linear(x)
-    return ops.linear_linked(x, linear.weight, linear.bias, *link, _family.current())
+    _check_link(x, link)
+    return ops.linear_linked(x, linear.weight, linear.bias, *link[1:], _family.current())

@@ -436,3 +436,16 @@ def test_linked_model_runs_the_grad_gemm_where_it_links(family, act, dtype, grad
         y = gm(x)
         _, names = cuda_kernels(lambda: y.backward(torch.randn_like(y)))
     assert any("_grad_" in n for n in names) == grad
+
+
+def test_a_link_takes_its_own_y_alone():
+    """A Link given with another x than its y is refused: its gradient would never reach that x."""
+    model = mlp((8, 12, 10, 6), seed=12, head=3)
+    gm, _, _ = fused(model)
+    a, b = [m for m in gm.modules() if isinstance(m, cutlass_fused.LinearBatchNorm1d)][:2]
+    x = torch.randn(5, 8)
+    y, link = a(x, link=True)
+    with pytest.raises(ValueError, match="expected x to be the y of the layer whose Link is given"):
+        b(y.clone(), link=link)
+    with pytest.raises(ValueError, match="expected x to be the y of the layer whose Link is given"):
+        cutlass_fused.functional.linear_after(y + 0, link, nn.Linear(12, 3))

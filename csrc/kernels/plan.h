@@ -166,7 +166,8 @@ bool e4m3_runs(std::string const& family, int capability, DType operands);
 // `family` on a GPU of compute capability `capability`, h in `dtype`, the layer's activation `act`:
 // grad_gemm's conditions that hold for every shape (16 bits, the sm90 family, a select activation,
 // the statistics GEMMs not overridden off) and a grad row this build has. Elsewhere its route is
-// torch.mm and the backward op, the unlinked route's: the layer does not link (cutlass_fused/module.py).
+// torch.mm and the backward op, the unlinked route's, and the layer does not link
+// (cutlass_fused/functional.py, links).
 bool grad_runs(std::string const& family, int capability, DType dtype, Activation act);
 
 }  // namespace cutlass_fused
