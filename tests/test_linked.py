@@ -453,3 +453,34 @@ def test_a_link_takes_its_own_y_alone():
         b(y.clone(), link=link)
     with pytest.raises(ValueError, match="expected x to be the y of the layer whose Link is given"):
         cutlass_fused.functional.linear_after(y + 0, link, nn.Linear(12, 3))
+
+
+def test_linked_blocks_keep_batch_norms_rules():
+    """momentum=None (the cumulative average), affine=False and track_running_stats=False in linked
+    blocks, and a projector called on two views (each call its own links): the unfused model's
+    gradients and running stats."""
+
+    class TwoViews(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Sequential(nn.Linear(8, 12), nn.BatchNorm1d(12, momentum=None), nn.ReLU(),
+                                      nn.Linear(12, 10, bias=False), nn.BatchNorm1d(10, affine=False),
+                                      nn.LeakyReLU(0.1), nn.Linear(10, 6),
+                                      nn.BatchNorm1d(6, track_running_stats=False))
+
+        def forward(self, a, b):
+            return self.proj(a) * self.proj(b)
+
+    torch.manual_seed(13)
+    model = TwoViews()
+    gm, report, base = fused(model)
+    assert len(report.fused) == 6 and len(report.linked) == 4, report
+    a, b, dy = torch.randn(9, 8), torch.randn(9, 8), torch.randn(9, 6)
+    for _ in range(2):  # the cumulative momentum's second step
+        for m in (model, gm):
+            m.zero_grad(set_to_none=True)
+            m(a, b).backward(dy)
+    for (name, p), q in zip(model.named_parameters(), base.parameters()):
+        assert_close_rule_scaled(q.grad, p.grad, p.grad.double(), "f32", name)
+    for (name, t), u in zip(model.named_buffers(), base.buffers()):
+        torch.testing.assert_close(u, t, msg=name)
