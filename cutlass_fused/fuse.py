@@ -125,10 +125,11 @@ def fuse(model: nn.Module, leaf_modules=(), link=True) -> tuple[fx.GraphModule, 
     would have cast it to, with no fp32 y in between (a layer without a scale returns h's 16-bit
     dtype there anyway). Outside autocast nothing changes.
 
-    Where a fused layer's output is the input of the next fused layer alone (an MLP's blocks), the
-    two are linked (`link=False`: never; `report.linked`): in training the second layer's backward
-    runs the first one's BN backward, with that layer's column sums made in its dX GEMM's epilogue
-    (docs/decisions.md, "Backward": linked layers). The gradients are the same.
+    Where a fused layer's output is the input of the next fused layer or of a plain nn.Linear alone
+    (an MLP's blocks and its head), the two are linked (`link=False`: never; `report.linked`): in
+    training the second one's backward runs the fused layer's BN backward, with its column sums made
+    in the dX GEMM's epilogue where the plan has a kernel for it (docs/decisions.md, "Backward":
+    linked layers). The gradients are the same.
 
     Returns a new fx.GraphModule and a FuseReport. The fused layers share the model's parameters
     and buffers (no copies), so training either one trains both, and `model.state_dict()` keeps
