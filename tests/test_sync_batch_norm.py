@@ -353,10 +353,10 @@ def test_ddp_training_matches_unfused(backend):
     run(_ddp_worker, backend, [6, 4])
 
 
-def _fsdp_steps(sharded, ref, device, sizes, rank, k, outputs, lr):
-    """Three SGD steps of MSE on random (x, target) of k and `outputs` columns: each sharded model on
-    this rank's rows (BN's statistics too; FSDP averages the gradients), ref on every rank's rows as
-    WORLD batches. Yields each step's number after it."""
+def _ranked_steps(sharded, ref, device, sizes, rank, k, outputs, lr):
+    """Three SGD steps of MSE on random (x, target) of k and `outputs` columns: each wrapped model in
+    `sharded` on this rank's rows (BN's statistics too; DDP and FSDP average the gradients), ref on
+    every rank's rows as WORLD batches. Yields each step's number after it."""
     opts = {key: torch.optim.SGD(m.parameters(), lr=lr) for key, m in {**sharded, "ref": ref}.items()}
     g = torch.Generator().manual_seed(7)
     r = rows(sizes, rank)
@@ -403,7 +403,7 @@ def _fsdp_worker(rank, device, sizes):
         fully_shard(model.block, mesh=mesh)
         fully_shard(model, mesh=mesh)
         sharded[name] = model
-    for step in _fsdp_steps(sharded, ref, device, sizes, rank, k, 3, lr):
+    for step in _ranked_steps(sharded, ref, device, sizes, rank, k, 3, lr):
         full = {key: {name: (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().cpu()
                       for name, t in m.state_dict().items()} for key, m in sharded.items()}
         for name, t64 in ref.state_dict().items():
@@ -413,17 +413,11 @@ def _fsdp_worker(rank, device, sizes):
             assert_close_rule_scaled(ours, full["unfused"][name], t64, "f32", f"step {step}: {name}")
 
 
-def _fsdp_linked_worker(rank, device, sizes):
-    """Two fused blocks and a head that fuse() linked, each its own FSDP2 unit (resharded after its
-    forward), against the unfused model wrapped alike."""
-    try:
-        from torch.distributed.fsdp import fully_shard
-    except ImportError:  # torch < 2.6
-        from torch.distributed._composable.fsdp import fully_shard
-    from torch.distributed.device_mesh import init_device_mesh
+def _linked_worker(rank, device, sizes, wrap):
+    """Two fused blocks and a head that fuse() linked, against the unfused model wrapped alike: in
+    DDP (wrap "ddp"), or each an FSDP2 unit (resharded after its forward; wrap "fsdp2")."""
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    mesh = init_device_mesh(device.type, (WORLD,))
     torch.manual_seed(0)
     unfused = nn.Sequential(nn.Linear(12, 10), nn.BatchNorm1d(10), nn.ReLU(), nn.Linear(10, 8), nn.BatchNorm1d(8),
                             nn.Linear(8, 3))
@@ -440,11 +434,20 @@ def _fsdp_linked_worker(rank, device, sizes):
     for name, model, units in (("fused", fused, layers + [fused.get_submodule("5")]),
                                ("unfused", unfused, [unfused[0], unfused[3], unfused[5]])):
         model.to(device)
+        if wrap == "ddp":
+            sharded[name] = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+            continue
+        try:
+            from torch.distributed.fsdp import fully_shard
+        except ImportError:  # torch < 2.6
+            from torch.distributed._composable.fsdp import fully_shard
+        from torch.distributed.device_mesh import init_device_mesh
+        mesh = init_device_mesh(device.type, (WORLD,))
         for unit in units:
             fully_shard(unit, mesh=mesh)
         fully_shard(model, mesh=mesh)
         sharded[name] = model
-    for step in _fsdp_steps(sharded, ref, device, sizes, rank, 12, 3, 0.1):
+    for step in _ranked_steps(sharded, ref, device, sizes, rank, 12, 3, 0.1):
         full = {key: [(t.full_tensor() if hasattr(t, "full_tensor") else t).detach().cpu()
                       for t in m.parameters()] for key, m in (("fused", base), ("unfused", unfused))}
         for i, t64 in enumerate(ref.parameters()):
@@ -459,7 +462,13 @@ def test_fsdp2_trains_linked_blocks_like_unfused(backend):
     did), and the head's are unsharded in its own call alone: FSDP-managed layers run unlinked."""
     if backend == "gloo" and torch.__version__ < "2.5":
         pytest.skip("torch 2.4's fully_shard makes CUDA streams: FSDP2 does not run on the CPU there")
-    run(_fsdp_linked_worker, backend, [6, 4])
+    run(_linked_worker, backend, [6, 4], "fsdp2")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ddp_trains_linked_blocks_like_unfused(backend):
+    """DDP over linked blocks and their head: each rank's BN statistics, DDP's averaged gradients."""
+    run(_linked_worker, backend, [6, 4], "ddp")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
