@@ -4,6 +4,7 @@ import contextlib
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 import cutlass_fused
 
@@ -156,3 +157,17 @@ def assert_close_rule_scaled(ours, torch_same, ref64, mode, what):
     gradients (sums over a batch or features) and losses."""
     k = max(1.0, ref64.abs().max().item() if ref64.numel() else 0.0)
     return assert_close_rule(ours.cpu() / k, torch_same.cpu() / k, ref64.cpu() / k, mode, what)
+
+
+class ScaledBlock(nn.Module):
+    """Linear -> * scale -> BatchNorm1d -> act: the seed model's block, as fuse() finds it."""
+
+    def __init__(self, n_in, n_out, act):
+        super().__init__()
+        self.gemm = nn.Linear(n_in, n_out)
+        self.scale = nn.Parameter(torch.randn(n_out))
+        self.bn = nn.BatchNorm1d(n_out)
+        self.act = act
+
+    def forward(self, x):
+        return self.act(self.bn(self.gemm(x) * self.scale))

@@ -11,7 +11,7 @@ from torch import nn
 import cutlass_fused
 from cutlass_fused.ops import ops
 from common import (CUDA, FAMILIES, FAMILY_IDS, MODES, assert_close_rule, assert_close_rule_scaled, modes_for,
-                    params, precision)
+                    params, precision, ScaledBlock)
 
 ACTS = ["relu", "leaky_relu", "gelu", "gelu_tanh", "silu"]
 SLOPE = 0.2  # leaky_relu's, not the default, so that a slope that is not passed through shows
@@ -253,18 +253,6 @@ def test_compiled_matches_eager(device):
 
 # --- fuse() ---------------------------------------------------------------------------------
 
-class Block(nn.Module):
-    def __init__(self, width, act):
-        super().__init__()
-        self.gemm = nn.Linear(width, width)
-        self.scale = nn.Parameter(torch.randn(width))
-        self.bn = nn.BatchNorm1d(width)
-        self.act = act
-
-    def forward(self, x):
-        return self.act(self.bn(self.gemm(x) * self.scale))
-
-
 FORMS = {
     "nn.ReLU": (lambda: nn.ReLU(), "relu", 0.01),
     "nn.ReLU(inplace)": (lambda: nn.ReLU(inplace=True), "relu", 0.01),
@@ -285,7 +273,7 @@ FORMS = {
 def test_fuse_absorbs_activation(form):
     make, name, slope = FORMS[form]
     torch.manual_seed(0)
-    model = nn.Sequential(Block(16, make()), nn.Linear(16, 3)).double()
+    model = nn.Sequential(ScaledBlock(16, 16, make()), nn.Linear(16, 3)).double()
     fused, report = cutlass_fused.fuse(model)
     (f,) = report.fused
     assert f.activation, str(report)
@@ -307,7 +295,7 @@ def test_fuse_leaves_a_shared_activation_input_alone():
     class Two(nn.Module):
         def __init__(self):
             super().__init__()
-            self.block = Block(8, nn.Identity())
+            self.block = ScaledBlock(8, 8, nn.Identity())
             self.head = nn.Linear(8, 2)
 
         def forward(self, x):
@@ -324,7 +312,7 @@ def test_fuse_autocast_output_bits():
     """A fused block whose users are Linears emits the autocast dtype under autocast: the bits of
     its own fp32 y rounded; outside autocast it is unchanged."""
     torch.manual_seed(0)
-    model = nn.Sequential(Block(64, nn.ReLU()), nn.Linear(64, 8))
+    model = nn.Sequential(ScaledBlock(64, 64, nn.ReLU()), nn.Linear(64, 8))
     fused, report = cutlass_fused.fuse(model)
     (f,) = report.fused
     assert f.autocast_output and "autocast" in str(report)

@@ -15,26 +15,12 @@ from torch import nn
 import cutlass_fused
 from cutlass_fused.functional import train_linked
 from cutlass_fused.ops import ops
-from common import CUDA, FAMILIES, FAMILY_IDS, HOPPER, assert_close_rule_scaled, cuda_kernels
+from common import CUDA, FAMILIES, FAMILY_IDS, HOPPER, ScaledBlock, assert_close_rule_scaled, cuda_kernels
 
 ACTS = {"relu": nn.ReLU, "gelu": nn.GELU, "leaky_relu": lambda: nn.LeakyReLU(0.2), "silu": nn.SiLU}
 # (batch, features of the three blocks): batches of 2, 3 and 1000; 769 and 5125 features, whose
 # rows are no whole 16-byte groups (batch_norm_backward_linear's torch.mm route).
 SHAPES = [(2, (64, 128, 96)), (3, (1000, 256, 512)), (1000, (512, 769, 256)), (256, (128, 5125, 64))]
-
-
-class Scaled(nn.Module):
-    """Linear -> * scale -> BatchNorm1d -> activation: the seed model's block."""
-
-    def __init__(self, n_in, n_out, act):
-        super().__init__()
-        self.linear = nn.Linear(n_in, n_out)
-        self.scale = nn.Parameter(torch.randn(n_out))
-        self.bn = nn.BatchNorm1d(n_out)
-        self.act = act
-
-    def forward(self, x):
-        return self.act(self.bn(self.linear(x) * self.scale))
 
 
 def mlp(features, seed, scaled_middle=False, bias=True, affine=True, acts=("relu", "gelu"), head=0):
@@ -45,7 +31,7 @@ def mlp(features, seed, scaled_middle=False, bias=True, affine=True, acts=("relu
     blocks = []
     for i, act in enumerate(acts):
         if scaled_middle and i == 1:
-            blocks.append(Scaled(n[i], n[i + 1], ACTS[act]()))
+            blocks.append(ScaledBlock(n[i], n[i + 1], ACTS[act]()))
         else:
             blocks += [nn.Linear(n[i], n[i + 1], bias=bias), nn.BatchNorm1d(n[i + 1], affine=affine), ACTS[act]()]
     blocks += [nn.Linear(n[-2], n[-1], bias=bias), nn.BatchNorm1d(n[-1], affine=affine)]
