@@ -104,6 +104,13 @@ at::Tensor take(AutogradContext* ctx, at::Tensor const& saved, std::string const
   return t;
 }
 
+// Whether any of the previous layer's five tensors (prev_h, prev_bias, prev_scale, prev_bn_weight,
+// prev_bn_bias, from need[at] on) needs a gradient: false without a previous layer, whose absent
+// tensors need none. Then nothing of it is kept, and its backward is not run.
+bool prev_needs(std::vector<bool> const& need, size_t at) {
+  return std::any_of(need.begin() + at, need.begin() + at + kPrevDifferentiable, [](bool b) { return b; });
+}
+
 // What the backward of a layer after a linked one keeps of the previous layer (prev_backward), appended
 // to `vars`: prev_h, prev_mean and prev_invstd (under hooks; else kept, see take), prev_scale,
 // prev_bn_weight and prev_bn_bias (that one for the activation's derivative alone).
@@ -308,14 +315,13 @@ struct LinkedFunction : torch::autograd::Function<LinkedFunction> {
                                OptTensor const& prev_bn_bias, LayerArgs const& a, LinkArgs const& p) {
     check_link_args(x, p.h, p.mean, p.invstd);
     bool prev = p.h.has_value();
-    save_needs(ctx, {x.requires_grad() && !prev, weight.requires_grad(), requires_grad(bias), requires_grad(scale),
-                     requires_grad(bn_weight), requires_grad(bn_bias), requires_grad(prev_h),
-                     requires_grad(prev_bias), requires_grad(prev_scale), requires_grad(prev_bn_weight),
-                     requires_grad(prev_bn_bias)});
-    bool prev_needed = prev && (requires_grad(prev_h) || requires_grad(prev_bias) || requires_grad(prev_scale) ||
-                                requires_grad(prev_bn_weight) || requires_grad(prev_bn_bias));
-    ctx->saved_data["prev"] = prev_needed;
-    bool keep_weight = (x.requires_grad() && !prev) || prev_needed;
+    std::vector<bool> need{x.requires_grad() && !prev, weight.requires_grad(), requires_grad(bias),
+                           requires_grad(scale), requires_grad(bn_weight), requires_grad(bn_bias),
+                           requires_grad(prev_h), requires_grad(prev_bias), requires_grad(prev_scale),
+                           requires_grad(prev_bn_weight), requires_grad(prev_bn_bias)};
+    save_needs(ctx, need);
+    bool prev_needed = prev_needs(need, kDifferentiable);
+    bool keep_weight = need[0] || prev_needed;
     return train_forward(ctx, x, weight, bias, scale, bn_weight, bn_bias, a, keep_weight, true,
                          prev_needed ? &p : nullptr);
   }
@@ -340,7 +346,7 @@ struct LinkedFunction : torch::autograd::Function<LinkedFunction> {
     // The previous layer's first: its h goes before dW is allocated, so that the step's peak holds
     // no more than the unlinked backward's (dh, g, the previous dh and h here; there dh, dX, dW and
     // the previous h).
-    if (ctx->saved_data["prev"].toBool()) {
+    if (prev_needs(need, kDifferentiable)) {
       prev_backward(ctx, s, 8, dh, s[1], need, kDifferentiable, out, [&](at::Tensor const& dz) {
         variable_list dx(2);
         linear_grads(dz, at::Tensor(), s[1], true, false, ctx, dx);
@@ -373,14 +379,15 @@ struct LinkedLinearFunction : torch::autograd::Function<LinkedLinearFunction> {
                                OptTensor const& prev_scale, OptTensor const& prev_bn_weight,
                                OptTensor const& prev_bn_bias, LinkArgs const& p, c10::string_view family) {
     check_link_args(x, p.h, p.mean, p.invstd);
-    save_needs(ctx, {false, weight.requires_grad(), requires_grad(bias), requires_grad(prev_h),
-                     requires_grad(prev_bias), requires_grad(prev_scale), requires_grad(prev_bn_weight),
-                     requires_grad(prev_bn_bias)});
+    std::vector<bool> need{false, weight.requires_grad(), requires_grad(bias), requires_grad(prev_h),
+                           requires_grad(prev_bias), requires_grad(prev_scale), requires_grad(prev_bn_weight),
+                           requires_grad(prev_bn_bias)};
+    save_needs(ctx, need);
     at::AutoDispatchBelowAutograd below;
     auto y = at::linear(x, weight, bias);
     bool hooks = saved_tensor_hooks_set(at::SavedTensorDefaultHooks::get_hooks());
     std::vector<at::Tensor> vars{weight.requires_grad() ? x : at::Tensor(), weight};
-    save_prev(ctx, vars, p, hooks);
+    if (prev_needs(need, 3)) save_prev(ctx, vars, p, hooks);
     ctx->save_for_backward(vars);
     ctx->saved_data["family"] = std::string(family);
     ctx->set_materialize_grads(false);
@@ -396,7 +403,7 @@ struct LinkedLinearFunction : torch::autograd::Function<LinkedLinearFunction> {
     auto need = needs(ctx);
     auto const &x = s[0], &weight = s[1];
     // The previous layer's first, as in LinkedFunction's backward; dX as F.linear's backward.
-    if (std::any_of(need.begin() + 3, need.end(), [](bool b) { return b; }))
+    if (prev_needs(need, 3))
       prev_backward(ctx, s, 2, dz, weight, need, 3, out, [&](at::Tensor const& d) { return at::mm(d, weight); });
     if (need[1]) out[1] = at::mm(dz.t(), x);
     if (need[2]) out[2] = dz.sum(0);
