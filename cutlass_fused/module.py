@@ -246,10 +246,10 @@ class LinearBatchNorm1d(nn.Module):
         outside FSDP, where functional.links says, else (the plain call's y, None). FSDP (either
         version marks the modules it manages) may free this layer's parameters after its forward,
         before the next layer's backward would read its BN vectors."""
-        bn, gemm = self.bn, self.gemm
-        use_batch_stats, running_mean, running_var, nbt = self._bn_args(bn)
         if getattr(self, "_is_fsdp_managed_module", False) or not links(x, self.activation):
             return self.forward(x), None
+        bn, gemm = self.bn, self.gemm
+        use_batch_stats, running_mean, running_var, nbt = self._bn_args(bn)
         if not (use_batch_stats and torch.is_grad_enabled() and self.fp8 is None and self.channels_last is None
                 and x.dim() == 2 and x.shape[0] > 1 and bn.eps > 0 and not should_sync(self._group(bn), bn.training)):
             return self.forward(x), None
